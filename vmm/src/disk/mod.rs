@@ -1,0 +1,15 @@
+//! Disk images behind the virtio block device.
+
+use std::io;
+
+pub mod image;
+pub mod partition;
+
+/// A virtual disk: a byte-addressed store of fixed size.
+pub trait Disk: Send {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    fn flush(&mut self) -> io::Result<()>;
+}

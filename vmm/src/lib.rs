@@ -1,0 +1,11 @@
+//! provm's virtual machine monitor: one vCPU on KVM, PVH boot of an ELF
+//! vmlinux, a userspace PIC and PIT so that every interrupt is injected by the
+//! VMM at a VM exit, and the few devices a command-running guest needs.
+//!
+//! The VMM knows nothing of recording; it exposes every boundary event through
+//! one seam (see `vm.rs`).
+
+pub mod bus;
+pub mod clock;
+pub mod devices;
+pub mod disk;
