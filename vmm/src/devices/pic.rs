@@ -51,7 +51,7 @@ struct Chip {
     init: Init,
 }
 
-#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Default, Clone, Copy)]
 enum Init {
     #[default]
     Done,
@@ -148,9 +148,11 @@ impl Chip {
                 self.read_isr = value & 0x01 != 0;
             }
         } else {
-            // OCW2: bits 7-5 are R, SL, EOI. Only the EOIs Linux sends
-            // (0x20 non-specific, 0x60 | line specific) do anything here.
-            match value >> 5 {
+            // OCW2: bits 7-5 are R (rotate), SL (specific), EOI. Linux sends
+            // 0x20 (non-specific EOI) and 0x60 | line (specific EOI). With no
+            // rotation, R only matters for EOIs: they still end the interrupt.
+            // The other commands (priority setting, rotation) are ignored.
+            match (value >> 5) & 0b011 {
                 0b001 => self.isr &= self.isr.wrapping_sub(1), // lowest set bit
                 0b011 => self.isr &= !(1 << (value & 7)),
                 _ => {}
@@ -469,6 +471,17 @@ mod tests {
         assert_eq!(ack(&pic), Some(0x34));
         outb(&bus, 0x20, 0x0a);
         assert_eq!(inb(&bus, 0x20), 0x00, "back to IRR, now empty");
+        // Rotating EOIs end interrupts too; priority commands do not.
+        outb(&bus, 0x20, 0x0b);
+        outb(&bus, 0x20, 0xc4);
+        outb(&bus, 0x20, 0x40);
+        assert_eq!(inb(&bus, 0x20), 0x10);
+        outb(&bus, 0x20, 0xe4);
+        assert_eq!(inb(&bus, 0x20), 0x00);
+        pulse(&pic, 6);
+        assert_eq!(ack(&pic), Some(0x36));
+        outb(&bus, 0x20, 0xa0);
+        assert_eq!(inb(&bus, 0x20), 0x00);
     }
 
     #[test]
