@@ -1,5 +1,265 @@
 //! virtio over the MMIO transport: the block device and the agent's console.
+//!
+//! The transport ([`mmio::MmioTransport`]) owns the registers, the queues and
+//! the interrupt; a device ([`VirtioDevice`]) only turns descriptor chains into
+//! work. All of it runs on the vCPU thread, at the exit that asked for it.
+
+use virtio_queue::{Queue, QueueT, Reader, Writer};
+use vm_memory::GuestMemoryMmap;
 
 pub mod block;
 pub mod console;
 pub mod mmio;
+
+/// The device conforms to virtio 1.x (virtio 1.1 §6); required by the
+/// version 2 MMIO transport.
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// Device ID (virtio 1.1 §5), e.g. 2 for block, 3 for console.
+    fn device_type(&self) -> u32;
+
+    /// Feature bits offered to the driver, including [`VIRTIO_F_VERSION_1`].
+    fn features(&self) -> u64;
+
+    /// Maximum size of each queue, one entry per queue; powers of two.
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// Reads device configuration space at `offset`; bytes past its end read 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&[], offset, data);
+    }
+
+    /// Writes device configuration space. No device here has writable fields.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        tracing::warn!(
+            offset,
+            len = data.len(),
+            "virtio: ignoring config space write"
+        );
+    }
+
+    /// The driver has set DRIVER_OK: `queues` are live from now on.
+    fn activate(&mut self, _queues: &mut DeviceQueues<'_>) {}
+
+    /// The driver notified queue `index` (always one of the device's queues,
+    /// made ready by the driver, with the device live).
+    fn process_queue(&mut self, index: usize, queue: &mut QueueIo<'_>);
+}
+
+/// Copies the part of `config` at `offset` into `data`, zero-filling the rest.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Some(tail) = usize::try_from(offset).ok().and_then(|o| config.get(o..)) else {
+        return;
+    };
+    let len = tail.len().min(data.len());
+    data[..len].copy_from_slice(&tail[..len]);
+}
+
+/// A device's queues and the guest memory their buffers live in, lent to the
+/// device for one piece of work. Empty while the device is not live.
+pub struct DeviceQueues<'a> {
+    mem: &'a GuestMemoryMmap,
+    queues: &'a mut [Queue],
+    /// Whether any chain went back to the driver (the transport then
+    /// raises the used-buffer interrupt).
+    used: bool,
+}
+
+impl<'a> DeviceQueues<'a> {
+    pub(crate) fn new(mem: &'a GuestMemoryMmap, queues: &'a mut [Queue]) -> Self {
+        Self {
+            mem,
+            queues,
+            used: false,
+        }
+    }
+
+    /// Queue `index`, if the device is live and the driver made it ready.
+    pub fn get(&mut self, index: usize) -> Option<QueueIo<'_>> {
+        let queue = self.queues.get_mut(index).filter(|q| q.ready())?;
+        Some(QueueIo {
+            queue,
+            mem: self.mem,
+            used: &mut self.used,
+        })
+    }
+
+    pub(crate) fn used(&self) -> bool {
+        self.used
+    }
+}
+
+/// One live queue: pops the chains the driver made available and returns
+/// them on the used ring (virtio 1.1 §2.6).
+pub struct QueueIo<'a> {
+    queue: &'a mut Queue,
+    mem: &'a GuestMemoryMmap,
+    used: &'a mut bool,
+}
+
+impl QueueIo<'_> {
+    /// Serves the next available chain: `serve` gets its device-readable and
+    /// device-writable bytes (virtio 1.1 §2.6.4: devices must not depend on
+    /// how the driver split them into descriptors) and returns how many bytes
+    /// it wrote, the used length. False when the ring has no chain left.
+    pub fn serve_one(&mut self, serve: impl FnOnce(Reader<'_>, Writer<'_>) -> u32) -> bool {
+        let Some(chain) = self.queue.pop_descriptor_chain(self.mem) else {
+            return false;
+        };
+        let head = chain.head_index();
+        let len = match (chain.clone().reader(self.mem), chain.writer(self.mem)) {
+            (Ok(reader), Ok(writer)) => serve(reader, writer),
+            _ => {
+                tracing::warn!(head, "virtio: descriptor chain outside guest memory");
+                0
+            }
+        };
+        match self.queue.add_used(self.mem, head, len) {
+            Ok(()) => *self.used = true,
+            Err(e) => tracing::warn!(head, "virtio: cannot return chain: {e}"),
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A driver's side of the transport, for the devices' tests.
+
+    use std::sync::{Arc, Mutex};
+
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use super::mmio::{self, MmioTransport};
+    use super::VirtioDevice;
+    use crate::bus::BusDevice;
+    use crate::devices::IrqLine;
+
+    pub const DESC_F_NEXT: u16 = 1;
+    pub const DESC_F_WRITE: u16 = 2;
+    pub const QUEUE_LEN: u16 = 16;
+    /// Buffers live above the queues.
+    pub const DATA: u64 = 0x10_0000;
+
+    /// An interrupt line recording every level it was driven to.
+    #[derive(Default)]
+    pub struct RecordingIrq(Mutex<Vec<bool>>);
+
+    impl RecordingIrq {
+        pub fn levels(&self) -> Vec<bool> {
+            self.0.lock().unwrap().clone()
+        }
+        pub fn is_high(&self) -> bool {
+            self.levels().last() == Some(&true)
+        }
+    }
+
+    impl IrqLine for RecordingIrq {
+        fn set_level(&self, high: bool) {
+            self.0.lock().unwrap().push(high);
+        }
+    }
+
+    pub fn guest_memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap()
+    }
+
+    pub fn read_reg(dev: &mut impl BusDevice, offset: u64) -> u32 {
+        let mut data = [0u8; 4];
+        dev.read(offset, &mut data);
+        u32::from_le_bytes(data)
+    }
+
+    pub fn write_reg(dev: &mut impl BusDevice, offset: u64, value: u32) {
+        dev.write(offset, &value.to_le_bytes());
+    }
+
+    /// The driver-side rings of queue `index`, each queue in its own 64 KiB.
+    pub fn mock_queue(mem: &GuestMemoryMmap, index: u16) -> MockSplitQueue<'_, GuestMemoryMmap> {
+        MockSplitQueue::create(
+            mem,
+            GuestAddress(0x1_0000 * (u64::from(index) + 1)),
+            QUEUE_LEN,
+        )
+    }
+
+    pub fn transport<D: VirtioDevice>(
+        device: D,
+        mem: &GuestMemoryMmap,
+    ) -> (MmioTransport<D>, Arc<RecordingIrq>) {
+        let irq = Arc::new(RecordingIrq::default());
+        let transport = MmioTransport::new(device, mem.clone(), irq.clone()).unwrap();
+        (transport, irq)
+    }
+
+    /// Runs the driver initialisation of virtio 1.1 §3.1.1, accepting every
+    /// offered feature and setting up `queues` as queues 0, 1, ...
+    pub fn initialize<D: VirtioDevice>(
+        t: &mut MmioTransport<D>,
+        queues: &[&MockSplitQueue<'_, GuestMemoryMmap>],
+    ) {
+        use mmio::regs::*;
+        write_reg(t, STATUS, 0);
+        write_reg(t, STATUS, ACKNOWLEDGE);
+        write_reg(t, STATUS, ACKNOWLEDGE | DRIVER);
+        for page in 0..2 {
+            write_reg(t, DEVICE_FEATURES_SEL, page);
+            let features = read_reg(t, DEVICE_FEATURES);
+            write_reg(t, DRIVER_FEATURES_SEL, page);
+            write_reg(t, DRIVER_FEATURES, features);
+        }
+        write_reg(t, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
+        assert_ne!(read_reg(t, STATUS) & FEATURES_OK, 0);
+        for (index, queue) in queues.iter().enumerate() {
+            write_reg(t, QUEUE_SEL, index as u32);
+            write_reg(t, QUEUE_NUM, u32::from(QUEUE_LEN));
+            for (low, addr) in [
+                (QUEUE_DESC_LOW, queue.desc_table_addr()),
+                (QUEUE_DRIVER_LOW, queue.avail_addr()),
+                (QUEUE_DEVICE_LOW, queue.used_addr()),
+            ] {
+                write_reg(t, low, addr.0 as u32);
+                write_reg(t, low + 4, (addr.0 >> 32) as u32);
+            }
+            write_reg(t, QUEUE_READY, 1);
+        }
+        write_reg(t, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        assert_eq!(read_reg(t, STATUS) & DEVICE_NEEDS_RESET, 0);
+    }
+
+    /// Makes `descs` (addr, len, flags) available as one chain, starting at
+    /// descriptor `first`.
+    pub fn add_chain(
+        queue: &MockSplitQueue<'_, GuestMemoryMmap>,
+        first: u16,
+        descs: &[(u64, u32, u16)],
+    ) {
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| {
+                let last = i + 1 == descs.len();
+                let flags = if last { flags } else { flags | DESC_F_NEXT };
+                let next = if last { 0 } else { first + i as u16 + 1 };
+                RawDescriptor::from(Descriptor::new(addr, len, flags, next))
+            })
+            .collect();
+        queue.add_desc_chains(&raw, first).unwrap();
+    }
+
+    /// The used ring entries, as (head, len).
+    pub fn used(queue: &MockSplitQueue<'_, GuestMemoryMmap>) -> Vec<(u32, u32)> {
+        let count = queue.used().idx().load();
+        (0..count)
+            .map(|i| {
+                let elem = queue.used().ring().ref_at(usize::from(i)).unwrap().load();
+                (elem.id(), elem.len())
+            })
+            .collect()
+    }
+}
