@@ -6,13 +6,18 @@ use std::io::{self, Read, Write};
 use tracing::warn;
 use virtio_queue::{Reader, Writer};
 
-use super::{read_config_bytes, QueueIo, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{
+    read_config_bytes, QueueIo, VirtioDevice, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
+};
 use crate::disk::Disk;
 
 const DEVICE_ID: u32 = 2;
-const QUEUE_SIZES: &[u16] = &[256];
+const QUEUE_SIZE: u16 = 256;
+/// Data descriptors per request: all but the header's and the status's.
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
 
 /// Feature bits (virtio 1.1 §5.2.3).
+const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
 const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 
@@ -201,17 +206,25 @@ impl VirtioDevice for VirtioBlock {
 
     fn features(&self) -> u64 {
         let read_only = if self.read_only { VIRTIO_BLK_F_RO } else { 0 };
-        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH | read_only
+        VIRTIO_F_VERSION_1
+            | VIRTIO_F_RING_INDIRECT_DESC
+            | VIRTIO_BLK_F_SEG_MAX
+            | VIRTIO_BLK_F_FLUSH
+            | read_only
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
-        QUEUE_SIZES
+        &[QUEUE_SIZE]
     }
 
-    /// Only `capacity` (virtio 1.1 §5.2.4): the other fields depend on
-    /// features not offered.
+    /// `capacity`, `size_max` (0: not offered) and `seg_max` of
+    /// `struct virtio_blk_config` (virtio 1.1 §5.2.4); the later fields
+    /// depend on features not offered.
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.capacity().to_le_bytes(), offset, data);
+        let mut config = [0u8; 16];
+        config[..8].copy_from_slice(&self.capacity().to_le_bytes());
+        config[12..].copy_from_slice(&SEG_MAX.to_le_bytes());
+        read_config_bytes(&config, offset, data);
     }
 
     fn process_queue(&mut self, _index: usize, queue: &mut QueueIo<'_>) {
@@ -333,12 +346,14 @@ mod tests {
         assert_eq!(read_reg(t, regs::DEVICE_ID), 2);
         assert_eq!(read_reg(t, regs::CONFIG), SECTORS as u32);
         assert_eq!(read_reg(t, regs::CONFIG + 4), 0);
-        assert_eq!(read_reg(t, regs::DEVICE_FEATURES), 1 << 9);
-        let mut ro = Fixture::new(true);
+        assert_eq!(read_reg(t, regs::CONFIG + 12), 254);
         assert_eq!(
-            read_reg(&mut ro.transport, regs::DEVICE_FEATURES),
-            1 << 9 | 1 << 5
+            read_reg(t, regs::DEVICE_FEATURES),
+            1 << 28 | 1 << 9 | 1 << 2
         );
+        let mut ro = Fixture::new(true);
+        let features = read_reg(&mut ro.transport, regs::DEVICE_FEATURES);
+        assert_eq!(features, 1 << 28 | 1 << 9 | 1 << 5 | 1 << 2);
     }
 
     #[test]
@@ -371,6 +386,20 @@ mod tests {
         ]);
         assert_eq!((len, status), (513, VIRTIO_BLK_S_OK));
         assert_eq!(f.read_buffer(512), f.disk.lock().unwrap().bytes[3584..]);
+    }
+
+    #[test]
+    fn read_through_an_indirect_table() {
+        let mut f = Fixture::new(false);
+        f.write_header(VIRTIO_BLK_T_IN, 1);
+        let table = [
+            (HEADER, HEADER_LEN as u32, 0),
+            (BUFFER, 512, DESC_F_WRITE),
+            (STATUS, 1, DESC_F_WRITE),
+        ];
+        let indirect = indirect_table(&f.mem, DATA + 0x4000, &table);
+        assert_eq!(f.submit(&[indirect]), (513, VIRTIO_BLK_S_OK));
+        assert_eq!(f.read_buffer(512), f.disk.lock().unwrap().bytes[512..1024]);
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub mod mmio;
 /// version 2 MMIO transport.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 
+/// The driver may put a table of descriptors behind one descriptor (virtio
+/// 1.1 §2.6.5.3); `virtio_queue` walks such chains transparently.
+pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
+
 /// A virtio device behind a transport.
 pub trait VirtioDevice: Send {
     /// Device ID (virtio 1.1 §5), e.g. 2 for block, 3 for console.
@@ -133,7 +137,7 @@ pub(crate) mod testing {
 
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     use super::mmio::{self, MmioTransport};
     use super::VirtioDevice;
@@ -142,6 +146,7 @@ pub(crate) mod testing {
 
     pub const DESC_F_NEXT: u16 = 1;
     pub const DESC_F_WRITE: u16 = 2;
+    pub const DESC_F_INDIRECT: u16 = 4;
     pub const QUEUE_LEN: u16 = 16;
     /// Buffers live above the queues.
     pub const DATA: u64 = 0x10_0000;
@@ -232,24 +237,45 @@ pub(crate) mod testing {
         assert_eq!(read_reg(t, STATUS) & DEVICE_NEEDS_RESET, 0);
     }
 
-    /// Makes `descs` (addr, len, flags) available as one chain, starting at
-    /// descriptor `first`.
+    /// `descs` (addr, len, flags) linked into one chain whose first
+    /// descriptor will sit at index `first` of its table.
+    fn chain(first: u16, descs: &[(u64, u32, u16)]) -> Vec<Descriptor> {
+        let last = descs.len() - 1;
+        descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| {
+                if i == last {
+                    Descriptor::new(addr, len, flags, 0)
+                } else {
+                    Descriptor::new(addr, len, flags | DESC_F_NEXT, first + i as u16 + 1)
+                }
+            })
+            .collect()
+    }
+
+    /// Makes `descs` available as one chain, starting at descriptor `first`.
     pub fn add_chain(
         queue: &MockSplitQueue<'_, GuestMemoryMmap>,
         first: u16,
         descs: &[(u64, u32, u16)],
     ) {
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .enumerate()
-            .map(|(i, &(addr, len, flags))| {
-                let last = i + 1 == descs.len();
-                let flags = if last { flags } else { flags | DESC_F_NEXT };
-                let next = if last { 0 } else { first + i as u16 + 1 };
-                RawDescriptor::from(Descriptor::new(addr, len, flags, next))
-            })
-            .collect();
+        let raw: Vec<RawDescriptor> = chain(first, descs).into_iter().map(Into::into).collect();
         queue.add_desc_chains(&raw, first).unwrap();
+    }
+
+    /// Writes `descs` as a chain in an indirect table at `addr` and returns
+    /// the descriptor that refers to it (virtio 1.1 §2.6.5.3).
+    pub fn indirect_table(
+        mem: &GuestMemoryMmap,
+        addr: u64,
+        descs: &[(u64, u32, u16)],
+    ) -> (u64, u32, u16) {
+        for (i, desc) in chain(0, descs).into_iter().enumerate() {
+            mem.write_obj(desc, GuestAddress(addr + 16 * i as u64))
+                .unwrap();
+        }
+        (addr, 16 * descs.len() as u32, DESC_F_INDIRECT)
     }
 
     /// The used ring entries, as (head, len).
