@@ -612,6 +612,31 @@ mod tests {
     }
 
     #[test]
+    fn survives_garbage_in_every_register() {
+        let mem = guest_memory();
+        let (mut t, _) = transport(Dummy::default(), &mem);
+        for value in [u32::MAX, 0x8000_0001] {
+            for offset in (0..0x200).step_by(4) {
+                write_reg(&mut t, offset, value);
+                read_reg(&mut t, offset);
+            }
+        }
+    }
+
+    #[test]
+    fn survives_a_head_index_outside_the_queue() {
+        let mem = guest_memory();
+        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
+        initialize(&mut t, &[&q0, &q1]);
+        q0.avail().ring().ref_at(0).unwrap().store(u16::MAX);
+        q0.avail().idx().store(1);
+        write_reg(&mut t, QUEUE_NOTIFY, 0);
+        assert!(used(&q0).is_empty());
+        assert!(irq.levels().is_empty());
+    }
+
+    #[test]
     fn rejects_invalid_queue_sizes() {
         struct Odd;
         impl VirtioDevice for Odd {
