@@ -1,1 +1,861 @@
+//! The user's disk image, opened read-only, and the qcow2 overlay that takes
+//! the guest's writes.
+//!
+//! provm never writes the user's image: [`BaseImage`] opens it (and, for
+//! qcow2, its whole backing chain) read-only, and [`Overlay`] is a fresh qcow2
+//! file whose backing file is the user's image. The guest only ever sees the
+//! overlay.
 
+use std::fmt;
+use std::fs;
+use std::future::Future;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, Thread};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use imago::file::File;
+use imago::format::gate::ImplicitOpenGate;
+use imago::qcow2::Qcow2;
+use imago::raw::Raw;
+use imago::{
+    FormatAccess, FormatCreateBuilder, FormatDriverBuilder, Storage, StorageCreateOptions,
+    StorageOpenOptions, SyncFormatAccess,
+};
+
+use super::Disk;
+
+/// The smallest image provm accepts: one sector.
+const MIN_IMAGE_SIZE: u64 = 512;
+const SECTOR_SIZE: u64 = 512;
+const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("disk image {0} does not exist; check the path")]
+    NotFound(PathBuf),
+    #[error("disk image {path} is not readable ({source}); provm only needs read access, check the file's permissions")]
+    NotReadable { path: PathBuf, source: io::Error },
+    #[error("disk image {0} is not a regular file; pass a qcow2 or raw disk image file")]
+    NotAFile(PathBuf),
+    #[error("disk image {0} is empty; pass a qcow2 or raw disk image")]
+    Empty(PathBuf),
+    #[error("disk image {path} is only {size} bytes, too small to be a disk (at least {MIN_IMAGE_SIZE}); pass a qcow2 or raw disk image")]
+    TooSmall { path: PathBuf, size: u64 },
+    #[error("corrupt qcow2 image {path}: {detail}; check it with `qemu-img check {path}`")]
+    CorruptQcow2 { path: PathBuf, detail: String },
+    #[error("qcow2 image {path} needs the backing file {backing}, which does not exist; restore it, or point the image at its new place with `qemu-img rebase -u -b NEW_BACKING {path}`")]
+    MissingBacking { path: PathBuf, backing: PathBuf },
+    #[error("qcow2 image {path} uses {feature}, which provm does not support; convert it with `qemu-img convert -O qcow2 {path} NEW.qcow2`")]
+    UnsupportedQcow2 { path: PathBuf, feature: String },
+    #[error("cannot create the overlay {path}: {source}; choose a writable directory or path")]
+    CreateOverlay { path: PathBuf, source: io::Error },
+    #[error("overlay {0} already exists; provm does not overwrite files, remove it or choose another path")]
+    OverlayExists(PathBuf),
+    #[error("I/O error on disk image {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// The on-disk format of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Raw,
+    Qcow2,
+}
+
+impl ImageFormat {
+    /// The name qcow2 headers (and qemu) use for the format.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+        }
+    }
+}
+
+impl fmt::Display for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The user's image, opened read-only; also a read-only [`Disk`] (for
+/// partition probing).
+pub struct BaseImage {
+    /// Absolute, symlink-free path: overlays record it as their backing file.
+    path: PathBuf,
+    format: ImageFormat,
+    access: SyncFormatAccess<File>,
+}
+
+impl BaseImage {
+    /// Opens `path` read-only, detecting qcow2 by its magic and otherwise
+    /// treating it as raw. A qcow2 image's backing chain is opened too, also
+    /// read-only.
+    pub fn open(path: &Path) -> Result<BaseImage, ImageError> {
+        let path = fs::canonicalize(path).map_err(|e| open_error(path, e))?;
+        let format = detect_format(&path)?;
+        let file = open_file(&path, false)?;
+        let access = match format {
+            ImageFormat::Raw => Raw::builder(file)
+                .open_sync(ReadOnlyGate::default())
+                .and_then(SyncFormatAccess::new)
+                .map_err(|source| ImageError::Io {
+                    path: path.clone(),
+                    source,
+                })?,
+            ImageFormat::Qcow2 => open_qcow2(&path, file, false)?,
+        };
+        Ok(BaseImage {
+            path,
+            format,
+            access,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn format(&self) -> ImageFormat {
+        self.format
+    }
+}
+
+impl Disk for BaseImage {
+    fn size(&self) -> u64 {
+        self.access.size()
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.access.read(buf, offset)
+    }
+
+    fn write_at(&mut self, _offset: u64, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the base image is read-only; write to an overlay",
+        ))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where an overlay's file lives, and whether it outlives the [`Overlay`].
+#[derive(Debug, Clone)]
+pub enum OverlayLocation {
+    /// A fresh, uniquely named file in this directory, deleted on drop.
+    TempIn(PathBuf),
+    /// Exactly this path (`--keep-overlay`), which must not exist yet; kept.
+    Keep(PathBuf),
+}
+
+/// A qcow2 file backed by the user's image: the guest's read-write disk.
+///
+/// Its size is the base's size rounded up to whole sectors, so that the guest
+/// can reach the partial last sector of an odd-sized raw image (reads past
+/// the base's end return zeroes).
+pub struct Overlay {
+    path: PathBuf,
+    keep: bool,
+    access: SyncFormatAccess<File>,
+}
+
+impl Overlay {
+    /// Creates the overlay file over `base` and opens it read-write.
+    pub fn create(base: &BaseImage, location: OverlayLocation) -> Result<Overlay, ImageError> {
+        let (path, keep) = match location {
+            OverlayLocation::TempIn(dir) => (dir.join(temp_overlay_name()), false),
+            OverlayLocation::Keep(path) => (path, true),
+        };
+        let size = base.size().next_multiple_of(SECTOR_SIZE);
+        create_qcow2(&path, base, size).map_err(|source| match source.kind() {
+            io::ErrorKind::AlreadyExists => ImageError::OverlayExists(path.clone()),
+            _ => ImageError::CreateOverlay {
+                path: path.clone(),
+                source,
+            },
+        })?;
+        // From here on the file is ours: construct the Overlay before opening
+        // it so that a failed open still deletes a temporary file.
+        let file = open_file(&path, true);
+        let access = file.and_then(|file| open_qcow2(&path, file, true));
+        match access {
+            Ok(access) => Ok(Overlay { path, keep, access }),
+            Err(e) => {
+                if !keep {
+                    remove_overlay(&path);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Disk for Overlay {
+    fn size(&self) -> u64 {
+        self.access.size()
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.access.read(buf, offset)
+    }
+
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.access.write(buf, offset)
+    }
+
+    /// Writes imago's cached metadata to the file. Only a kept overlay is also
+    /// fsynced: a temporary one does not survive the run, so durability
+    /// against a host crash buys nothing.
+    fn flush(&mut self) -> io::Result<()> {
+        self.access.flush()?;
+        if self.keep {
+            self.access.sync()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        // Unlinking before `access` flushes on drop is fine: the open file
+        // stays valid until it is closed.
+        if !self.keep {
+            remove_overlay(&self.path);
+        }
+    }
+}
+
+fn remove_overlay(path: &Path) {
+    if let Err(e) = fs::remove_file(path) {
+        tracing::warn!("cannot delete temporary overlay {}: {e}", path.display());
+    }
+}
+
+/// A name no other provm process or overlay in this process uses.
+fn temp_overlay_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("provm-overlay-{}-{nanos}-{n}.qcow2", std::process::id())
+}
+
+/// Maps a failure to open the user's image to the error that names it.
+fn open_error(path: &Path, e: io::Error) -> ImageError {
+    match e.kind() {
+        io::ErrorKind::NotFound => ImageError::NotFound(path.to_path_buf()),
+        io::ErrorKind::PermissionDenied => ImageError::NotReadable {
+            path: path.to_path_buf(),
+            source: e,
+        },
+        _ => ImageError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
+/// Checks that `path` is a plausible disk and tells qcow2 from raw.
+fn detect_format(path: &Path) -> Result<ImageFormat, ImageError> {
+    let mut file = fs::File::open(path).map_err(|e| open_error(path, e))?;
+    let meta = file.metadata().map_err(|e| open_error(path, e))?;
+    if !meta.is_file() {
+        return Err(ImageError::NotAFile(path.to_path_buf()));
+    }
+    match meta.len() {
+        0 => return Err(ImageError::Empty(path.to_path_buf())),
+        size if size < MIN_IMAGE_SIZE => {
+            return Err(ImageError::TooSmall {
+                path: path.to_path_buf(),
+                size,
+            })
+        }
+        _ => {}
+    }
+    // Every accepted image is longer than a qcow2 header.
+    let mut header = [0u8; QCOW2_HEADER_LEN];
+    file.read_exact(&mut header)
+        .map_err(|e| open_error(path, e))?;
+    if header[..4] != QCOW2_MAGIC {
+        return Ok(ImageFormat::Raw);
+    }
+    check_qcow2_features(&header).map_err(|feature| ImageError::UnsupportedQcow2 {
+        path: path.to_path_buf(),
+        feature,
+    })?;
+    check_qcow2_tables(&header, meta.len()).map_err(|detail| ImageError::CorruptQcow2 {
+        path: path.to_path_buf(),
+        detail,
+    })?;
+    Ok(ImageFormat::Qcow2)
+}
+
+/// Bytes of the qcow2 header checked before imago opens the image: up to and
+/// including the v3 incompatible-features field.
+const QCOW2_HEADER_LEN: usize = 80;
+
+fn be32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap())
+}
+
+fn be64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// Rejects what imago cannot read, naming the feature. imago rejects unknown
+/// versions and incompatible features too, but only as an opaque message, and
+/// it does not check for encryption at all (it would read ciphertext).
+fn check_qcow2_features(header: &[u8; QCOW2_HEADER_LEN]) -> Result<(), String> {
+    let version = be32(header, 4);
+    if version != 2 && version != 3 {
+        return Err(format!("qcow2 version {version}"));
+    }
+    let crypt_method = be32(header, 32);
+    if crypt_method != 0 {
+        return Err(format!("encryption (method {crypt_method})"));
+    }
+    if version == 2 {
+        return Ok(());
+    }
+    let incompatible = be64(header, 72);
+    // Bit 2, an external data file, is the only incompatible feature imago implements.
+    let mut found: Vec<String> = [
+        (0, "the dirty bit (the image was not closed cleanly)"),
+        (1, "the corrupt bit (qemu found the image corrupt)"),
+        (3, "a compression type other than zlib"),
+        (4, "extended L2 entries (subclusters)"),
+    ]
+    .into_iter()
+    .filter(|&(bit, _)| incompatible & (1 << bit) != 0)
+    .map(|(_, name)| name.to_string())
+    .collect();
+    let unknown = incompatible & !0b1_1111;
+    if unknown != 0 {
+        found.push(format!("unknown incompatible features {unknown:#x}"));
+    }
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(found.join(" and "))
+    }
+}
+
+/// Checks that the L1 and refcount tables lie inside the file: imago reads
+/// past the end of a file as zeroes, so it would open a truncated image as
+/// an empty disk.
+fn check_qcow2_tables(header: &[u8; QCOW2_HEADER_LEN], file_len: u64) -> Result<(), String> {
+    let cluster_bits = be32(header, 20);
+    if !(9..=21).contains(&cluster_bits) {
+        return Err(format!("invalid cluster size 2^{cluster_bits}"));
+    }
+    let tables = [
+        (
+            "L1 table",
+            be64(header, 40),
+            u64::from(be32(header, 36)) * 8,
+        ),
+        (
+            "refcount table",
+            be64(header, 48),
+            u64::from(be32(header, 56)) << cluster_bits,
+        ),
+    ];
+    for (name, offset, len) in tables {
+        if offset.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(format!(
+                "its {name} lies beyond the end of the file ({file_len} bytes); was the file truncated?"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Opens `path` as imago storage; the name lets qcow2 resolve relative
+/// backing file names.
+fn open_file(path: &Path, writable: bool) -> Result<File, ImageError> {
+    let options = StorageOpenOptions::new().filename(path).write(writable);
+    File::open_sync(options).map_err(|e| open_error(path, e))
+}
+
+/// Opens a qcow2 image over `file`, its backing chain read-only.
+fn open_qcow2(
+    path: &Path,
+    file: File,
+    writable: bool,
+) -> Result<SyncFormatAccess<File>, ImageError> {
+    let gate = ReadOnlyGate::default();
+    let opened = Qcow2::<File>::builder(file)
+        .write(writable)
+        .open_sync(gate.clone())
+        .and_then(SyncFormatAccess::new);
+    opened.map_err(|e| match gate.take_failure() {
+        Some((backing, io::ErrorKind::NotFound)) => ImageError::MissingBacking {
+            path: path.to_path_buf(),
+            backing,
+        },
+        Some((backing, _)) => open_error(&backing, e),
+        None => ImageError::CorruptQcow2 {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        },
+    })
+}
+
+/// Opens what a qcow2 header references (backing images, external data
+/// files) read-only, and remembers the first file it could not open so that
+/// the error can name it. imago would open an external data file writable.
+#[derive(Clone, Default)]
+struct ReadOnlyGate {
+    failure: Arc<Mutex<Option<(PathBuf, io::ErrorKind)>>>,
+}
+
+impl ReadOnlyGate {
+    fn take_failure(&self) -> Option<(PathBuf, io::ErrorKind)> {
+        self.failure.lock().unwrap().take()
+    }
+}
+
+impl ImplicitOpenGate<File> for ReadOnlyGate {
+    async fn open_format<F: FormatDriverBuilder<File>>(
+        &mut self,
+        builder: F,
+    ) -> io::Result<FormatAccess<File>> {
+        // Boxed: a backing image's own backing chain recurses through here.
+        let format = Box::pin(builder.write(false).open(self.clone())).await?;
+        Ok(FormatAccess::new(format))
+    }
+
+    async fn open_storage(&mut self, options: StorageOpenOptions) -> io::Result<File> {
+        let path = options.get_filename().map(Path::to_path_buf);
+        File::open(options.write(false)).await.inspect_err(|e| {
+            let mut failure = self.failure.lock().unwrap();
+            if let (None, Some(path)) = (&*failure, path) {
+                *failure = Some((path, e.kind()));
+            }
+        })
+    }
+}
+
+/// Formats a new qcow2 file at `path` (which must not exist) of `size` bytes,
+/// backed by `base` under its absolute path, with its format recorded so that
+/// nothing ever probes it.
+fn create_qcow2(path: &Path, base: &BaseImage, size: u64) -> io::Result<()> {
+    let backing = base.path().to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("base image path {} is not UTF-8", base.path().display()),
+        )
+    })?;
+    block_on(async {
+        let file = File::create_open(StorageCreateOptions::new().filename(path)).await?;
+        Qcow2::<File>::create_builder(file)
+            .backing(backing.to_string(), base.format().name().to_string())
+            .size(size)
+            .create()
+            .await
+    })
+}
+
+/// Runs one of imago's async operations to completion on this thread.
+///
+/// imago has synchronous wrappers for opening and I/O but not for creating an
+/// image. Its `async fn`s do their file I/O synchronously and only ever wait
+/// on `tokio::sync` locks, which wake through the standard `Waker`, so parking
+/// the thread until woken is enough: no tokio runtime is needed.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(output) => return output,
+            Poll::Pending => thread::park(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Deterministic, position-dependent contents, so that a misplaced read
+    /// shows.
+    fn pattern(offset: u64, len: usize) -> Vec<u8> {
+        (offset..offset + len as u64)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    }
+
+    fn write_raw(dir: &Path, name: &str, len: u64) -> PathBuf {
+        let path = dir.join(name);
+        fs::write(&path, pattern(0, len as usize)).unwrap();
+        path
+    }
+
+    /// A standalone qcow2 image holding `pattern` in its first `len` bytes.
+    fn write_qcow2(dir: &Path, name: &str, len: u64) -> PathBuf {
+        let path = dir.join(name);
+        block_on(async {
+            let file = File::create_open(StorageCreateOptions::new().filename(&path)).await?;
+            Qcow2::<File>::create_builder(file).size(len).create().await
+        })
+        .unwrap();
+        let access = open_qcow2(&path, open_file(&path, true).unwrap(), true).unwrap();
+        access.write(&pattern(0, len as usize)[..], 0).unwrap();
+        path
+    }
+
+    fn read(disk: &mut dyn Disk, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0; len];
+        disk.read_at(offset, &mut buf).unwrap();
+        buf
+    }
+
+    /// Writes through a kept overlay over `base_path`, reopens it and checks
+    /// that the writes, and the base's data around them, read back.
+    fn check_overlay_roundtrip(base_path: &Path, size: u64) {
+        let before = fs::read(base_path).unwrap();
+        let kept = base_path.with_extension("overlay.qcow2");
+        let base = BaseImage::open(base_path).unwrap();
+        let mut overlay = Overlay::create(&base, OverlayLocation::Keep(kept.clone())).unwrap();
+        assert_eq!(overlay.size(), size);
+        let page = vec![0xA5; 4096];
+        overlay.write_at(MIB, &page).unwrap();
+        overlay.write_at(3 * MIB + 7, b"unaligned").unwrap();
+        overlay.flush().unwrap();
+        assert_eq!(read(&mut overlay, MIB, 4096), page);
+        drop(overlay);
+
+        let mut reopened = BaseImage::open(&kept).unwrap();
+        assert_eq!(reopened.format(), ImageFormat::Qcow2);
+        assert_eq!(read(&mut reopened, MIB, 4096), page);
+        assert_eq!(read(&mut reopened, 3 * MIB + 7, 9), b"unaligned");
+        assert_eq!(read(&mut reopened, 0, 8192), pattern(0, 8192));
+        assert_eq!(read(&mut reopened, 3 * MIB, 7), pattern(3 * MIB, 7));
+        assert_eq!(fs::read(base_path).unwrap(), before, "base image changed");
+    }
+
+    #[test]
+    fn overlay_over_raw_base_roundtrips() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = write_raw(dir.path(), "base.img", 4 * MIB);
+        check_overlay_roundtrip(&base, 4 * MIB);
+    }
+
+    #[test]
+    fn overlay_over_qcow2_base_roundtrips() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = write_qcow2(dir.path(), "base.qcow2", 4 * MIB);
+        assert_eq!(BaseImage::open(&base).unwrap().format(), ImageFormat::Qcow2);
+        check_overlay_roundtrip(&base, 4 * MIB);
+    }
+
+    #[test]
+    fn temporary_overlay_is_deleted_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let base_path = write_raw(dir.path(), "base.img", MIB);
+        let base = BaseImage::open(&base_path).unwrap();
+        let mut overlay =
+            Overlay::create(&base, OverlayLocation::TempIn(dir.path().to_path_buf())).unwrap();
+        let path = overlay.path().to_path_buf();
+        assert!(path.starts_with(dir.path()) && path.exists());
+        overlay.write_at(0, &[1; 512]).unwrap();
+        overlay.flush().unwrap();
+        drop(overlay);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn odd_sized_raw_base_is_padded_to_a_sector() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = MIB + 1000;
+        let base_path = write_raw(dir.path(), "odd.img", len);
+        let before = fs::read(&base_path).unwrap();
+        let mut base = BaseImage::open(&base_path).unwrap();
+        assert_eq!(base.size(), len);
+        assert_eq!(read(&mut base, MIB, 1000), pattern(MIB, 1000));
+
+        let mut overlay =
+            Overlay::create(&base, OverlayLocation::TempIn(dir.path().to_path_buf())).unwrap();
+        assert_eq!(overlay.size(), MIB + 1024);
+        let last_sector = read(&mut overlay, MIB + 512, 512);
+        assert_eq!(last_sector[..488], pattern(MIB + 512, 488)[..]);
+        assert_eq!(last_sector[488..], [0; 24]);
+        overlay.write_at(MIB + 512, &[7; 512]).unwrap();
+        overlay.flush().unwrap();
+        assert_eq!(read(&mut overlay, MIB + 512, 512), [7; 512]);
+        assert_eq!(fs::read(&base_path).unwrap(), before);
+    }
+
+    /// Access mode of every descriptor this process holds on `path`.
+    fn open_modes(path: &Path) -> Vec<i32> {
+        let mut modes = Vec::new();
+        for fd in fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            if fs::read_link(fd.path()).ok().as_deref() != Some(path) {
+                continue;
+            }
+            let info = fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                fd.file_name().to_str().unwrap()
+            ));
+            let Ok(info) = info else { continue };
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap();
+            let flags = i32::from_str_radix(flags.trim(), 8).unwrap();
+            modes.push(flags & libc::O_ACCMODE);
+        }
+        modes
+    }
+
+    #[test]
+    fn base_chain_is_only_ever_opened_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let lower = write_raw(dir.path(), "lower.img", MIB);
+        let lower_base = BaseImage::open(&lower).unwrap();
+        let middle = dir.path().join("middle.qcow2");
+        drop(Overlay::create(&lower_base, OverlayLocation::Keep(middle.clone())).unwrap());
+        drop(lower_base);
+
+        let base = BaseImage::open(&middle).unwrap();
+        let overlay =
+            Overlay::create(&base, OverlayLocation::TempIn(dir.path().to_path_buf())).unwrap();
+        for path in [&lower, &middle] {
+            let modes = open_modes(path);
+            assert!(!modes.is_empty(), "{} is not open", path.display());
+            assert!(
+                modes.iter().all(|&m| m == libc::O_RDONLY),
+                "{path:?}: {modes:?}"
+            );
+        }
+        assert_eq!(open_modes(overlay.path()), [libc::O_RDWR]);
+    }
+
+    #[test]
+    fn base_is_not_writable_through_its_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut base = BaseImage::open(&write_raw(dir.path(), "base.img", MIB)).unwrap();
+        let err = base.write_at(0, &[0; 512]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn missing_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = BaseImage::open(&dir.path().join("nope.img")).err().unwrap();
+        assert!(matches!(err, ImageError::NotFound(_)), "{err}");
+    }
+
+    #[test]
+    fn directory_is_not_an_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = BaseImage::open(dir.path()).err().unwrap();
+        assert!(matches!(err, ImageError::NotAFile(_)), "{err}");
+    }
+
+    #[test]
+    fn unreadable_image() {
+        // root reads any file, so permissions cannot make it fail.
+        if unsafe { libc::geteuid() } == 0 {
+            eprintln!("skipped: running as root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_raw(dir.path(), "secret.img", MIB);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o000)).unwrap();
+        let err = BaseImage::open(&path).err().unwrap();
+        assert!(matches!(err, ImageError::NotReadable { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_and_tiny_images() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = BaseImage::open(&write_raw(dir.path(), "empty.img", 0))
+            .err()
+            .unwrap();
+        assert!(matches!(err, ImageError::Empty(_)), "{err}");
+        let err = BaseImage::open(&write_raw(dir.path(), "tiny.img", 100))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, ImageError::TooSmall { size: 100, .. }),
+            "{err}"
+        );
+    }
+
+    /// A qcow2 image with `bytes` written at `offset` into its header.
+    fn scribbled_qcow2(dir: &Path, name: &str, offset: usize, bytes: &[u8]) -> PathBuf {
+        let path = write_qcow2(dir, name, MIB);
+        let mut image = fs::read(&path).unwrap();
+        image[offset..offset + bytes.len()].copy_from_slice(bytes);
+        fs::write(&path, image).unwrap();
+        path
+    }
+
+    #[test]
+    fn corrupt_qcow2_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("cluster bits 63", 20, 63u32.to_be_bytes().to_vec()),
+            ("unaligned L1 table", 40, 12345u64.to_be_bytes().to_vec()),
+            (
+                "unaligned refcount table",
+                48,
+                777u64.to_be_bytes().to_vec(),
+            ),
+        ];
+        for (what, offset, bytes) in cases {
+            let path = scribbled_qcow2(dir.path(), what, offset, &bytes);
+            let err = BaseImage::open(&path).err().unwrap();
+            assert!(
+                matches!(err, ImageError::CorruptQcow2 { .. }),
+                "{what}: {err}"
+            );
+            assert!(err.to_string().starts_with("corrupt qcow2 image"), "{err}");
+        }
+    }
+
+    #[test]
+    fn truncated_qcow2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_qcow2(dir.path(), "cut.qcow2", MIB);
+        let mut image = fs::read(&path).unwrap();
+        image.truncate(1000);
+        fs::write(&path, image).unwrap();
+        let err = BaseImage::open(&path).err().unwrap();
+        assert!(matches!(err, ImageError::CorruptQcow2 { .. }), "{err}");
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_qcow2_features() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("version 4", 4, 4u32.to_be_bytes().to_vec()),
+            ("AES encryption", 32, 1u32.to_be_bytes().to_vec()),
+            ("extended L2", 72, (1u64 << 4).to_be_bytes().to_vec()),
+            ("dirty", 72, 1u64.to_be_bytes().to_vec()),
+            ("unknown feature", 72, (1u64 << 40).to_be_bytes().to_vec()),
+        ];
+        for (what, offset, bytes) in cases {
+            let path = scribbled_qcow2(dir.path(), what, offset, &bytes);
+            let err = BaseImage::open(&path).err().unwrap();
+            assert!(
+                matches!(err, ImageError::UnsupportedQcow2 { .. }),
+                "{what}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn qcow2_with_missing_backing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let lower = write_raw(dir.path(), "lower.img", MIB);
+        let top = dir.path().join("top.qcow2");
+        let base = BaseImage::open(&lower).unwrap();
+        drop(Overlay::create(&base, OverlayLocation::Keep(top.clone())).unwrap());
+        let lower = base.path().to_path_buf();
+        drop(base);
+        fs::remove_file(&lower).unwrap();
+
+        match BaseImage::open(&top) {
+            Err(ImageError::MissingBacking { backing, .. }) => assert_eq!(backing, lower),
+            Err(err) => panic!("wrong error: {err}"),
+            Ok(_) => panic!("opened a qcow2 without its backing file"),
+        }
+    }
+
+    #[test]
+    fn overlay_never_overwrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = BaseImage::open(&write_raw(dir.path(), "base.img", MIB)).unwrap();
+        let taken = write_raw(dir.path(), "taken", 10);
+        let err = Overlay::create(&base, OverlayLocation::Keep(taken.clone()))
+            .err()
+            .unwrap();
+        assert!(matches!(err, ImageError::OverlayExists(_)), "{err}");
+        assert_eq!(fs::read(&taken).unwrap(), pattern(0, 10));
+
+        let err = Overlay::create(&base, OverlayLocation::Keep(base.path().to_path_buf()))
+            .err()
+            .unwrap();
+        assert!(matches!(err, ImageError::OverlayExists(_)), "{err}");
+    }
+
+    #[test]
+    fn overlay_in_missing_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = BaseImage::open(&write_raw(dir.path(), "base.img", MIB)).unwrap();
+        let err = Overlay::create(&base, OverlayLocation::TempIn(dir.path().join("nope")))
+            .err()
+            .unwrap();
+        assert!(matches!(err, ImageError::CreateOverlay { .. }), "{err}");
+    }
+
+    /// The overlay is an ordinary qcow2 file to qemu, so a kept one can be
+    /// inspected or committed with qemu's tools.
+    #[test]
+    fn qemu_img_accepts_the_overlay() {
+        let Ok(status) = Command::new("qemu-img").arg("--version").output() else {
+            eprintln!("skipped: qemu-img is not installed");
+            return;
+        };
+        assert!(status.status.success());
+        let dir = tempfile::tempdir().unwrap();
+        let base = BaseImage::open(&write_raw(dir.path(), "base.img", 4 * MIB)).unwrap();
+        let kept = dir.path().join("kept.qcow2");
+        let mut overlay = Overlay::create(&base, OverlayLocation::Keep(kept.clone())).unwrap();
+        overlay.write_at(2 * MIB, &[9; 65536]).unwrap();
+        drop(overlay);
+
+        let check = Command::new("qemu-img")
+            .arg("check")
+            .arg(&kept)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        let info = Command::new("qemu-img")
+            .args(["info", "--output=json"])
+            .arg(&kept)
+            .output()
+            .unwrap();
+        let info = String::from_utf8(info.stdout).unwrap();
+        assert!(
+            info.contains(&format!(
+                "\"backing-filename\": \"{}\"",
+                base.path().display()
+            )),
+            "{info}"
+        );
+        assert!(
+            info.contains("\"backing-filename-format\": \"raw\""),
+            "{info}"
+        );
+    }
+}
