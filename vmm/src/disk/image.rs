@@ -182,16 +182,12 @@ impl Overlay {
                 source,
             },
         })?;
-        // From here on the file is ours: construct the Overlay before opening
-        // it so that a failed open still deletes a temporary file.
-        let file = open_file(&path, true);
-        let access = file.and_then(|file| open_qcow2(&path, file, true));
+        let access = open_file(&path, true).and_then(|file| open_qcow2(&path, file, true));
         match access {
             Ok(access) => Ok(Overlay { path, keep, access }),
             Err(e) => {
-                if !keep {
-                    remove_overlay(&path);
-                }
+                // We just created the file, so it is ours to remove, kept or not.
+                remove_overlay(&path);
                 Err(e)
             }
         }
@@ -239,7 +235,7 @@ impl Drop for Overlay {
 
 fn remove_overlay(path: &Path) {
     if let Err(e) = fs::remove_file(path) {
-        tracing::warn!("cannot delete temporary overlay {}: {e}", path.display());
+        tracing::warn!("cannot delete overlay {}: {e}", path.display());
     }
 }
 
