@@ -150,9 +150,11 @@ impl Disk for BaseImage {
 /// Where an overlay's file lives, and whether it outlives the [`Overlay`].
 #[derive(Debug, Clone)]
 pub enum OverlayLocation {
-    /// A fresh, uniquely named file in this directory, deleted on drop.
+    /// A fresh, uniquely named file in this directory, unlinked as soon as
+    /// it is open.
     TempIn(PathBuf),
-    /// Exactly this path (`--keep-overlay`), which must not exist yet; kept.
+    /// Exactly this path (`--keep-overlay`), which must not exist yet; kept,
+    /// and consistent once the [`Overlay`] is dropped (imago flushes then).
     Keep(PathBuf),
 }
 
@@ -183,16 +185,21 @@ impl Overlay {
             },
         })?;
         let access = open_file(&path, true).and_then(|file| open_qcow2(&path, file, true));
-        match access {
-            Ok(access) => Ok(Overlay { path, keep, access }),
-            Err(e) => {
-                // We just created the file, so it is ours to remove, kept or not.
-                remove_overlay(&path);
-                Err(e)
-            }
+        // The open descriptors are all imago needs from here on: unlinking a
+        // temporary overlay now means no exit, however abrupt, leaves it
+        // behind. A file that failed to open is ours to remove too.
+        if !keep || access.is_err() {
+            remove_overlay(&path);
         }
+        Ok(Overlay {
+            path,
+            keep,
+            access: access?,
+        })
     }
 
+    /// Where the overlay was created; a temporary overlay no longer exists
+    /// there once created.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -220,16 +227,6 @@ impl Disk for Overlay {
             self.access.sync()?;
         }
         Ok(())
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        // Unlinking before `access` flushes on drop is fine: the open file
-        // stays valid until it is closed.
-        if !self.keep {
-            remove_overlay(&self.path);
-        }
     }
 }
 
@@ -571,18 +568,22 @@ mod tests {
     }
 
     #[test]
-    fn temporary_overlay_is_deleted_on_drop() {
+    fn temporary_overlay_leaves_no_file() {
         let dir = tempfile::tempdir().unwrap();
         let base_path = write_raw(dir.path(), "base.img", MIB);
         let base = BaseImage::open(&base_path).unwrap();
         let mut overlay =
             Overlay::create(&base, OverlayLocation::TempIn(dir.path().to_path_buf())).unwrap();
-        let path = overlay.path().to_path_buf();
-        assert!(path.starts_with(dir.path()) && path.exists());
+        assert!(overlay.path().starts_with(dir.path()));
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "only the base"
+        );
         overlay.write_at(0, &[1; 512]).unwrap();
         overlay.flush().unwrap();
-        drop(overlay);
-        assert!(!path.exists());
+        assert_eq!(read(&mut overlay, 0, 512), [1; 512]);
+        assert_eq!(read(&mut overlay, 512, 512), pattern(512, 512));
     }
 
     #[test]
@@ -636,8 +637,8 @@ mod tests {
         drop(lower_base);
 
         let base = BaseImage::open(&middle).unwrap();
-        let overlay =
-            Overlay::create(&base, OverlayLocation::TempIn(dir.path().to_path_buf())).unwrap();
+        let top = dir.path().join("top.qcow2");
+        let _overlay = Overlay::create(&base, OverlayLocation::Keep(top.clone())).unwrap();
         for path in [&lower, &middle] {
             let modes = open_modes(path);
             assert!(!modes.is_empty(), "{} is not open", path.display());
@@ -646,7 +647,7 @@ mod tests {
                 "{path:?}: {modes:?}"
             );
         }
-        assert_eq!(open_modes(overlay.path()), [libc::O_RDWR]);
+        assert_eq!(open_modes(&top), [libc::O_RDWR]);
     }
 
     #[test]
