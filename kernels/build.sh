@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Build the provm guest kernel.
+#
+#   kernels/build.sh SRC_TARBALL OUT_DIR
+#
+# SRC_TARBALL: a Linux 6.1 source tarball (Debian: /usr/src/linux-source-6.1.tar.xz)
+# OUT_DIR:     receives vmlinux (PVH-bootable ELF, debug info stripped) and
+#              config (the final .config). Written atomically: built in
+#              OUT_DIR.tmp, then renamed.
+#
+# The fragment (provm.config) and patches (patches/*.patch) are found next
+# to this script. No caching here: provm keys its cache on the tarball,
+# fragment, patches and this script.
+set -euo pipefail
+
+if [ $# -ne 2 ]; then
+	echo "usage: $0 SRC_TARBALL OUT_DIR" >&2
+	exit 2
+fi
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+tarball=$(realpath "$1")
+out=$(realpath -m "$2")
+fragment="$here/provm.config"
+
+[ -f "$tarball" ] || { echo "provm kernel: no such tarball: $tarball" >&2; exit 1; }
+[ -f "$fragment" ] || { echo "provm kernel: no fragment: $fragment" >&2; exit 1; }
+
+out_parent=$(dirname "$out")
+mkdir -p "$out_parent"
+work=$(mktemp -d "$out_parent/.provm-kernel-build.XXXXXX")
+cleanup() { rm -rf "$work"; }
+trap cleanup EXIT
+
+jobs=${PROVM_KERNEL_JOBS:-$(nproc)}
+
+echo "provm kernel: extracting $(basename "$tarball")"
+tar -xf "$tarball" -C "$work"
+# The tarball holds one top-level directory (linux-source-6.1/, linux-6.1.y/, ...).
+src=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+[ -n "$src" ] && [ -f "$src/Makefile" ] || { echo "provm kernel: no kernel tree in $tarball" >&2; exit 1; }
+
+shopt -s nullglob
+for p in "$here"/patches/*.patch; do
+	echo "provm kernel: applying $(basename "$p")"
+	# --forward: a patch that is already applied is an error, not a reversal.
+	if ! patch -d "$src" -p1 --forward --no-backup-if-mismatch -s < "$p"; then
+		echo "provm kernel: patch $(basename "$p") does not apply" >&2
+		exit 1
+	fi
+done
+shopt -u nullglob
+
+echo "provm kernel: configuring"
+mk() { make -C "$src" -s ARCH=x86_64 "$@"; }
+mk tinyconfig >/dev/null
+(cd "$src" && ARCH=x86_64 ./scripts/kconfig/merge_config.sh -m .config "$fragment" >/dev/null)
+mk olddefconfig >/dev/null
+
+# Every CONFIG_X=y of the fragment must survive (unmet dependencies make
+# Kconfig drop options silently).
+missing=0
+while IFS= read -r line; do
+	if ! grep -qxF "$line" "$src/.config"; then
+		sym=${line%%=*}
+		got=$(grep -E "^($sym=|# $sym is not set)" "$src/.config" || true)
+		echo "provm kernel: config: wanted $line, got: ${got:-<absent>}" >&2
+		missing=1
+	fi
+done < <(grep -E '^CONFIG_[A-Za-z0-9_]+=y$' "$fragment")
+if [ "$missing" -ne 0 ]; then
+	echo "provm kernel: configuration lost options of provm.config (see above)" >&2
+	exit 1
+fi
+
+echo "provm kernel: building (takes a few minutes)"
+mk -j"$jobs" vmlinux
+
+echo "provm kernel: installing into $out"
+tmp="$out.tmp"
+rm -rf "$tmp"
+mkdir -p "$tmp"
+# Strip debug info only: keeps the symbol table and the .note sections,
+# among them the PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY).
+objcopy --strip-debug "$src/vmlinux" "$tmp/vmlinux"
+cp "$src/.config" "$tmp/config"
+cp "$src/System.map" "$tmp/System.map"
+if ! readelf -n "$tmp/vmlinux" | grep -q 'Xen'; then
+	echo "provm kernel: vmlinux has no PVH (Xen) ELF note" >&2
+	exit 1
+fi
+rm -rf "$out"
+mv "$tmp" "$out"
+echo "provm kernel: done: $out/vmlinux"
