@@ -34,17 +34,25 @@ trap cleanup EXIT
 
 jobs=${PROVM_KERNEL_JOBS:-$(nproc)}
 
+# Reproducible build: no host name, user, date or build counter in the image.
+export KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC"
+export KBUILD_BUILD_USER=provm KBUILD_BUILD_HOST=provm KBUILD_BUILD_VERSION=1
+
 echo "provm kernel: extracting $(basename "$tarball")"
 tar -xf "$tarball" -C "$work"
 # The tarball holds one top-level directory (linux-source-6.1/, linux-6.1.y/, ...).
-src=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -n 1)
-[ -n "$src" ] && [ -f "$src/Makefile" ] || { echo "provm kernel: no kernel tree in $tarball" >&2; exit 1; }
+tops=("$work"/*/)
+if [ "${#tops[@]}" -ne 1 ] || [ ! -f "${tops[0]}Makefile" ]; then
+	echo "provm kernel: expected one kernel tree at the top of $tarball" >&2
+	exit 1
+fi
+src=${tops[0]%/}
 
 shopt -s nullglob
 for p in "$here"/patches/*.patch; do
 	echo "provm kernel: applying $(basename "$p")"
 	# --forward: a patch that is already applied is an error, not a reversal.
-	if ! patch -d "$src" -p1 --forward --no-backup-if-mismatch -s < "$p"; then
+	if ! patch -d "$src" -p1 --batch --forward --no-backup-if-mismatch -s < "$p"; then
 		echo "provm kernel: patch $(basename "$p") does not apply" >&2
 		exit 1
 	fi
@@ -89,6 +97,11 @@ if ! readelf -n "$tmp/vmlinux" | grep -q 'Xen'; then
 	echo "provm kernel: vmlinux has no PVH (Xen) ELF note" >&2
 	exit 1
 fi
-rm -rf "$out"
-mv "$tmp" "$out"
+if [ -e "$out" ]; then
+	mv "$out" "$out.old.$$"
+	mv "$tmp" "$out"
+	rm -rf "$out.old.$$"
+else
+	mv "$tmp" "$out"
+fi
 echo "provm kernel: done: $out/vmlinux"
