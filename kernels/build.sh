@@ -12,6 +12,8 @@
 # to this script. No caching here: provm keys its cache on the tarball,
 # fragment, patches and this script.
 set -euo pipefail
+# Name order of patches/*.patch, independent of the caller's locale.
+export LC_ALL=C
 
 if [ $# -ne 2 ]; then
 	echo "usage: $0 SRC_TARBALL OUT_DIR" >&2
