@@ -1,1 +1,230 @@
-fn main() {}
+//! provm's guest agent: PID 1 of the guest's initramfs.
+//!
+//! It mounts the kernel's file systems, says Ready on the agent channel
+//! (/dev/hvc0), then runs the host's jobs: the first mounts the image's root
+//! and chroots into it; each runs a command there and streams its output
+//! back. On PowerOff, or when the channel closes, it syncs, unmounts and
+//! powers the guest off. PID 1 must never exit (the kernel would panic), so
+//! errors become Failed messages or, when the agent cannot go on, a line on
+//! the console and a power-off.
+//!
+//! The agent takes over `main` from std: started without /dev/console in the
+//! initramfs, PID 1 has file descriptors 0-2 closed, and std's start-up code
+//! then aborts, failing to open /dev/null in a /dev that is not mounted yet.
+#![cfg_attr(not(test), no_main)]
+
+mod command;
+mod root;
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::{mem, panic, ptr};
+
+use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
+use root::Root;
+
+/// The agent channel: the host's virtio console.
+const CHANNEL: &str = "/dev/hvc0";
+
+/// Most bytes read from the channel at once.
+const READ_SIZE: usize = 64 * 1024;
+
+#[cfg_attr(not(test), no_mangle)]
+extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    // Its power-off would be the machine's: only run as a guest's init.
+    if unsafe { libc::getpid() } != 1 {
+        log("refusing to run: not PID 1 of a provm guest");
+        return 1;
+    }
+    panic::set_hook(Box::new(|info| {
+        log(&info.to_string());
+        power_off(None)
+    }));
+    let mut agent = Agent::start();
+    agent.serve();
+    agent.power_off()
+}
+
+struct Agent {
+    channel: File,
+    /// The initramfs's /dev/null: every command's stdin, whether or not the
+    /// image has a /dev.
+    null: File,
+    /// The image's root, once a job has mounted it.
+    root: Option<Root>,
+}
+
+impl Agent {
+    /// Sets up the guest and the channel and tells the host it is Ready.
+    fn start() -> Agent {
+        let mounted = root::mount_api_filesystems("", true);
+        open_standard_fds();
+        if let Err(reason) = mounted {
+            log(&reason);
+        }
+        let channel = open_channel().unwrap_or_else(|error| {
+            log(&format!("cannot set up {CHANNEL}: {error}"));
+            power_off(None)
+        });
+        let null = File::open("/dev/null").unwrap_or_else(|error| {
+            log(&format!("cannot open /dev/null: {error}"));
+            power_off(None)
+        });
+        let agent = Agent {
+            channel,
+            null,
+            root: None,
+        };
+        agent.send(&GuestMessage::Ready);
+        agent
+    }
+
+    /// Answers the host's messages until it asks for power-off or the
+    /// channel closes.
+    fn serve(&mut self) {
+        let mut frames = FrameReader::default();
+        let mut buffer = vec![0; READ_SIZE];
+        loop {
+            match frames.next_frame() {
+                Ok(Some((kind, payload))) => match HostMessage::decode(kind, &payload) {
+                    Ok(HostMessage::Run(job)) => self.run(&job),
+                    Ok(HostMessage::PowerOff) => return,
+                    Err(error) => self.fail(format!("cannot decode the host's message: {error}")),
+                },
+                Ok(None) => match self.channel.read(&mut buffer) {
+                    Ok(0) => {
+                        log(&format!("{CHANNEL} closed"));
+                        return;
+                    }
+                    Ok(len) => frames.push(&buffer[..len]),
+                    Err(error) => {
+                        log(&format!("cannot read {CHANNEL}: {error}"));
+                        return;
+                    }
+                },
+                // The frame boundaries are lost: nothing more can be understood.
+                Err(error) => {
+                    let reason = format!("corrupt stream from the host: {error}");
+                    self.fail(reason.clone());
+                    self.fatal(&reason);
+                }
+            }
+        }
+    }
+
+    /// Runs `job` and reports how it ended: Finished, or Failed when it
+    /// could not be run.
+    fn run(&mut self, job: &Job) {
+        let outcome = self
+            .enter_root(&job.root_device)
+            .and_then(|()| command::run(job, &self.null, |message| self.send(&message)));
+        match outcome {
+            Ok(outcome) => self.send(&GuestMessage::Finished(outcome)),
+            Err(reason) => self.fail(reason),
+        }
+    }
+
+    /// Mounts and enters the image's root on the first job; later jobs run
+    /// in the same root, so they must name the same device.
+    fn enter_root(&mut self, device: &[u8]) -> Result<(), String> {
+        match &self.root {
+            None => self.root = Some(Root::enter(device)?),
+            Some(root) if root.device() != device => {
+                let (mounted, asked) = (root.device(), device);
+                return Err(format!(
+                    "the root is already mounted from {}, cannot switch to {}",
+                    String::from_utf8_lossy(mounted),
+                    String::from_utf8_lossy(asked)
+                ));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    fn fail(&self, reason: String) {
+        self.send(&GuestMessage::Failed(reason.into_bytes()));
+    }
+
+    /// Sends `message`; without a channel the agent is useless, so a write
+    /// error powers the guest off.
+    fn send(&self, message: &GuestMessage) {
+        if let Err(error) = (&self.channel).write_all(&message.encode()) {
+            self.fatal(&format!("cannot write to {CHANNEL}: {error}"));
+        }
+    }
+
+    fn fatal(&self, reason: &str) -> ! {
+        log(reason);
+        self.power_off()
+    }
+
+    fn power_off(&self) -> ! {
+        power_off(self.root.as_ref())
+    }
+}
+
+/// Makes sure file descriptors 0-2 are open. The kernel opens them on
+/// /dev/console only if the initramfs has that node; left closed, the
+/// agent's own files would take their numbers and receive its stderr.
+fn open_standard_fds() {
+    for fd in 0..3 {
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) < 0
+                && libc::open(c"/dev/console".as_ptr(), libc::O_RDWR | libc::O_NOCTTY) < 0
+            {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
+}
+
+/// Opens the channel in raw mode: bytes pass unchanged (no echo, no line
+/// editing, no CR/LF translation, no signal characters).
+fn open_channel() -> io::Result<File> {
+    let channel = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(CHANNEL)?;
+    let fd = channel.as_raw_fd();
+    let mut termios = unsafe { mem::zeroed() };
+    if unsafe { libc::tcgetattr(fd, &mut termios) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    unsafe { libc::cfmakeraw(&mut termios) };
+    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &termios) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(channel)
+}
+
+/// Ends every other process, syncs, unmounts the image's root and powers
+/// the guest off.
+fn power_off(root: Option<&Root>) -> ! {
+    unsafe {
+        // Processes the commands left behind would keep the root busy.
+        libc::kill(-1, libc::SIGKILL);
+        while libc::waitpid(-1, ptr::null_mut(), 0) > 0 {}
+        libc::sync();
+    }
+    if let Some(root) = root {
+        if let Err(error) = root.unmount() {
+            log(&format!("cannot unmount the root: {error}"));
+        }
+        unsafe { libc::sync() };
+    }
+    unsafe { libc::reboot(libc::RB_POWER_OFF) };
+    log(&format!("cannot power off: {}", io::Error::last_os_error()));
+    // Returning would end PID 1 and panic the kernel.
+    loop {
+        unsafe { libc::pause() };
+    }
+}
+
+/// Writes a line to the console (stderr), for whoever watches the guest.
+fn log(message: &str) {
+    let _ = writeln!(io::stderr(), "provm-guest-agent: {message}");
+}

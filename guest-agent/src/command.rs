@@ -1,0 +1,270 @@
+//! Runs a job's command: spawns it, forwards its output, reports its outcome.
+
+use std::env;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+
+use provm_guest_agent::{GuestMessage, Job, Outcome};
+
+/// Most bytes read from a pipe at once, each read sent as one frame: the
+/// channel's writes are system calls, slow in the emulated guest kernel, so
+/// fewer and larger is better. (A pipe holds 64 KiB by default.)
+const CHUNK: usize = 64 * 1024;
+
+/// Runs `job` in the current root with `stdin` as its standard input, passing
+/// each piece of its output to `emit` as it arrives. `Err` is a reason the
+/// command could not be run, for a `Failed` message.
+pub fn run(job: &Job, stdin: &File, emit: impl FnMut(GuestMessage)) -> Result<Outcome, String> {
+    let (program, args) = job.argv.split_first().ok_or("the job has an empty argv")?;
+    // The agent's own directory is the command's: spawn() would report a
+    // missing one like a missing program.
+    let cwd = working_dir(&job.cwd);
+    env::set_current_dir(&cwd).map_err(|error| {
+        format!(
+            "cannot enter the working directory {}: {error}",
+            cwd.display()
+        )
+    })?;
+    let stdin = stdin
+        .try_clone()
+        .map_err(|error| format!("cannot duplicate /dev/null: {error}"))?;
+    let mut child = match command(program, args, &job.env)?.stdin(stdin).spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            let program = String::from_utf8_lossy(program);
+            return spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"));
+        }
+    };
+    forward(child.stdout.take(), child.stderr.take(), emit)
+        .map_err(|error| format!("cannot read the command's output: {error}"))?;
+    reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
+}
+
+/// The job's working directory; a relative one starts at the root (not at
+/// the previous job's directory).
+fn working_dir(cwd: &[u8]) -> PathBuf {
+    Path::new("/").join(OsStr::from_bytes(cwd))
+}
+
+/// The command, with exactly the environment `env` (whose PATH is the one
+/// `program` is looked up in) and its outputs piped to the agent.
+fn command(program: &[u8], args: &[Vec<u8>], env: &[Vec<u8>]) -> Result<Command, String> {
+    let mut command = Command::new(OsStr::from_bytes(program));
+    command
+        .args(args.iter().map(|arg| OsStr::from_bytes(arg)))
+        .env_clear()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for entry in env {
+        let (key, value) = env_entry(entry).ok_or_else(|| {
+            let entry = String::from_utf8_lossy(entry);
+            format!("environment entry {entry:?} has no '='")
+        })?;
+        command.env(key, value);
+    }
+    Ok(command)
+}
+
+/// Splits a `KEY=VALUE` entry at its first '='.
+fn env_entry(entry: &[u8]) -> Option<(&OsStr, &OsStr)> {
+    let equals = entry.iter().position(|&byte| byte == b'=')?;
+    let (key, value) = (&entry[..equals], &entry[equals + 1..]);
+    Some((OsStr::from_bytes(key), OsStr::from_bytes(value)))
+}
+
+/// The outcome a shell would give a command that failed to start, by the
+/// exec error (127 not found, 126 not executable); `None` when the failure
+/// is not the program's (out of memory, too many processes...).
+fn spawn_failure(error: &io::Error) -> Option<Outcome> {
+    match error.raw_os_error()? {
+        libc::ENOENT | libc::ENOTDIR => Some(Outcome::NotFound),
+        libc::EACCES | libc::EPERM | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY => {
+            Some(Outcome::NotExecutable)
+        }
+        _ => None,
+    }
+}
+
+/// One of the command's output pipes (`None` once at end of file) and the
+/// message that carries its bytes.
+type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
+
+/// Passes the command's output to `emit` as it arrives, each stream in its
+/// own message, until both pipes are at end of file.
+fn forward(
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    mut emit: impl FnMut(GuestMessage),
+) -> io::Result<()> {
+    let mut outputs: [Output; 2] = [
+        (
+            stdout.map(OwnedFd::from).map(File::from),
+            GuestMessage::Stdout,
+        ),
+        (
+            stderr.map(OwnedFd::from).map(File::from),
+            GuestMessage::Stderr,
+        ),
+    ];
+    let mut buffer = vec![0; CHUNK];
+    while outputs.iter().any(|(pipe, _)| pipe.is_some()) {
+        let mut fds = outputs.each_ref().map(|(pipe, _)| libc::pollfd {
+            // poll() skips negative descriptors.
+            fd: pipe.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // No EINTR to retry: the agent has no signal handlers.
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for ((pipe, message), fd) in outputs.iter_mut().zip(fds) {
+            if fd.revents == 0 {
+                continue;
+            }
+            if let Some(file) = pipe {
+                match file.read(&mut buffer)? {
+                    0 => *pipe = None,
+                    len => emit(message(buffer[..len].to_vec())),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the process `pid`. As PID 1 the agent inherits every orphan in
+/// the guest; those that end first are reaped here too, and ignored.
+fn reap(pid: u32) -> io::Result<Outcome> {
+    loop {
+        let mut status = 0;
+        let reaped = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if reaped < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if reaped as u32 == pid {
+            return Ok(outcome(status));
+        }
+    }
+}
+
+/// The outcome of a wait status (of an ended process: no stops are asked for).
+fn outcome(status: libc::c_int) -> Outcome {
+    if libc::WIFSIGNALED(status) {
+        Outcome::Signaled(libc::WTERMSIG(status))
+    } else {
+        Outcome::Exited(libc::WEXITSTATUS(status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_statuses_map_to_outcomes() {
+        assert_eq!(outcome(0), Outcome::Exited(0));
+        assert_eq!(outcome(3 << 8), Outcome::Exited(3));
+        assert_eq!(outcome(255 << 8), Outcome::Exited(255));
+        assert_eq!(outcome(libc::SIGKILL), Outcome::Signaled(9));
+        // A core dump sets 0x80 on top of the signal.
+        assert_eq!(outcome(libc::SIGSEGV | 0x80), Outcome::Signaled(11));
+    }
+
+    #[test]
+    fn spawn_errors_map_to_shell_outcomes() {
+        let failure = |errno| spawn_failure(&io::Error::from_raw_os_error(errno));
+        assert_eq!(failure(libc::ENOENT), Some(Outcome::NotFound));
+        assert_eq!(failure(libc::ENOTDIR), Some(Outcome::NotFound));
+        assert_eq!(failure(libc::EACCES), Some(Outcome::NotExecutable));
+        assert_eq!(failure(libc::ENOEXEC), Some(Outcome::NotExecutable));
+        assert_eq!(failure(libc::EISDIR), Some(Outcome::NotExecutable));
+        assert_eq!(failure(libc::EAGAIN), None);
+        assert_eq!(failure(libc::ENOMEM), None);
+        let invalid = io::Error::new(io::ErrorKind::InvalidInput, "nul byte");
+        assert_eq!(spawn_failure(&invalid), None);
+    }
+
+    #[test]
+    fn env_entries_split_at_the_first_equals() {
+        fn pair<'a>(key: &'a str, value: &'a str) -> Option<(&'a OsStr, &'a OsStr)> {
+            Some((OsStr::new(key), OsStr::new(value)))
+        }
+        assert_eq!(
+            env_entry(b"PATH=/bin:/usr/bin"),
+            pair("PATH", "/bin:/usr/bin")
+        );
+        assert_eq!(env_entry(b"A=b=c"), pair("A", "b=c"));
+        assert_eq!(env_entry(b"EMPTY="), pair("EMPTY", ""));
+        assert_eq!(env_entry(b"NOVALUE"), None);
+    }
+
+    #[test]
+    fn working_dirs_start_at_the_root() {
+        assert_eq!(working_dir(b"/tmp"), Path::new("/tmp"));
+        assert_eq!(working_dir(b"tmp"), Path::new("/tmp"));
+        assert_eq!(working_dir(b""), Path::new("/"));
+    }
+
+    fn run_on_host(
+        argv: &[&str],
+        env: &[&str],
+        cwd: &str,
+    ) -> (Result<Outcome, String>, Vec<GuestMessage>) {
+        let bytes = |items: &[&str]| items.iter().map(|item| item.as_bytes().to_vec()).collect();
+        let job = Job {
+            argv: bytes(argv),
+            env: bytes(env),
+            cwd: cwd.as_bytes().to_vec(),
+            root_device: Vec::new(),
+        };
+        let null = File::open("/dev/null").unwrap();
+        let mut messages = Vec::new();
+        let result = run(&job, &null, |message| messages.push(message));
+        (result, messages)
+    }
+
+    /// One test runs every command: reap() waits for any child of the
+    /// process, so commands of tests in parallel threads would mix.
+    #[test]
+    fn commands_run_on_the_host() {
+        let script = "echo hi; echo err >&2; pwd; echo \"$FOO\"; exit 3";
+        let (result, messages) = run_on_host(
+            &["sh", "-c", script],
+            &["PATH=/bin:/usr/bin", "FOO=bar"],
+            "tmp",
+        );
+        assert_eq!(result, Ok(Outcome::Exited(3)));
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        for message in messages {
+            match message {
+                GuestMessage::Stdout(bytes) => stdout.extend(bytes),
+                GuestMessage::Stderr(bytes) => stderr.extend(bytes),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(stdout, b"hi\n/tmp\nbar\n");
+        assert_eq!(stderr, b"err\n");
+
+        let (result, _) = run_on_host(&["sh", "-c", "kill -9 $$"], &["PATH=/bin:/usr/bin"], "/");
+        assert_eq!(result, Ok(Outcome::Signaled(9)));
+
+        // The job's PATH, not the agent's, finds the program.
+        let (result, _) = run_on_host(&["sh", "-c", "true"], &["PATH=/nonexistent"], "/");
+        assert_eq!(result, Ok(Outcome::NotFound));
+        let (result, _) = run_on_host(&["/etc/passwd"], &[], "/");
+        assert_eq!(result, Ok(Outcome::NotExecutable));
+
+        let (result, _) = run_on_host(&["/bin/true"], &[], "/nonexistent");
+        let reason = result.unwrap_err();
+        assert!(reason.contains("/nonexistent"), "{reason}");
+        assert!(run_on_host(&[], &[], "/").0.is_err());
+        assert!(run_on_host(&["/bin/true"], &["NOVALUE"], "/").0.is_err());
+    }
+}
