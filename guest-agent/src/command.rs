@@ -1,6 +1,5 @@
 //! Runs a job's command: spawns it, forwards its output, reports its outcome.
 
-use std::env;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
@@ -8,6 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::{env, ptr};
 
 use provm_guest_agent::{GuestMessage, Job, Outcome};
 
@@ -21,6 +21,7 @@ const CHUNK: usize = 64 * 1024;
 /// command could not be run, for a `Failed` message.
 pub fn run(job: &Job, stdin: &File, emit: impl FnMut(GuestMessage)) -> Result<Outcome, String> {
     let (program, args) = job.argv.split_first().ok_or("the job has an empty argv")?;
+    reap_orphans();
     // The agent's own directory is the command's: spawn() would report a
     // missing one like a missing program.
     let cwd = working_dir(&job.cwd);
@@ -138,8 +139,14 @@ fn forward(
     Ok(())
 }
 
-/// Waits for the process `pid`. As PID 1 the agent inherits every orphan in
-/// the guest; those that end first are reaped here too, and ignored.
+/// Reaps the orphans that ended since the last job (PID 1 inherits every
+/// orphan in the guest), so that no zombie of theirs shows to the command.
+fn reap_orphans() {
+    while unsafe { libc::waitpid(-1, ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+/// Waits for the process `pid`, reaping (and ignoring) the orphans that end
+/// before it.
 fn reap(pid: u32) -> io::Result<Outcome> {
     loop {
         let mut status = 0;
