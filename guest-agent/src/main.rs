@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), no_main)]
 
 mod command;
+mod cpu;
 mod root;
 
 use std::fs::{File, OpenOptions};
@@ -54,6 +55,9 @@ struct Agent {
     null: File,
     /// The image's root, once a job has mounted it.
     root: Option<Root>,
+    /// Whether commands get [`cpu::GLIBC_TUNABLES`]: user space may use
+    /// vector state the guest kernel does not save.
+    avoid_avx: bool,
 }
 
 impl Agent {
@@ -76,6 +80,7 @@ impl Agent {
             channel,
             null,
             root: None,
+            avoid_avx: avoid_avx(),
         };
         agent.send(&GuestMessage::Ready);
         agent
@@ -117,6 +122,14 @@ impl Agent {
     /// Runs `job` and reports how it ended: Finished, or Failed when it
     /// could not be run.
     fn run(&mut self, job: &Job) {
+        let mut guarded;
+        let job = if self.avoid_avx {
+            guarded = job.clone();
+            cpu::add_glibc_tunables(&mut guarded.env);
+            &guarded
+        } else {
+            job
+        };
         let outcome = self
             .enter_root(&job.root_device)
             .and_then(|()| command::run(job, &self.null, |message| self.send(&message)));
@@ -164,6 +177,26 @@ impl Agent {
     fn power_off(&self) -> ! {
         power_off(self.root.as_ref())
     }
+}
+
+/// Whether commands must keep away from AVX state, which the CPU lets user
+/// space use but this guest kernel does not save across context switches;
+/// says so on the console once. Needs /proc mounted.
+fn avoid_avx() -> bool {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_else(|error| {
+        log(&format!("cannot read /proc/cpuinfo: {error}"));
+        String::new()
+    });
+    let Some(xcr0) = cpu::unmanaged_vector_state(&cpuinfo) else {
+        return false;
+    };
+    log(&format!(
+        "the CPU lets user space use AVX state (XCR0 {xcr0:#x}) that this guest kernel \
+         does not save across context switches; glibc's AVX code paths are disabled \
+         for commands ({})",
+        cpu::GLIBC_TUNABLES
+    ));
+    true
 }
 
 /// Makes sure file descriptors 0-2 are open. The kernel opens them on
