@@ -5,7 +5,12 @@
 //! The VMM knows nothing of recording; it exposes every boundary event through
 //! one seam (see `vm.rs`).
 
+pub mod boot;
 pub mod bus;
 pub mod clock;
+pub mod cpuid;
 pub mod devices;
 pub mod disk;
+pub mod memory;
+pub mod vcpu;
+pub mod vm;

@@ -7,6 +7,7 @@ pub mod cmos;
 pub mod i8042;
 pub mod pic;
 pub mod pit;
+pub mod serial;
 pub mod virtio;
 
 /// An interrupt request line into the interrupt controller.
