@@ -20,7 +20,10 @@ const DEVICE_ID: u32 = 3;
 /// Port 0's queues: no VIRTIO_CONSOLE_F_MULTIPORT, so no control queues.
 const RECEIVEQ: usize = 0;
 const TRANSMITQ: usize = 1;
-const QUEUE_SIZES: &[u16] = &[64, 64];
+/// Small rings: Linux allocates and posts a page for every receive slot at
+/// probe time, work that costs seconds of boot where ring 0 is emulated. The
+/// channel carries small messages in, and hvc sends one buffer at a time out.
+const QUEUE_SIZES: &[u16] = &[8, 8];
 
 /// A single-port virtio console. The host side is driven through
 /// [`MmioTransport::send_to_guest`] and [`MmioTransport::take_from_guest`].
