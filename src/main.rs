@@ -1,1 +1,136 @@
-fn main() {}
+//! The provm command line.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use provm::run::RunOptions;
+
+/// provm's own failures exit with this status, so that they are not mistaken
+/// for the command's (as `docker run` and `podman run` do).
+const PROVM_FAILED: u8 = 125;
+
+#[derive(Parser)]
+#[command(
+    name = "provm",
+    version,
+    about = "Run a command inside a Linux VM on provm's own KVM VMM"
+)]
+struct Cli {
+    /// More detail: -v shows the guest console and VMM events, -vv every exit.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot IMAGE (qcow2 or raw), run CMD inside its root file system and exit
+    /// with CMD's status. The image is never written: guest writes go to a
+    /// temporary overlay.
+    Run(RunArgs),
+    /// Build or locate the guest kernel.
+    Kernel {
+        #[command(subcommand)]
+        action: KernelAction,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
+    /// ring 0 is emulated).
+    #[arg(long, default_value_t = provm::run::DEFAULT_MEMORY_MIB)]
+    memory: u64,
+    /// Give up (and stop the guest) after this many seconds.
+    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    timeout: u64,
+    /// Set an environment variable for CMD (repeatable); added to a minimal
+    /// default environment (PATH, HOME, LANG).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Working directory of CMD inside the image.
+    #[arg(long, default_value = "/")]
+    cwd: String,
+    /// The root file system's device: /dev/vdaN, vdaN or N. By default the
+    /// whole disk if it holds a file system, else the Linux root partition.
+    #[arg(long)]
+    root: Option<String>,
+    /// Keep the overlay holding the guest's writes at this path (a qcow2
+    /// whose backing file is IMAGE).
+    #[arg(long, value_name = "PATH")]
+    keep_overlay: Option<PathBuf>,
+    /// Boot this vmlinux instead of the one `provm kernel build` made.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// The disk image: qcow2 or raw.
+    image: PathBuf,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Subcommand)]
+enum KernelAction {
+    /// Build the guest kernel from Debian's linux-source-6.1 (cached).
+    Build,
+    /// Print the path of the built kernel.
+    Path,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let result = match cli.command {
+        Command::Run(args) => run(args, cli.verbose > 0),
+        Command::Kernel { action } => kernel(action),
+    };
+    result.unwrap_or_else(|error| {
+        eprintln!("provm: {error}");
+        ExitCode::from(PROVM_FAILED)
+    })
+}
+
+fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let options = RunOptions {
+        image: args.image,
+        command: args.command,
+        env: args.env,
+        cwd: args.cwd,
+        root: args.root,
+        keep_overlay: args.keep_overlay,
+        memory_mib: args.memory,
+        timeout: Duration::from_secs(args.timeout),
+        kernel: args.kernel,
+        echo_console: verbose,
+    };
+    let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    Ok(ExitCode::from(outcome.shell_status() as u8))
+}
+
+fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let path = match action {
+        KernelAction::Build => provm::kernel::build()?,
+        KernelAction::Path => provm::kernel::find()?,
+    };
+    println!("{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init_tracing(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("PROVM_LOG").unwrap_or_else(|_| level.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

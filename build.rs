@@ -1,0 +1,96 @@
+//! Embeds what provm carries inside its binary.
+//!
+//! Builds the guest agent as a static x86-64 binary and leaves it in OUT_DIR,
+//! where src/initramfs.rs embeds it: provm carries the exact agent it speaks
+//! to. The agent has its own target directory, so this nested cargo never
+//! waits on the outer build's lock.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+fn main() {
+    build_guest_agent();
+    embed_kernel_inputs();
+}
+
+fn build_guest_agent() {
+    println!("cargo:rerun-if-changed=guest-agent/src");
+    println!("cargo:rerun-if-changed=guest-agent/Cargo.toml");
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let target_dir = out_dir.join("guest-agent-target");
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "provm-guest-agent",
+            "--target",
+            TARGET,
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // Small beats fast here: the guest kernel copies the binary into
+        // memory at every boot, and guest ring 0 may be emulated.
+        .args(["--config", "profile.release.opt-level=\"z\""])
+        .args(["--config", "profile.release.lto=true"])
+        .args(["--config", "profile.release.codegen-units=1"])
+        .args(["--config", "profile.release.panic=\"abort\""])
+        .args(["--config", "profile.release.strip=true"])
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+            "-C target-feature=+crt-static",
+        )
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .status()
+        .expect("cannot run cargo to build the guest agent");
+    assert!(status.success(), "building the guest agent failed");
+    let built = target_dir
+        .join(TARGET)
+        .join("release")
+        .join("provm-guest-agent");
+    std::fs::copy(&built, out_dir.join("provm-guest-agent")).expect("copying the guest agent");
+}
+
+/// Lists every file under kernels/ (build script, config fragment, patches)
+/// for src/kernel.rs to embed: they are the kernel build's inputs and its
+/// cache key, so provm needs no source tree at run time.
+fn embed_kernel_inputs() {
+    println!("cargo:rerun-if-changed=kernels");
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("kernels");
+    let mut files = Vec::new();
+    collect_files(&root, &mut files);
+    files.sort();
+    let mut table = String::from("pub const KERNEL_INPUTS: &[(&str, &[u8])] = &[\n");
+    for file in files {
+        let relative = file
+            .strip_prefix(&root)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        table += &format!(
+            "    ({relative:?}, include_bytes!({:?})),\n",
+            file.to_str().unwrap()
+        );
+    }
+    table += "];\n";
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("kernel_inputs.rs");
+    std::fs::write(out, table).unwrap();
+}
+
+fn collect_files(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_files(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The guest kernel: built from Debian's linux-source-6.1 with provm's config
+//! fragment and patches (kernels/), cached by a digest of all of them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+include!(concat!(env!("OUT_DIR"), "/kernel_inputs.rs"));
+
+pub const SOURCE_PACKAGE: &str = "linux-source-6.1";
+pub const SOURCE_TARBALL: &str = "/usr/src/linux-source-6.1.tar.xz";
+const BUILD_TOOLS: &[&str] = &["make", "gcc", "bison", "flex", "bc", "patch"];
+const BUILD_PACKAGES: &str = "linux-source-6.1 build-essential bc bison flex libelf-dev";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("the kernel source is not installed ({SOURCE_TARBALL} is missing); install it with: apt-get install {BUILD_PACKAGES}")]
+    SourceMissing,
+    #[error("`{0}` is needed to build the kernel; install the build tools with: apt-get install {BUILD_PACKAGES}")]
+    ToolMissing(&'static str),
+    #[error("the guest kernel has not been built yet; build it (a few minutes, once) with: provm kernel build")]
+    NotBuilt,
+    #[error("the kernel build failed (exit status {0}); its output is above")]
+    BuildFailed(std::process::ExitStatus),
+    #[error("kernel build: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where provm keeps what it builds: $PROVM_CACHE, else $XDG_CACHE_HOME/provm,
+/// else ~/.cache/provm.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PROVM_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+    base.join("provm")
+}
+
+/// The installed source package's version, the source half of the cache key.
+fn source_version() -> Result<String, KernelError> {
+    if !Path::new(SOURCE_TARBALL).exists() {
+        return Err(KernelError::SourceMissing);
+    }
+    let output = Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", SOURCE_PACKAGE])
+        .output()?;
+    if !output.status.success() {
+        return Err(KernelError::SourceMissing);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The cache key: source version, then every input file's name and bytes.
+fn digest(source_version: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(source_version.as_bytes());
+    for (name, bytes) in KERNEL_INPUTS {
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn build_dir() -> Result<PathBuf, KernelError> {
+    Ok(cache_dir().join("kernels").join(digest(&source_version()?)))
+}
+
+/// The built vmlinux for the current inputs.
+pub fn find() -> Result<PathBuf, KernelError> {
+    let vmlinux = build_dir()?.join("vmlinux");
+    if vmlinux.exists() {
+        Ok(vmlinux)
+    } else {
+        Err(KernelError::NotBuilt)
+    }
+}
+
+/// Builds the kernel unless the cache has it; returns the vmlinux path.
+pub fn build() -> Result<PathBuf, KernelError> {
+    let out_dir = build_dir()?;
+    let vmlinux = out_dir.join("vmlinux");
+    if vmlinux.exists() {
+        eprintln!("provm kernel: up to date ({})", vmlinux.display());
+        return Ok(vmlinux);
+    }
+    for tool in BUILD_TOOLS {
+        if Command::new("which")
+            .arg(tool)
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            return Err(KernelError::ToolMissing(tool));
+        }
+    }
+    let parent = out_dir.parent().unwrap();
+    std::fs::create_dir_all(parent)?;
+    // Removed when dropped, even if the build fails.
+    let staging = tempfile::Builder::new()
+        .prefix(".inputs-")
+        .tempdir_in(parent)?;
+    for (name, bytes) in KERNEL_INPUTS {
+        let path = staging.path().join(name);
+        std::fs::create_dir_all(path.parent().unwrap())?;
+        std::fs::File::create(&path)?.write_all(bytes)?;
+    }
+    eprintln!("provm kernel: building into {}", out_dir.display());
+    let status = Command::new("bash")
+        .arg(staging.path().join("build.sh"))
+        .arg(SOURCE_TARBALL)
+        .arg(&out_dir)
+        .status()?;
+    if !status.success() {
+        return Err(KernelError::BuildFailed(status));
+    }
+    Ok(vmlinux)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_include_the_script_config_and_patches() {
+        let names: Vec<&str> = KERNEL_INPUTS.iter().map(|(name, _)| *name).collect();
+        assert!(names.contains(&"build.sh"), "{names:?}");
+        assert!(names.contains(&"provm.config"), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("patches/") && n.ends_with(".patch")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn digest_depends_on_the_source_version() {
+        assert_eq!(digest("6.1.1"), digest("6.1.1"));
+        assert_ne!(digest("6.1.1"), digest("6.1.2"));
+        assert_eq!(digest("x").len(), 16);
+    }
+}

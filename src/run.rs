@@ -1,0 +1,228 @@
+//! `provm run`: boot the guest on a copy-on-write view of an image, run one
+//! command, and report how it ended.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provm_guest_agent::{Job, Outcome};
+use provm_vmm::clock::HostClock;
+use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
+use provm_vmm::disk::partition::{self, PartitionError};
+use provm_vmm::vm::{VmConfig, VmError};
+
+use crate::initramfs;
+use crate::kernel::{self, KernelError};
+use crate::session::{GuestSession, SessionError};
+
+/// The guest kernel's command line (the VM adds its devices).
+/// - console=ttyS0: boot messages and panics on the serial port.
+/// - quiet: every console byte is a port write; print only what matters.
+/// - nolapic noapic: interrupts come from the VMM's 8259 PIC.
+/// - lpj: skips the delay-loop calibration, a busy wait on timer ticks
+///   whose result depends on timing.
+/// - rodata=off: skips remapping the kernel image page by page (seconds of
+///   emulated ring 0 here); the kernel text stays writable.
+/// - io_delay=none: no dummy writes to port 0x80 (each one an exit).
+/// - 8250.nr_uarts=1: probe only the one serial port there is.
+/// - panic=-1: a panicking guest resets at once, ending the run.
+/// - rdinit=/init: the guest agent.
+pub const KERNEL_ARGS: &str = "console=ttyS0 quiet nolapic noapic lpj=5000 rodata=off io_delay=none 8250.nr_uarts=1 panic=-1 rdinit=/init";
+
+pub const DEFAULT_MEMORY_MIB: u64 = 128;
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3600;
+
+/// The environment every command starts from; `--env` adds and overrides.
+const DEFAULT_ENV: &[&str] = &[
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "TERM=dumb",
+];
+
+#[derive(Clone)]
+pub struct RunOptions {
+    pub image: PathBuf,
+    pub command: Vec<OsString>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub root: Option<String>,
+    pub keep_overlay: Option<PathBuf>,
+    pub memory_mib: u64,
+    pub timeout: Duration,
+    pub kernel: Option<PathBuf>,
+    pub echo_console: bool,
+}
+
+impl RunOptions {
+    /// Options with provm's defaults: `/` as the working directory, the
+    /// built kernel, the default environment.
+    pub fn new(image: PathBuf, command: Vec<OsString>) -> Self {
+        RunOptions {
+            image,
+            command,
+            env: Vec::new(),
+            cwd: "/".into(),
+            root: None,
+            keep_overlay: None,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
+            kernel: None,
+            echo_console: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("{image}: {source}")]
+    Root {
+        image: PathBuf,
+        source: PartitionError,
+    },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("cannot boot the kernel {path}: it does not exist")]
+    KernelPath { path: PathBuf },
+    #[error("--env {0:?} is not of the form KEY=VALUE")]
+    BadEnv(String),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+/// A guest ready to boot. Its disk is the overlay, removed with the VM unless
+/// it is kept.
+pub struct Prepared {
+    pub config: VmConfig,
+    pub root_device: String,
+}
+
+/// Checks the inputs and assembles the VM: the image's root, the overlay, the
+/// kernel and the agent's initramfs.
+pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
+    provm_vmm::vm::check_kvm()?;
+    let mut base = BaseImage::open(&options.image)?;
+    let root = match &options.root {
+        Some(value) => partition::root_override(&mut base, value),
+        None => partition::find_root(&mut base),
+    }
+    .map_err(|source| RunError::Root {
+        image: options.image.clone(),
+        source,
+    })?;
+    tracing::debug!(
+        device = root.device(),
+        reason = root.reason,
+        "root file system"
+    );
+    let kernel = match &options.kernel {
+        Some(path) if !path.exists() => return Err(RunError::KernelPath { path: path.clone() }),
+        Some(path) => path.clone(),
+        None => kernel::find()?,
+    };
+    let location = match &options.keep_overlay {
+        Some(path) => OverlayLocation::Keep(path.clone()),
+        None => OverlayLocation::TempIn(std::env::temp_dir()),
+    };
+    let overlay = Overlay::create(&base, location)?;
+    let config = VmConfig {
+        memory_mib: options.memory_mib,
+        kernel,
+        initramfs: initramfs::agent_initramfs(),
+        cmdline: KERNEL_ARGS.to_owned(),
+        disk: Box::new(overlay),
+        echo_console: options.echo_console,
+        clock: Arc::new(HostClock::new()),
+    };
+    Ok(Prepared {
+        config,
+        root_device: root.device(),
+    })
+}
+
+/// The job the agent runs for these options.
+pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
+    let mut env: Vec<String> = DEFAULT_ENV.iter().map(|entry| entry.to_string()).collect();
+    for entry in &options.env {
+        let Some((key, _)) = entry.split_once('=').filter(|(key, _)| !key.is_empty()) else {
+            return Err(RunError::BadEnv(entry.clone()));
+        };
+        env.retain(|existing| !existing.starts_with(&format!("{key}=")));
+        env.push(entry.clone());
+    }
+    Ok(Job {
+        argv: options
+            .command
+            .iter()
+            .map(|arg| arg.clone().into_vec())
+            .collect(),
+        env: env.into_iter().map(String::into_bytes).collect(),
+        cwd: options.cwd.clone().into_bytes(),
+        root_device: root_device.as_bytes().to_vec(),
+    })
+}
+
+/// Boots the guest, runs the command with its output streamed to `stdout`
+/// and `stderr`, powers the guest off and returns how the command ended.
+pub fn run(
+    options: &RunOptions,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<Outcome, RunError> {
+    let deadline = Instant::now() + options.timeout;
+    let prepared = prepare(options)?;
+    let job = job(options, &prepared.root_device)?;
+    let (mut session, boot_time) = GuestSession::boot(prepared.config, deadline)?;
+    tracing::debug!(?boot_time, "guest agent ready");
+    let outcome = session.run(job, stdout, stderr)?;
+    session.power_off()?;
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(env: &[&str]) -> RunOptions {
+        RunOptions {
+            env: env.iter().map(|e| e.to_string()).collect(),
+            cwd: "/tmp".into(),
+            ..RunOptions::new("img".into(), vec!["sh".into(), "-c".into(), "true".into()])
+        }
+    }
+
+    #[test]
+    fn env_overrides_defaults_and_adds() {
+        let job = job(&options(&["PATH=/bin", "FOO=a=b"]), "/dev/vda1").unwrap();
+        let env: Vec<String> = job
+            .env
+            .into_iter()
+            .map(|e| String::from_utf8(e).unwrap())
+            .collect();
+        assert!(env.contains(&"PATH=/bin".to_owned()));
+        assert!(env.contains(&"FOO=a=b".to_owned()));
+        assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);
+        assert!(env.contains(&"HOME=/root".to_owned()));
+        assert_eq!(job.root_device, b"/dev/vda1");
+        assert_eq!(job.cwd, b"/tmp");
+    }
+
+    #[test]
+    fn malformed_env_is_refused() {
+        assert!(matches!(
+            job(&options(&["NOEQUALS"]), "/dev/vda"),
+            Err(RunError::BadEnv(_))
+        ));
+        assert!(matches!(
+            job(&options(&["=x"]), "/dev/vda"),
+            Err(RunError::BadEnv(_))
+        ));
+    }
+}

@@ -1,0 +1,132 @@
+//! A booted guest and its agent: the host side of the agent protocol.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use provm_guest_agent::{DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome};
+use provm_vmm::vm::{Vm, VmConfig, VmError, VmEvent};
+
+/// How many console lines an error report shows.
+const CONSOLE_LINES: usize = 25;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{error}\n--- last lines of the guest console ---\n{console}")]
+    Guest { error: GuestError, console: String },
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("cannot write the command's output: {0}")]
+    Output(std::io::Error),
+}
+
+/// What went wrong inside the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    #[error("the guest failed: {0}")]
+    Vm(VmError),
+    #[error("the guest kernel reset the machine (a kernel panic, or a reboot)")]
+    Reset,
+    #[error("the guest halted before the agent finished")]
+    Halted,
+    #[error("the guest agent sent a malformed message: {0}")]
+    Protocol(DecodeError),
+    #[error("the guest agent could not run the command: {0}")]
+    AgentFailed(String),
+    #[error("the guest agent sent {0:?} out of turn")]
+    OutOfTurn(GuestMessage),
+}
+
+pub struct GuestSession {
+    vm: Vm,
+    frames: FrameReader,
+    deadline: Instant,
+}
+
+impl GuestSession {
+    /// Boots the guest and waits for its agent; returns the session and how
+    /// long the boot took.
+    pub fn boot(config: VmConfig, deadline: Instant) -> Result<(Self, Duration), SessionError> {
+        let start = Instant::now();
+        let mut session = GuestSession {
+            vm: Vm::new(config)?,
+            frames: FrameReader::default(),
+            deadline,
+        };
+        match session.next_message()? {
+            GuestMessage::Ready => Ok((session, start.elapsed())),
+            other => Err(session.guest_error(GuestError::OutOfTurn(other))),
+        }
+    }
+
+    /// Runs one command, streaming its output, and returns how it ended.
+    pub fn run(
+        &mut self,
+        job: Job,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<Outcome, SessionError> {
+        self.vm.send_to_agent(&HostMessage::Run(job).encode());
+        loop {
+            match self.next_message()? {
+                GuestMessage::Stdout(bytes) => write_now(stdout, &bytes)?,
+                GuestMessage::Stderr(bytes) => write_now(stderr, &bytes)?,
+                GuestMessage::Finished(outcome) => return Ok(outcome),
+                GuestMessage::Failed(reason) => {
+                    let reason = String::from_utf8_lossy(&reason).into_owned();
+                    return Err(self.guest_error(GuestError::AgentFailed(reason)));
+                }
+                other @ GuestMessage::Ready => {
+                    return Err(self.guest_error(GuestError::OutOfTurn(other)))
+                }
+            }
+        }
+    }
+
+    /// Asks the agent to sync and power off, and waits for the guest to halt,
+    /// so that everything it wrote has reached the disk.
+    pub fn power_off(mut self) -> Result<(), SessionError> {
+        self.vm.send_to_agent(&HostMessage::PowerOff.encode());
+        loop {
+            match self.vm.run(self.deadline) {
+                Ok(VmEvent::Halted) => return Ok(()),
+                // Late output (none is expected) does not stop the power-off.
+                Ok(VmEvent::AgentOutput(_)) => {}
+                Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
+                Err(error) => return Err(self.guest_error(GuestError::Vm(error))),
+            }
+        }
+    }
+
+    /// The next whole message from the agent, running the guest until it comes.
+    fn next_message(&mut self) -> Result<GuestMessage, SessionError> {
+        loop {
+            match self.frames.next_frame() {
+                Ok(Some((kind, payload))) => {
+                    return GuestMessage::decode(kind, &payload)
+                        .map_err(|error| self.guest_error(GuestError::Protocol(error)))
+                }
+                Ok(None) => {}
+                Err(error) => return Err(self.guest_error(GuestError::Protocol(error))),
+            }
+            match self.vm.run(self.deadline) {
+                Ok(VmEvent::AgentOutput(bytes)) => self.frames.push(&bytes),
+                Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
+                Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
+                Err(error) => return Err(self.guest_error(GuestError::Vm(error))),
+            }
+        }
+    }
+
+    fn guest_error(&self, error: GuestError) -> SessionError {
+        SessionError::Guest {
+            error,
+            console: self.vm.console_tail(CONSOLE_LINES),
+        }
+    }
+}
+
+fn write_now(out: &mut dyn Write, bytes: &[u8]) -> Result<(), SessionError> {
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(SessionError::Output)
+}
