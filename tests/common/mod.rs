@@ -1,0 +1,120 @@
+//! Disk images the end-to-end tests build for themselves: a busybox system
+//! on ext4, as a bare-filesystem qcow2 and as a GPT-partitioned raw disk.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub const MARKER: &str = "provm test image";
+
+/// Boots are serialized: guest ring 0 may be emulated, and two guests on two
+/// cores would only slow each other down.
+pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub struct Images {
+    _dir: tempfile::TempDir,
+    pub dir: PathBuf,
+    /// A bare ext4 file system as qcow2.
+    pub tiny_qcow2: PathBuf,
+    /// A GPT disk whose second partition holds the ext4 file system.
+    pub partitioned_raw: PathBuf,
+}
+
+pub fn images() -> &'static Images {
+    static IMAGES: OnceLock<Images> = OnceLock::new();
+    IMAGES.get_or_init(build_images)
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e} (run scripts/install-deps)"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn build_images() -> Images {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    let root = path.join("root");
+    populate_busybox_root(&root);
+
+    let raw = path.join("tiny.raw");
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-d"])
+        .arg(&root)
+        .arg(&raw)
+        .arg("24M"));
+    let tiny_qcow2 = path.join("tiny.qcow2");
+    run(Command::new("qemu-img")
+        .args(["convert", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&tiny_qcow2));
+
+    // GPT: a small first partition (no file system), then the root at 2 MiB.
+    let partitioned_raw = path.join("partitioned.raw");
+    std::fs::File::create(&partitioned_raw)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let table = "label: gpt\nstart=2048, size=2048, type=L\nstart=4096, size=55296, type=L\n";
+    let mut sfdisk = Command::new("sfdisk");
+    sfdisk
+        .arg("--quiet")
+        .arg(&partitioned_raw)
+        .stdin(std::process::Stdio::piped());
+    let mut child = sfdisk
+        .spawn()
+        .expect("sfdisk (package fdisk) is needed: run scripts/install-deps");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), table.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "sfdisk failed");
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-E", "offset=2097152", "-d"])
+        .arg(&root)
+        .arg(&partitioned_raw)
+        .arg("27M"));
+
+    Images {
+        dir: path,
+        _dir: dir,
+        tiny_qcow2,
+        partitioned_raw,
+    }
+}
+
+fn populate_busybox_root(root: &Path) {
+    for dir in ["bin", "etc", "tmp", "proc", "sys", "dev", "data", "root"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is needed: run scripts/install-deps");
+    let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
+    for applet in String::from_utf8(list.stdout).unwrap().lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+    }
+    std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/vector_copy.c");
+    run(Command::new("gcc")
+        .args(["-O2", "-static", "-o"])
+        .arg(root.join("bin/vector_copy"))
+        .arg(source));
+    std::fs::write(root.join("data/in.txt"), "pear\napple\nfig\n").unwrap();
+}
+
+/// SHA-256 of a file, to show it was not modified.
+pub fn digest(path: &Path) -> String {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

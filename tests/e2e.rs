@@ -1,0 +1,335 @@
+//! End-to-end tests: the real guest kernel on provm's own VMM, on disk images
+//! the tests build. Boots are few and serialized (see common::one_guest_at_a_time).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{digest, images, one_guest_at_a_time, MARKER};
+use provm::run::RunOptions;
+use provm::session::{GuestError, GuestSession, SessionError};
+use provm_guest_agent::Outcome;
+
+/// provm's own failures exit with this status (see main.rs).
+const PROVM_FAILED: i32 = 125;
+
+struct Finished {
+    status: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn provm(args: &[&str]) -> Finished {
+    let output = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(args)
+        .output()
+        .unwrap();
+    Finished {
+        status: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn options(image: &Path) -> RunOptions {
+    RunOptions {
+        timeout: Duration::from_secs(600),
+        ..RunOptions::new(image.to_owned(), Vec::new())
+    }
+}
+
+/// Runs one shell command in the shared guest.
+fn sh(
+    session: &mut GuestSession,
+    options: &RunOptions,
+    script: &str,
+) -> Result<(Outcome, String, String), SessionError> {
+    let options = RunOptions {
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..options.clone()
+    };
+    let job = provm::run::job(&options, "/dev/vda").unwrap();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let outcome = session.run(job, &mut stdout, &mut stderr)?;
+    Ok((
+        outcome,
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    ))
+}
+
+#[test]
+fn one_guest_runs_many_commands_and_never_writes_the_image() {
+    let _guest = one_guest_at_a_time();
+    let images = images();
+    let image_digest = digest(&images.tiny_qcow2);
+    let overlay = images.dir.join("kept-overlay.qcow2");
+    let options = RunOptions {
+        keep_overlay: Some(overlay.clone()),
+        ..options(&images.tiny_qcow2)
+    };
+    let prepared = provm::run::prepare(&options).unwrap();
+    let (mut guest, boot_time) =
+        GuestSession::boot(prepared.config, Instant::now() + options.timeout).unwrap();
+    eprintln!("boot to agent: {boot_time:?}");
+
+    let (outcome, stdout, stderr) = sh(&mut guest, &options, "echo hi; exit 3").unwrap();
+    assert_eq!(
+        (outcome, stdout.as_str(), stderr.as_str()),
+        (Outcome::Exited(3), "hi\n", "")
+    );
+
+    let (outcome, stdout, stderr) = sh(
+        &mut guest,
+        &options,
+        "echo out; echo err >&2; cat /etc/marker",
+    )
+    .unwrap();
+    assert_eq!(outcome, Outcome::Exited(0));
+    assert_eq!(stdout, format!("out\n{MARKER}\n"));
+    assert_eq!(stderr, "err\n");
+
+    let (_, stdout, _) = sh(
+        &mut guest,
+        &options,
+        "sort /data/in.txt | head -n 2 | tr a-z A-Z",
+    )
+    .unwrap();
+    assert_eq!(stdout, "APPLE\nFIG\n");
+
+    let (outcome, _, _) = sh(&mut guest, &options, "exec /no/such/program").unwrap();
+    assert_eq!(outcome.shell_status(), 127);
+    let not_found = provm::run::job(
+        &RunOptions {
+            command: vec!["no-such-program".into()],
+            ..options.clone()
+        },
+        "/dev/vda",
+    )
+    .unwrap();
+    assert_eq!(
+        guest
+            .run(not_found, &mut Vec::new(), &mut Vec::new())
+            .unwrap(),
+        Outcome::NotFound
+    );
+
+    let (outcome, _, _) = sh(&mut guest, &options, "kill -SEGV $$").unwrap();
+    assert_eq!(
+        (outcome, outcome.shell_status()),
+        (Outcome::Signaled(11), 139)
+    );
+
+    // Processes keep their own vector registers while another one runs.
+    let (outcome, stdout, _) = sh(
+        &mut guest,
+        &options,
+        "yes > /dev/null & vector_copy; status=$?; kill $!; exit $status",
+    )
+    .unwrap();
+    assert_eq!(
+        (outcome, stdout.as_str()),
+        (Outcome::Exited(0), "corrupted copies: 0 of 120\n")
+    );
+
+    let in_tmp = RunOptions {
+        cwd: "/tmp".into(),
+        env: vec!["GREETING=hello there".into()],
+        ..options.clone()
+    };
+    let (_, stdout, _) = sh(&mut guest, &in_tmp, "pwd; echo \"$GREETING\"; echo $PATH").unwrap();
+    assert_eq!(
+        stdout,
+        "/tmp\nhello there\n/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+    );
+
+    let missing_cwd = RunOptions {
+        cwd: "/no/such/dir".into(),
+        ..options.clone()
+    };
+    match sh(&mut guest, &missing_cwd, "true") {
+        Err(SessionError::Guest {
+            error: GuestError::AgentFailed(reason),
+            ..
+        }) => assert!(reason.contains("/no/such/dir"), "{reason}"),
+        other => panic!("a missing working directory must be reported, got {other:?}"),
+    }
+
+    let (outcome, stdout, _) = sh(
+        &mut guest,
+        &options,
+        "echo written in the guest > /data/written.txt && cat /data/written.txt",
+    )
+    .unwrap();
+    assert_eq!(
+        (outcome, stdout.as_str()),
+        (Outcome::Exited(0), "written in the guest\n")
+    );
+    guest.power_off().unwrap();
+
+    assert_eq!(
+        digest(&images.tiny_qcow2),
+        image_digest,
+        "the user's image was modified"
+    );
+    // The kept overlay holds the guest's write: boot it as an image.
+    let rerun = provm(&[
+        "run",
+        path(&overlay),
+        "--",
+        "sh",
+        "-c",
+        "cat /data/written.txt; exit 7",
+    ]);
+    assert_eq!(rerun.stdout, "written in the guest\n", "{}", rerun.stderr);
+    assert_eq!(rerun.status, 7);
+    assert_eq!(digest(&images.tiny_qcow2), image_digest);
+}
+
+#[test]
+fn a_partitioned_image_boots_from_its_root_partition() {
+    let _guest = one_guest_at_a_time();
+    let image = &images().partitioned_raw;
+    let before = digest(image);
+    let run = provm(&["run", path(image), "--", "cat", "/etc/marker"]);
+    assert_eq!(
+        (run.status, run.stdout.as_str()),
+        (0, format!("{MARKER}\n").as_str()),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(digest(image), before);
+}
+
+#[test]
+fn a_guest_past_its_timeout_is_stopped_with_its_console() {
+    let _guest = one_guest_at_a_time();
+    let run = provm(&[
+        "run",
+        "--timeout",
+        "2",
+        path(&images().tiny_qcow2),
+        "--",
+        "true",
+    ]);
+    assert_eq!(run.status, PROVM_FAILED);
+    assert!(
+        run.stderr.contains("did not finish within the time limit"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("last lines of the guest console"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Bad input is refused before any guest boots, with the problem and the fix.
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let images = images();
+    let tiny = path(&images.tiny_qcow2);
+    let dir = &images.dir;
+    let expect_error = |args: &[&str], needle: &str| {
+        let run = provm(args);
+        assert_eq!(run.status, PROVM_FAILED, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(needle),
+            "{args:?}: expected {needle:?} in {}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    };
+
+    expect_error(
+        &["run", "/no/such/image.qcow2", "--", "true"],
+        "/no/such/image.qcow2",
+    );
+
+    let empty = dir.join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    expect_error(&["run", path(&empty), "--", "true"], "empty");
+
+    // A qcow2 cut short, as an interrupted copy leaves it: its tables are gone.
+    let corrupt = dir.join("corrupt.qcow2");
+    let bytes = std::fs::read(&images.tiny_qcow2).unwrap();
+    std::fs::write(&corrupt, &bytes[..4096]).unwrap();
+    expect_error(&["run", path(&corrupt), "--", "true"], "corrupt qcow2");
+
+    let blank = dir.join("blank.raw");
+    std::fs::File::create(&blank)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    expect_error(
+        &["run", path(&blank), "--", "true"],
+        "neither a partition table nor an ext2/3/4 filesystem",
+    );
+
+    expect_error(&["run", "--root", "9", tiny, "--", "true"], "9");
+    expect_error(
+        &["run", "--env", "NOEQUALS", tiny, "--", "true"],
+        "KEY=VALUE",
+    );
+    expect_error(
+        &["run", "--kernel", "/no/such/vmlinux", tiny, "--", "true"],
+        "/no/such/vmlinux",
+    );
+    expect_error(
+        &["run", "--kernel", "/etc/hostname", tiny, "--", "true"],
+        "vmlinux",
+    );
+    expect_error(&["run", "--memory", "8", tiny, "--", "true"], "too small");
+}
+
+/// Without /dev/kvm, or without the right to open it, provm says how to fix it.
+/// Needs root to make a private mount namespace and to switch users.
+#[test]
+fn missing_or_forbidden_kvm_is_explained() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let tiny = path(&images().tiny_qcow2);
+    let provm = env!("CARGO_BIN_EXE_provm");
+    let no_kvm = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs none /dev && exec \"$0\" \"$@\"",
+        ])
+        .args([provm, "run", tiny, "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&no_kvm.stderr);
+    assert_eq!(no_kvm.status.code(), Some(PROVM_FAILED), "{stderr}");
+    assert!(stderr.contains("/dev/kvm does not exist"), "{stderr}");
+
+    let forbidden = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            provm,
+            "run",
+            tiny,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&forbidden.stderr);
+    assert_eq!(forbidden.status.code(), Some(PROVM_FAILED), "{stderr}");
+    assert!(
+        stderr.contains("no permission to open /dev/kvm"),
+        "{stderr}"
+    );
+}
