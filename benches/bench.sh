@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# provm's benchmark table: kernel build (cold, in a scratch cache, and
+# cached), then boot and command latency against QEMU TCG (benches/boot.rs).
+# Usage: benches/bench.sh [--skip-cold]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q
+provm=target/release/provm
+seconds() { local start=$SECONDS; "$@" >/dev/null 2>&1; echo $((SECONDS - start)); }
+echo "| kernel build | seconds |"
+echo "|---|---|"
+if [ "${1:-}" != "--skip-cold" ]; then
+  scratch="$(mktemp -d)"
+  echo "| cold (empty cache) | $(PROVM_CACHE="$scratch" seconds $provm kernel build) |"
+  rm -rf "$scratch"
+fi
+$provm kernel build >/dev/null 2>&1
+start=$(date +%s.%N); $provm kernel build >/dev/null 2>&1; end=$(date +%s.%N)
+printf "| cached | %.3f |\n" "$(echo "$end - $start" | bc)"
+echo
+cargo bench -q --bench boot 2>/dev/null
