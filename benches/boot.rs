@@ -119,7 +119,7 @@ impl QemuGuest {
             .arg(kernel)
             .arg("-initrd")
             .arg(&initrd)
-            .args(["-append", provm::run::KERNEL_ARGS])
+            .args(["-append", &provm::run::kernel_args(false)])
             .arg("-drive")
             .arg(format!(
                 "if=none,id=disk,format=qcow2,snapshot=on,file={}",

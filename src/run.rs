@@ -20,7 +20,6 @@ use crate::session::{GuestSession, SessionError};
 
 /// The guest kernel's command line (the VM adds its devices).
 /// - console=ttyS0: boot messages and panics on the serial port.
-/// - quiet: every console byte is a port write; print only what matters.
 /// - nolapic noapic: interrupts come from the VMM's 8259 PIC.
 /// - lpj: skips the delay-loop calibration, a busy wait on timer ticks
 ///   whose result depends on timing.
@@ -30,7 +29,15 @@ use crate::session::{GuestSession, SessionError};
 /// - 8250.nr_uarts=1: probe only the one serial port there is.
 /// - panic=-1: a panicking guest resets at once, ending the run.
 /// - rdinit=/init: the guest agent.
-pub const KERNEL_ARGS: &str = "console=ttyS0 quiet nolapic noapic lpj=5000 rodata=off io_delay=none 8250.nr_uarts=1 panic=-1 rdinit=/init";
+/// - quiet, unless the console is shown: every console byte is a port write.
+pub fn kernel_args(show_boot_messages: bool) -> String {
+    let args = "console=ttyS0 nolapic noapic lpj=5000 rodata=off io_delay=none 8250.nr_uarts=1 panic=-1 rdinit=/init";
+    if show_boot_messages {
+        args.to_owned()
+    } else {
+        format!("{args} quiet")
+    }
+}
 
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3600;
@@ -136,7 +143,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         memory_mib: options.memory_mib,
         kernel,
         initramfs: initramfs::agent_initramfs(),
-        cmdline: KERNEL_ARGS.to_owned(),
+        cmdline: kernel_args(options.echo_console),
         disk: Box::new(overlay),
         echo_console: options.echo_console,
         clock: Arc::new(HostClock::new()),

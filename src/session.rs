@@ -118,10 +118,12 @@ impl GuestSession {
     }
 
     fn guest_error(&self, error: GuestError) -> SessionError {
-        SessionError::Guest {
-            error,
-            console: self.vm.console_tail(CONSOLE_LINES),
+        let mut console = self.vm.console_tail(CONSOLE_LINES);
+        if console.trim().is_empty() {
+            console =
+                "(nothing: the kernel boots quietly; run with -v to see all its messages)".into();
         }
+        SessionError::Guest { error, console }
     }
 }
 
