@@ -22,10 +22,15 @@ struct Finished {
 }
 
 fn provm(args: &[&str]) -> Finished {
-    let output = Command::new(env!("CARGO_BIN_EXE_provm"))
-        .args(args)
-        .output()
-        .unwrap();
+    provm_with_env(args, &[])
+}
+
+fn provm_with_env(args: &[&str], env: &[(&str, &Path)]) -> Finished {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_provm"));
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.args(args).output().unwrap();
     Finished {
         status: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -287,6 +292,19 @@ fn bad_input_gets_a_clear_error() {
         "vmlinux",
     );
     expect_error(&["run", "--memory", "8", tiny, "--", "true"], "too small");
+
+    // A machine where the kernel was never built: both commands say what to run.
+    let empty_cache = dir.join("empty-cache");
+    for args in [&["kernel", "path"][..], &["run", tiny, "--", "true"]] {
+        let run = provm_with_env(args, &[("PROVM_CACHE", &empty_cache)]);
+        assert_eq!(run.status, PROVM_FAILED, "{}", run.stderr);
+        assert!(
+            run.stderr.contains("has not been built yet")
+                && run.stderr.contains("provm kernel build"),
+            "{}",
+            run.stderr
+        );
+    }
 }
 
 /// Without /dev/kvm, or without the right to open it, provm says how to fix it.
