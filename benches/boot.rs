@@ -18,7 +18,8 @@ use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
 
 /// The workloads timed after boot, each as a shell script.
 const WORKLOADS: &[(&str, &str)] = &[
-    ("command: true", "true"),
+    ("first command (mounts the root): true", "true"),
+    ("next command: true", "true"),
     (
         "user-space loop (200k iterations)",
         "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
