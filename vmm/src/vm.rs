@@ -267,11 +267,8 @@ impl Vm {
 
     /// Enters the guest once and handles the exit; true if the guest halted.
     fn run_once(&mut self) -> Result<bool, VmError> {
-        let next_tick = self.pit.lock().unwrap().next_deadline_ns();
-        let now = self.clock.monotonic_ns();
-        self.kicker.arm(Duration::from_nanos(
-            next_tick.map_or(u64::MAX, |t| t.saturating_sub(now)),
-        ));
+        self.kicker
+            .arm(self.until_next_tick().unwrap_or(Duration::MAX));
         let exit = match self.vcpu.fd.run() {
             Ok(exit) => exit,
             // The kick timer interrupted KVM_RUN: a tick may be due.
@@ -315,12 +312,17 @@ impl Vm {
         if self.pic.lock().unwrap().has_pending_interrupt() {
             return Ok(true);
         }
-        let Some(tick) = self.pit.lock().unwrap().next_deadline_ns() else {
-            return Err(VmError::Stuck);
-        };
-        let wait = Duration::from_nanos(tick.saturating_sub(self.clock.monotonic_ns()));
+        let wait = self.until_next_tick().ok_or(VmError::Stuck)?;
         std::thread::sleep(wait.min(deadline.saturating_duration_since(Instant::now())));
         Ok(true)
+    }
+
+    /// How long until the PIT's next interrupt, if it has one scheduled.
+    fn until_next_tick(&self) -> Option<Duration> {
+        let tick = self.pit.lock().unwrap().next_deadline_ns()?;
+        Some(Duration::from_nanos(
+            tick.saturating_sub(self.clock.monotonic_ns()),
+        ))
     }
 
     fn rip(&self) -> u64 {
