@@ -34,13 +34,7 @@ const WORKLOADS: &[(&str, &str)] = &[
 fn main() {
     let image = &common::images().tiny_qcow2;
     let options = RunOptions::new(image.clone(), Vec::new());
-    let job = |script: &str| {
-        let options = RunOptions {
-            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-            ..options.clone()
-        };
-        provm::run::job(&options, "/dev/vda").unwrap()
-    };
+    let job = |script: &str| common::shell_job(&options, script);
 
     let prepared = provm::run::prepare(&options).unwrap();
     let kernel = prepared.config.kernel.clone();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{digest, images, one_guest_at_a_time, MARKER};
+use common::{digest, images, one_guest_at_a_time, shell_job, MARKER};
 use provm::run::RunOptions;
 use provm::session::{GuestError, GuestSession, SessionError};
 use provm_guest_agent::Outcome;
@@ -55,13 +55,8 @@ fn sh(
     options: &RunOptions,
     script: &str,
 ) -> Result<(Outcome, String, String), SessionError> {
-    let options = RunOptions {
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        ..options.clone()
-    };
-    let job = provm::run::job(&options, "/dev/vda").unwrap();
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let outcome = session.run(job, &mut stdout, &mut stderr)?;
+    let outcome = session.run(shell_job(options, script), &mut stdout, &mut stderr)?;
     Ok((
         outcome,
         String::from_utf8(stdout).unwrap(),

@@ -5,7 +5,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use provm::run::RunOptions;
+use provm_guest_agent::Job;
+
 pub const MARKER: &str = "provm test image";
+
+/// A job running `script` with the image's /bin/sh, on the test images'
+/// root (the whole disk).
+pub fn shell_job(options: &RunOptions, script: &str) -> Job {
+    let options = RunOptions {
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..options.clone()
+    };
+    provm::run::job(&options, "/dev/vda").unwrap()
+}
 
 /// Boots are serialized: guest ring 0 may be emulated, and two guests on two
 /// cores would only slow each other down.
