@@ -1,6 +1,11 @@
 //! provm: runs a command inside a Linux VM on its own KVM VMM.
 
+pub mod digest;
+pub mod fast_start;
 pub mod initramfs;
+pub mod inspect;
 pub mod kernel;
+pub mod record;
+pub mod replay;
 pub mod run;
 pub mod session;

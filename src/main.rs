@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::record::RecordOptions;
+use provm::replay::{ReplayOptions, ReplayReport};
 use provm::run::RunOptions;
 
 /// provm's own failures exit with this status, so that they are not mistaken
@@ -33,6 +35,17 @@ enum Command {
     /// with CMD's status. The image is never written: guest writes go to a
     /// temporary overlay.
     Run(RunArgs),
+    /// Like `run`, and record everything the guest receives into a trace
+    /// that `provm replay` re-executes exactly.
+    Record(RecordArgs),
+    /// Re-execute a trace, checking every guest output against it: exit 0
+    /// when it matched, 1 at the first divergence.
+    Replay(ReplayArgs),
+    /// Verify a trace and show what it holds.
+    Inspect {
+        /// The trace (.provm).
+        trace: PathBuf,
+    },
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -74,6 +87,36 @@ struct RunArgs {
     command: Vec<OsString>,
 }
 
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// Where to write the trace (default: IMAGE's name and the time, here).
+    #[arg(short, long, value_name = "TRACE")]
+    output: Option<PathBuf>,
+    /// Embed the base image too (compressed): the trace alone replays.
+    #[arg(long)]
+    embed_image: bool,
+    /// Stop a guest that runs this many seconds without a VM exit while a
+    /// timer interrupt waits (0: never). Such a guest can only be preempted
+    /// at an exit, so a spinning one would otherwise never stop.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    exitless_limit: u64,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Replay against this image instead of the recorded path (its digest
+    /// must match the recorded one).
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    timeout: u64,
+    /// The trace (.provm).
+    trace: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum KernelAction {
     /// Build the guest kernel from Debian's linux-source-6.1 (cached).
@@ -87,6 +130,14 @@ fn main() -> ExitCode {
     init_tracing(cli.verbose);
     let result = match cli.command {
         Command::Run(args) => run(args, cli.verbose > 0),
+        Command::Record(args) => record(args, cli.verbose > 0),
+        Command::Replay(args) => replay(args, cli.verbose > 0),
+        Command::Inspect { trace } => provm::inspect::inspect(&trace)
+            .map(|text| {
+                print!("{text}");
+                ExitCode::SUCCESS
+            })
+            .map_err(Into::into),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -96,7 +147,57 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let options = RunOptions {
+    let options = run_options(args, verbose);
+    let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    Ok(ExitCode::from(outcome.shell_status() as u8))
+}
+
+fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let output = args
+        .output
+        .unwrap_or_else(|| provm::record::default_output(&args.run.image));
+    let options = RecordOptions {
+        run: run_options(args.run, verbose),
+        output,
+        embed_image: args.embed_image,
+        exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
+    };
+    let (outcome, trace) =
+        provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    eprintln!("provm: recorded {}", trace.display());
+    Ok(ExitCode::from(outcome.shell_status() as u8))
+}
+
+fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let options = ReplayOptions {
+        trace: args.trace,
+        image: args.image,
+        timeout: Duration::from_secs(args.timeout),
+        echo_console: verbose,
+    };
+    match provm::replay::replay(&options)? {
+        ReplayReport::Matched {
+            events,
+            guest_seconds,
+            incomplete,
+        } => {
+            println!("replay matched: {events} events, {guest_seconds:.3} guest-seconds");
+            if let Some(why) = incomplete {
+                println!(
+                    "(the recording was cut short, and the replay matched it up to there: {why})"
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ReplayReport::Diverged { report } => {
+            println!("{report}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
+    RunOptions {
         image: args.image,
         command: args.command,
         env: args.env,
@@ -107,9 +208,7 @@ fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Err
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
-    };
-    let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
-    Ok(ExitCode::from(outcome.shell_status() as u8))
+    }
 }
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {

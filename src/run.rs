@@ -1,4 +1,5 @@
-//! `provm run`: boot the guest on a copy-on-write view of an image, run one
+//! `provm run`: start the guest on a copy-on-write view of an image (from
+//! the cached snapshot of its booted state when there is one), run one
 //! command, and report how it ended.
 
 use std::ffi::OsString;
@@ -9,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_vmm::clock::HostClock;
 use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
 use provm_vmm::disk::partition::{self, PartitionError};
-use provm_vmm::vm::{VmConfig, VmError};
+use provm_vmm::seam::{LiveSeam, Seam};
+use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError};
 
+use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::session::{GuestSession, SessionError};
@@ -102,13 +104,46 @@ pub enum RunError {
     Vm(#[from] VmError),
     #[error(transparent)]
     Session(#[from] SessionError),
+    #[error(transparent)]
+    FastStart(#[from] FastStartError),
+    #[error("cannot read fresh entropy for the guest: {0}")]
+    Entropy(std::io::Error),
 }
 
-/// A guest ready to boot. Its disk is the overlay, removed with the VM unless
-/// it is kept.
+/// A checked image and the guest to run on it.
 pub struct Prepared {
-    pub config: VmConfig,
+    pub base: BaseImage,
+    pub boot: BootSource,
+    pub memory_mib: u64,
     pub root_device: String,
+    echo_console: bool,
+}
+
+impl Prepared {
+    /// A machine on a fresh overlay of the image, at `location`.
+    pub fn vm_config(
+        &self,
+        seam: Arc<dyn Seam>,
+        location: OverlayLocation,
+        exitless_limit: Option<Duration>,
+    ) -> Result<VmConfig, ImageError> {
+        Ok(VmConfig {
+            memory_mib: self.memory_mib,
+            disk: Box::new(Overlay::create(&self.base, location)?),
+            echo_console: self.echo_console,
+            seam,
+            exitless_limit,
+        })
+    }
+}
+
+/// Where the run's overlay goes: kept where the user asked, else a
+/// temporary file removed with the VM.
+pub fn overlay_location(options: &RunOptions) -> OverlayLocation {
+    match &options.keep_overlay {
+        Some(path) => OverlayLocation::Keep(path.clone()),
+        None => OverlayLocation::TempIn(std::env::temp_dir()),
+    }
 }
 
 /// Checks the inputs and assembles the VM: the image's root, the overlay, the
@@ -134,23 +169,16 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         Some(path) => path.clone(),
         None => kernel::find()?,
     };
-    let location = match &options.keep_overlay {
-        Some(path) => OverlayLocation::Keep(path.clone()),
-        None => OverlayLocation::TempIn(std::env::temp_dir()),
-    };
-    let overlay = Overlay::create(&base, location)?;
-    let config = VmConfig {
-        memory_mib: options.memory_mib,
-        kernel,
-        initramfs: initramfs::agent_initramfs(),
-        cmdline: kernel_args(options.echo_console),
-        disk: Box::new(overlay),
-        echo_console: options.echo_console,
-        clock: Arc::new(HostClock::new()),
-    };
     Ok(Prepared {
-        config,
+        base,
+        boot: BootSource {
+            kernel,
+            initramfs: initramfs::agent_initramfs(),
+            cmdline: kernel_args(options.echo_console),
+        },
+        memory_mib: options.memory_mib,
         root_device: root.device(),
+        echo_console: options.echo_console,
     })
 }
 
@@ -173,7 +201,19 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
+        entropy: fresh_entropy()?,
     })
+}
+
+/// 32 bytes from the host's random generator.
+fn fresh_entropy() -> Result<Vec<u8>, RunError> {
+    let mut seed = vec![0; 32];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").map_err(RunError::Entropy)?,
+        &mut seed,
+    )
+    .map_err(RunError::Entropy)?;
+    Ok(seed)
 }
 
 /// Boots the guest, runs the command with its output streamed to `stdout`
@@ -186,8 +226,12 @@ pub fn run(
     let deadline = Instant::now() + options.timeout;
     let prepared = prepare(options)?;
     let job = job(options, &prepared.root_device)?;
-    let (mut session, boot_time) = GuestSession::boot(prepared.config, deadline)?;
-    tracing::debug!(?boot_time, "guest agent ready");
+    let identity = Identity::of(&prepared)?;
+    let snapshot =
+        fast_start::booted(&prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
+    let seam = Arc::new(LiveSeam::starting_at(snapshot.state.clock_ns));
+    let config = prepared.vm_config(seam, overlay_location(options), None)?;
+    let mut session = GuestSession::resume(Vm::restore(config, snapshot)?, deadline);
     let outcome = session.run(job, stdout, stderr)?;
     session.power_off()?;
     Ok(outcome)

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome};
-use provm_vmm::vm::{Vm, VmConfig, VmError, VmEvent};
+use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmEvent, VmSnapshot};
 
 /// How many console lines an error report shows.
 const CONSOLE_LINES: usize = 25;
@@ -45,17 +45,36 @@ pub struct GuestSession {
 impl GuestSession {
     /// Boots the guest and waits for its agent; returns the session and how
     /// long the boot took.
-    pub fn boot(config: VmConfig, deadline: Instant) -> Result<(Self, Duration), SessionError> {
+    pub fn boot(
+        config: VmConfig,
+        boot: &BootSource,
+        deadline: Instant,
+    ) -> Result<(Self, Duration), SessionError> {
         let start = Instant::now();
-        let mut session = GuestSession {
-            vm: Vm::new(config)?,
-            frames: FrameReader::default(),
-            deadline,
-        };
+        let mut session = Self::resume(Vm::new(config, boot)?, deadline);
         match session.next_message()? {
             GuestMessage::Ready => Ok((session, start.elapsed())),
             other => Err(session.guest_error(GuestError::OutOfTurn(other))),
         }
+    }
+
+    /// A session on a VM restored from a snapshot taken after Ready.
+    pub fn resume(vm: Vm, deadline: Instant) -> Self {
+        GuestSession {
+            vm,
+            frames: FrameReader::default(),
+            deadline,
+        }
+    }
+
+    /// The VM's state, between jobs.
+    pub fn snapshot(&mut self) -> Result<VmSnapshot, SessionError> {
+        Ok(self.vm.snapshot()?)
+    }
+
+    /// The last lines the guest wrote to its serial console.
+    pub fn console_tail(&self) -> String {
+        self.vm.console_tail(CONSOLE_LINES)
     }
 
     /// Runs one command, streaming its output, and returns how it ended.
@@ -84,7 +103,7 @@ impl GuestSession {
 
     /// Asks the agent to sync and power off, and waits for the guest to halt,
     /// so that everything it wrote has reached the disk.
-    pub fn power_off(mut self) -> Result<(), SessionError> {
+    pub fn power_off(&mut self) -> Result<(), SessionError> {
         self.vm.send_to_agent(&HostMessage::PowerOff.encode());
         loop {
             match self.vm.run(self.deadline) {
@@ -118,7 +137,7 @@ impl GuestSession {
     }
 
     fn guest_error(&self, error: GuestError) -> SessionError {
-        let mut console = self.vm.console_tail(CONSOLE_LINES);
+        let mut console = self.console_tail();
         if console.trim().is_empty() {
             console =
                 "(nothing: the kernel boots quietly; run with -v to see all its messages)".into();

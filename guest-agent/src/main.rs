@@ -15,6 +15,7 @@
 
 mod command;
 mod cpu;
+mod entropy;
 mod root;
 
 use std::fs::{File, OpenOptions};
@@ -130,8 +131,8 @@ impl Agent {
         } else {
             job
         };
-        let outcome = self
-            .enter_root(&job.root_device)
+        let outcome = entropy::seed(&job.entropy)
+            .and_then(|()| self.enter_root(&job.root_device))
             .and_then(|()| command::run(job, &self.null, |message| self.send(&message)));
         match outcome {
             Ok(outcome) => self.send(&GuestMessage::Finished(outcome)),

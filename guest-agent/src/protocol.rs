@@ -24,6 +24,10 @@ pub struct Job {
     pub cwd: Vec<u8>,
     /// Block device holding the image's root file system, e.g. `/dev/vda1`.
     pub root_device: Vec<u8>,
+    /// Fresh host entropy for the guest kernel's random pool, mixed in and
+    /// reseeded before the command starts: guests restored from one snapshot
+    /// must not share their random numbers.
+    pub entropy: Vec<u8>,
 }
 
 /// How the command ended, as the agent saw it.
@@ -121,6 +125,7 @@ impl HostMessage {
                 put_list(&mut payload, &job.env);
                 put_bytes(&mut payload, &job.cwd);
                 put_bytes(&mut payload, &job.root_device);
+                put_bytes(&mut payload, &job.entropy);
                 kind::RUN
             }
             HostMessage::PowerOff => kind::POWER_OFF,
@@ -136,6 +141,7 @@ impl HostMessage {
                 env: reader.list()?,
                 cwd: reader.bytes()?,
                 root_device: reader.bytes()?,
+                entropy: reader.bytes()?,
             }),
             kind::POWER_OFF => HostMessage::PowerOff,
             other => return Err(DecodeError::UnknownKind(other)),
@@ -331,6 +337,7 @@ mod tests {
             env: vec![b"PATH=/bin".to_vec()],
             cwd: b"/".to_vec(),
             root_device: b"/dev/vda".to_vec(),
+            entropy: vec![7; 32],
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

@@ -2,7 +2,7 @@
 //! through this trait only, so that time is one of the VMM's inputs: host time
 //! when running or recording, logged values when replaying.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub trait Clock: Send + Sync {
     /// Nanoseconds since the VM was created; never goes backwards.
@@ -11,16 +11,30 @@ pub trait Clock: Send + Sync {
     fn wall_ns(&self) -> u64;
 }
 
-/// Time as the host sees it.
+/// Time as the host sees it, counted from the VM's virtual time zero.
 pub struct HostClock {
     start: Instant,
+    start_ns: u64,
 }
 
 impl HostClock {
     pub fn new() -> Self {
+        Self::starting_at(0)
+    }
+
+    /// A clock that reads `start_ns` now: a restored snapshot carries on from
+    /// the virtual time it was taken at.
+    pub fn starting_at(start_ns: u64) -> Self {
         HostClock {
             start: Instant::now(),
+            start_ns,
         }
+    }
+
+    /// Sleeps until the clock reads `ns`, or until `limit`.
+    pub fn sleep_until(&self, ns: u64, limit: Instant) {
+        let wait = Duration::from_nanos(ns.saturating_sub(self.monotonic_ns()));
+        std::thread::sleep(wait.min(limit.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -32,7 +46,7 @@ impl Default for HostClock {
 
 impl Clock for HostClock {
     fn monotonic_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.start_ns + self.start.elapsed().as_nanos() as u64
     }
 
     fn wall_ns(&self) -> u64 {

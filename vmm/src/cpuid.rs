@@ -5,7 +5,7 @@
 
 use kvm_bindings::{kvm_cpuid_entry2, CpuId};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Register {
     Ebx,
     Ecx,
@@ -289,6 +289,73 @@ pub fn kernel_args_hiding(features: &[&HiddenFeature]) -> String {
     args
 }
 
+/// One 32-bit word of CPUID feature flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FeatureWord {
+    pub leaf: u32,
+    pub subleaf: u32,
+    pub register: Register,
+    pub value: u32,
+}
+
+/// The words that hold the feature flags software tests: leaf 1, leaf 7
+/// subleaf 0, and the extended leaf 0x80000001.
+const FEATURE_WORDS: [(u32, u32, Register); 7] = [
+    (1, 0, Ecx),
+    (1, 0, Edx),
+    (7, 0, Ebx),
+    (7, 0, Ecx),
+    (7, 0, Edx),
+    (0x8000_0001, 0, Ecx),
+    (0x8000_0001, 0, Edx),
+];
+
+/// The feature words of a vCPU's CPUID: what its guest can find.
+pub fn feature_words(cpuid: &CpuId) -> Vec<FeatureWord> {
+    FEATURE_WORDS
+        .iter()
+        .map(|&(leaf, subleaf, reg)| FeatureWord {
+            leaf,
+            subleaf,
+            register: reg,
+            value: cpuid
+                .as_slice()
+                .iter()
+                .find(|e| e.function == leaf && e.index == subleaf)
+                .map_or(0, |entry| register(entry, reg)),
+        })
+        .collect()
+}
+
+/// The features set in `required` that `offered` lacks, named as Linux names
+/// them where provm knows the name, else by leaf, register and bit.
+pub fn missing_features(required: &[FeatureWord], offered: &[FeatureWord]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for word in required {
+        let here = offered
+            .iter()
+            .find(|o| (o.leaf, o.subleaf, o.register) == (word.leaf, word.subleaf, word.register))
+            .map_or(0, |o| o.value);
+        for bit in 0..32u8 {
+            if word.value & !here & (1 << bit) == 0 {
+                continue;
+            }
+            let known = HIDDEN_FEATURES.iter().find(|f| {
+                (f.leaf, f.subleaf, f.register, f.bit)
+                    == (word.leaf, word.subleaf, word.register, bit)
+            });
+            missing.push(match known {
+                Some(feature) => feature.name.to_owned(),
+                None => format!(
+                    "CPUID leaf {:#x}.{} {:?} bit {bit}",
+                    word.leaf, word.subleaf, word.register
+                ),
+            });
+        }
+    }
+    missing
+}
+
 fn register(entry: &kvm_cpuid_entry2, register: Register) -> u32 {
     match register {
         Ebx => entry.ebx,
@@ -324,6 +391,25 @@ mod tests {
         guest_cpuid(&CpuId::from_entries(entries).unwrap())
             .as_slice()
             .to_vec()
+    }
+
+    #[test]
+    fn missing_features_are_named() {
+        let words = |value| {
+            feature_words(
+                &CpuId::from_entries(&[kvm_cpuid_entry2 {
+                    function: 7,
+                    ecx: 0,
+                    ebx: value,
+                    ..Default::default()
+                }])
+                .unwrap(),
+            )
+        };
+        // avx2 (bit 5) is known by name; bit 6 is not in provm's table.
+        let missing = missing_features(&words(0b110_0001), &words(0b1));
+        assert_eq!(missing, ["avx2", "CPUID leaf 0x7.0 Ebx bit 6"]);
+        assert!(missing_features(&words(1), &words(0b11)).is_empty());
     }
 
     #[test]

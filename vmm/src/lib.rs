@@ -3,7 +3,7 @@
 //! VMM at a VM exit, and the few devices a command-running guest needs.
 //!
 //! The VMM knows nothing of recording; it exposes every boundary event through
-//! one seam (see `vm.rs`).
+//! one seam (see `seam.rs`).
 
 pub mod boot;
 pub mod bus;
@@ -12,5 +12,6 @@ pub mod cpuid;
 pub mod devices;
 pub mod disk;
 pub mod memory;
+pub mod seam;
 pub mod vcpu;
 pub mod vm;

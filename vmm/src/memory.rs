@@ -1,7 +1,7 @@
 //! Guest physical memory: one RAM region from address 0, below the MMIO
 //! window where the virtio devices live.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 pub type GuestMemory = GuestMemoryMmap<()>;
 
@@ -18,6 +18,8 @@ pub enum MemoryError {
     TooSmall(u64),
     #[error("guest memory of {0} MiB does not fit below the device window at {MMIO_START:#x}")]
     TooLarge(u64),
+    #[error("the saved memory does not fit this guest's {0} MiB")]
+    ImageOutOfRange(u64),
     #[error("could not allocate {mib} MiB of guest memory: {source}")]
     Allocation {
         mib: u64,
@@ -38,10 +40,84 @@ pub fn create(mib: u64) -> Result<GuestMemory, MemoryError> {
         .map_err(|source| MemoryError::Allocation { mib, source })
 }
 
+/// The granularity at which zero memory is left out of an image.
+pub const PAGE_SIZE: usize = 4096;
+
+/// Guest RAM as a snapshot holds it: only the pages that are not all zero,
+/// as runs of consecutive pages. A fresh guest's RAM is zero, so the image
+/// restores into it exactly.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MemoryImage {
+    /// Runs of non-zero pages: guest physical address and contents.
+    pub runs: Vec<(u64, Vec<u8>)>,
+}
+
+impl MemoryImage {
+    /// Copies the non-zero pages of `memory`.
+    pub fn capture(memory: &GuestMemory) -> MemoryImage {
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut page = [0u8; PAGE_SIZE];
+        let end = memory.last_addr().0 + 1;
+        for address in (0..end).step_by(PAGE_SIZE) {
+            memory
+                .read_slice(&mut page, GuestAddress(address))
+                .expect("every page below the end of RAM is mapped");
+            if page.iter().all(|&b| b == 0) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, bytes)) if *start + bytes.len() as u64 == address => {
+                    bytes.extend_from_slice(&page)
+                }
+                _ => runs.push((address, page.to_vec())),
+            }
+        }
+        MemoryImage { runs }
+    }
+
+    /// Writes the image into `memory`, which must be zero (freshly created).
+    pub fn restore(&self, memory: &GuestMemory) -> Result<(), MemoryError> {
+        for (address, bytes) in &self.runs {
+            memory
+                .write_slice(bytes, GuestAddress(*address))
+                .map_err(|_| MemoryError::ImageOutOfRange(memory_mib(memory)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The size of `memory` in MiB.
+pub fn memory_mib(memory: &GuestMemory) -> u64 {
+    (memory.last_addr().0 + 1) >> 20
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryBackend;
+
+    #[test]
+    fn image_keeps_only_non_zero_pages_and_restores_them() {
+        let memory = create(64).unwrap();
+        memory
+            .write_slice(&[1, 2, 3], GuestAddress(0x1000))
+            .unwrap();
+        memory.write_slice(&[4], GuestAddress(0x2fff)).unwrap();
+        memory.write_slice(&[5], GuestAddress(0x10_0000)).unwrap();
+        let image = MemoryImage::capture(&memory);
+        let layout: Vec<(u64, usize)> = image.runs.iter().map(|(a, b)| (*a, b.len())).collect();
+        assert_eq!(layout, [(0x1000, 2 * PAGE_SIZE), (0x10_0000, PAGE_SIZE)]);
+
+        let copy = create(64).unwrap();
+        image.restore(&copy).unwrap();
+        assert_eq!(MemoryImage::capture(&copy), image);
+        let beyond = MemoryImage {
+            runs: vec![(64 << 20, vec![1; PAGE_SIZE])],
+        };
+        assert!(matches!(
+            beyond.restore(&copy),
+            Err(MemoryError::ImageOutOfRange(64))
+        ));
+    }
 
     #[test]
     fn sizes_are_checked() {

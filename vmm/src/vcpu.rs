@@ -4,13 +4,17 @@
 use std::sync::Once;
 use std::time::Duration;
 
-use kvm_bindings::{kvm_fpu, kvm_interrupt, kvm_regs, kvm_segment, KVMIO, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{
+    kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs,
+    kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES,
+};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
-use crate::cpuid::{self, guest_cpuid, HiddenFeature};
+use crate::cpuid::{self, guest_cpuid, FeatureWord, HiddenFeature};
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.
@@ -33,10 +37,47 @@ pub enum VcpuError {
     Inject { vector: u8, source: std::io::Error },
     #[error("cannot set up the vCPU kick timer: {0}")]
     Kicker(std::io::Error),
+    #[error("cannot {action} the vCPU's {what}: {source}")]
+    State {
+        action: &'static str,
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM refuses to set MSR {index:#x} to the snapshot's {value:#x}")]
+    Msr { index: u32, value: u64 },
+}
+
+/// Everything KVM holds for the vCPU, as a snapshot needs it.
+#[derive(Serialize, Deserialize)]
+pub struct VcpuState {
+    regs: kvm_regs,
+    sregs: kvm_sregs,
+    xsave: kvm_xsave,
+    events: kvm_vcpu_events,
+    debug: kvm_debugregs,
+    msrs: Vec<kvm_msr_entry>,
+}
+
+fn getting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
+    move |source| VcpuError::State {
+        action: "read",
+        what,
+        source,
+    }
+}
+
+fn setting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
+    move |source| VcpuError::State {
+        action: "restore",
+        what,
+        source,
+    }
 }
 
 pub struct Vcpu {
     pub fd: VcpuFd,
+    /// The CPUID feature words the guest sees (KVM's effective CPUID).
+    pub features: Vec<FeatureWord>,
 }
 
 impl Vcpu {
@@ -52,7 +93,11 @@ impl Vcpu {
         let effective = fd
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(VcpuError::SetCpuid)?;
-        Ok((Vcpu { fd }, cpuid::unenforced(&effective)))
+        let vcpu = Vcpu {
+            fd,
+            features: cpuid::feature_words(&effective),
+        };
+        Ok((vcpu, cpuid::unenforced(&effective)))
     }
 
     /// The PVH entry state: 32-bit protected mode, paging off, flat segments,
@@ -95,6 +140,83 @@ impl Vcpu {
             ..Default::default()
         };
         self.fd.set_fpu(&fpu).map_err(state_error("fpu"))
+    }
+
+    /// Completes the instruction behind the last exit without running the
+    /// guest any further (KVM_RUN with immediate_exit). Until then an emulated
+    /// port or MMIO access is half done inside KVM, where no GET ioctl sees it.
+    pub fn finish_pending_exit(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        // Returns EINTR at once, having completed the pending access.
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// The vCPU's architectural state; call `finish_pending_exit` first.
+    pub fn save(&self, kvm: &Kvm) -> Result<VcpuState, VcpuError> {
+        let fd = &self.fd;
+        Ok(VcpuState {
+            regs: fd.get_regs().map_err(getting("registers"))?,
+            sregs: fd.get_sregs().map_err(getting("system registers"))?,
+            xsave: fd.get_xsave().map_err(getting("XSAVE area"))?,
+            events: fd.get_vcpu_events().map_err(getting("pending events"))?,
+            debug: fd.get_debug_regs().map_err(getting("debug registers"))?,
+            msrs: self.readable_msrs(kvm)?,
+        })
+    }
+
+    /// Every MSR KVM lists that reads back, one at a time: some in the list
+    /// are not readable on every host, and one failure stops a batch read.
+    fn readable_msrs(&self, kvm: &Kvm) -> Result<Vec<kvm_msr_entry>, VcpuError> {
+        let list = kvm.get_msr_index_list().map_err(getting("MSR list"))?;
+        let mut msrs = Vec::new();
+        for &index in list.as_slice() {
+            let mut one = Msrs::from_entries(&[kvm_msr_entry {
+                index,
+                ..Default::default()
+            }])
+            .expect("one MSR fits the FAM wrapper");
+            if self.fd.get_msrs(&mut one).map_err(getting("MSRs"))? == 1 {
+                msrs.push(one.as_slice()[0]);
+            }
+        }
+        Ok(msrs)
+    }
+
+    /// Sets each saved MSR. KVM refuses to set some it lets be read (e.g.
+    /// KVM's poll control without an in-kernel LAPIC); those are fine when
+    /// the new vCPU already holds the saved value.
+    fn restore_msrs(&self, saved: &[kvm_msr_entry]) -> Result<(), VcpuError> {
+        for entry in saved {
+            let mut one = Msrs::from_entries(&[*entry]).expect("one MSR fits the FAM wrapper");
+            if self.fd.set_msrs(&one).map_err(setting("MSRs"))? == 1 {
+                continue;
+            }
+            let read = self.fd.get_msrs(&mut one).map_err(getting("MSRs"))?;
+            if read != 1 || one.as_slice()[0].data != entry.data {
+                return Err(VcpuError::Msr {
+                    index: entry.index,
+                    value: entry.data,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts back a state taken by `save`, on a vCPU created the same way.
+    pub fn restore(&self, state: &VcpuState) -> Result<(), VcpuError> {
+        let fd = &self.fd;
+        fd.set_sregs(&state.sregs)
+            .map_err(setting("system registers"))?;
+        self.restore_msrs(&state.msrs)?;
+        fd.set_regs(&state.regs).map_err(setting("registers"))?;
+        // SAFETY: the area came from KVM_GET_XSAVE, the legacy 4 KiB size
+        // that KVM_SET_XSAVE reads.
+        unsafe { fd.set_xsave(&state.xsave) }.map_err(setting("XSAVE area"))?;
+        fd.set_vcpu_events(&state.events)
+            .map_err(setting("pending events"))?;
+        fd.set_debug_regs(&state.debug)
+            .map_err(setting("debug registers"))
     }
 
     /// Delivers an external interrupt on the next KVM_RUN. Only valid when the

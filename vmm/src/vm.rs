@@ -1,9 +1,9 @@
-//! A booted virtual machine and its run loop.
+//! A booted (or restored) virtual machine and its run loop.
 //!
 //! Everything the guest receives passes through `Vm::run_once` and
 //! `Vm::deliver_interrupts`, on the vCPU thread: port and MMIO reads, device
-//! completions, interrupt injections, clock readings. That is the seam a
-//! recorder or replayer attaches to.
+//! completions, interrupt injections, clock readings. Each is reported to
+//! the VM's [`Seam`], which a recorder or replayer implements.
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -13,24 +13,27 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
-use crate::clock::Clock;
-use crate::cpuid;
-use crate::devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_LEN};
+use crate::cpuid::{self, FeatureWord, HiddenFeature};
+use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
 use crate::devices::pic::{self, Pic, PicIrqLine};
-use crate::devices::pit::{Pit, PIT_PORT, PIT_PORT_LEN};
-use crate::devices::serial::{ConsoleTail, SerialPort, COM1_BASE, COM1_IRQ, UART_REGISTERS};
+use crate::devices::pit::{Pit, PitState, PIT_PORT, PIT_PORT_LEN};
+use crate::devices::serial::{
+    ConsoleTail, SerialPort, SerialPortState, COM1_BASE, COM1_IRQ, UART_REGISTERS,
+};
 use crate::devices::virtio::block::VirtioBlock;
 use crate::devices::virtio::console::VirtioConsole;
-use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
-use crate::memory::{self, GuestMemory, MemoryError, MMIO_DEVICE_SIZE, MMIO_START};
-use crate::vcpu::{Kicker, Vcpu, VcpuError};
+use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
+use crate::seam::{Exit, ObservedDisk, Seam};
+use crate::vcpu::{Kicker, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -39,19 +42,50 @@ const CONSOLE_MMIO: u64 = MMIO_START + MMIO_DEVICE_SIZE;
 const CONSOLE_IRQ: u8 = 6;
 const PIT_IRQ: u8 = 0;
 
-/// Everything needed to build a VM.
-pub struct VmConfig {
-    pub memory_mib: u64,
+/// What a VM boots: the kernel, its initial root and its arguments.
+#[derive(Clone)]
+pub struct BootSource {
     pub kernel: PathBuf,
     /// An uncompressed cpio archive, the guest's initial root.
     pub initramfs: Vec<u8>,
     /// Kernel arguments; the VM appends the descriptions of its devices.
     pub cmdline: String,
+}
+
+/// The machine: everything needed to build a VM, booted or restored.
+pub struct VmConfig {
+    pub memory_mib: u64,
     /// The guest's one disk, /dev/vda.
     pub disk: Box<dyn Disk>,
     /// Echo the guest console to the host's stderr as it is written.
     pub echo_console: bool,
-    pub clock: Arc<dyn Clock>,
+    /// Where the VM's inputs come from and its outputs go.
+    pub seam: Arc<dyn Seam>,
+    /// When the seam is not preemptive, the longest the guest may run without
+    /// a VM exit while a timer tick waits; `None` for no limit.
+    pub exitless_limit: Option<Duration>,
+}
+
+/// The whole VM at a VM exit, enough to continue it in a new process: the
+/// vCPU, every device, the virtual time, and the RAM. The disk is not in
+/// it: a snapshot is taken before the guest writes to its disk.
+pub struct VmSnapshot {
+    pub state: VmState,
+    pub memory: MemoryImage,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct VmState {
+    /// The virtual clock's reading when the snapshot was taken.
+    pub clock_ns: u64,
+    vcpu: VcpuState,
+    pic: Pic,
+    pit: PitState,
+    cmos: CmosState,
+    serial: SerialPortState,
+    i8042: I8042,
+    block: TransportState,
+    console: TransportState,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +127,11 @@ pub enum VmError {
     Stuck,
     #[error("the guest did not finish within the time limit")]
     Timeout,
+    #[error("the guest ran {seconds} s without a VM exit while a timer interrupt was due: it is spinning (e.g. polling the clock) and only an exit lets provm interrupt it reproducibly; raise --exitless-limit if this is a long computation")]
+    Exitless { seconds: u64 },
+    #[error("stopped: {0}")]
+    Stopped(String),
+
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
 }
@@ -109,7 +148,7 @@ pub enum VmEvent {
 }
 
 pub struct Vm {
-    _kvm: Kvm,
+    kvm: Kvm,
     _vm: VmFd,
     memory: GuestMemory,
     vcpu: Vcpu,
@@ -120,9 +159,20 @@ pub struct Vm {
     pit: Arc<Mutex<Pit>>,
     timer_line: SharedIrqLine,
     i8042: Arc<Mutex<I8042>>,
+    cmos: Arc<Mutex<Cmos>>,
+    serial: Arc<Mutex<SerialPort>>,
+    block: Arc<Mutex<MmioTransport<VirtioBlock>>>,
     console: Arc<Mutex<MmioTransport<VirtioConsole>>>,
     console_tail: ConsoleTail,
-    clock: Arc<dyn Clock>,
+    seam: Arc<dyn Seam>,
+    exitless_limit: Option<Duration>,
+    /// Whether the last KVM_RUN ended in a VM exit (not a kick): the points
+    /// at which a non-preemptive VM may inject interrupts.
+    at_exit: bool,
+    /// When the guest last exited (host time), to notice a spinning guest.
+    last_exit: Instant,
+    /// The hidden CPU features KVM left visible (see `cpuid::unenforced`).
+    unenforced: Vec<&'static HiddenFeature>,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -130,38 +180,88 @@ pub struct Vm {
 impl Vm {
     /// Creates the VM, loads the kernel and initramfs, and wires the devices.
     /// The VM must be run on the thread that creates it.
-    pub fn new(config: VmConfig) -> Result<Self, VmError> {
-        let kvm = open_kvm()?;
-        let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-        let memory = memory::create(config.memory_mib)?;
-        register_memory(&vm, &memory)?;
-
-        let mut kernel = File::open(&config.kernel).map_err(|source| VmError::KernelMissing {
-            path: config.kernel.clone(),
+    pub fn new(config: VmConfig, boot: &BootSource) -> Result<Self, VmError> {
+        let mut kernel = File::open(&boot.kernel).map_err(|source| VmError::KernelMissing {
+            path: boot.kernel.clone(),
             source,
         })?;
-        let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
-        if !unenforced.is_empty() {
+        let vm = Self::build(config)?;
+        if !vm.unenforced.is_empty() {
             tracing::debug!(
-                count = unenforced.len(),
+                count = vm.unenforced.len(),
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
         let cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ}",
-            config.cmdline,
-            cpuid::kernel_args_hiding(&unenforced),
+            boot.cmdline,
+            cpuid::kernel_args_hiding(&vm.unenforced),
         );
-        let entry = boot::load_kernel(&memory, &mut kernel, &config.initramfs, &cmdline)?;
-        vcpu.enter_pvh(entry)?;
+        let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
+        vm.vcpu.enter_pvh(entry)?;
+        Ok(vm)
+    }
+
+    /// Creates the VM in the state `snapshot` was taken in. `config` must
+    /// describe the same machine (memory size, disk) as the one snapshotted.
+    /// The seam's clock must start at `snapshot.state.clock_ns`.
+    pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
+        let vm = Self::build(config)?;
+        let state = snapshot.state;
+        snapshot.memory.restore(&vm.memory)?;
+        vm.vcpu.restore(&state.vcpu)?;
+        *vm.pic.lock().unwrap() = state.pic;
+        vm.pit.lock().unwrap().restore(state.pit);
+        vm.cmos.lock().unwrap().restore(state.cmos);
+        vm.serial.lock().unwrap().restore(state.serial);
+        *vm.i8042.lock().unwrap() = state.i8042;
+        vm.block.lock().unwrap().restore(state.block)?;
+        vm.console.lock().unwrap().restore(state.console)?;
+        Ok(vm)
+    }
+
+    /// The VM's state now, at the exit the last run stopped at.
+    pub fn snapshot(&mut self) -> Result<VmSnapshot, VmError> {
+        self.vcpu.finish_pending_exit();
+        let state = VmState {
+            clock_ns: self.seam.monotonic_ns(),
+            vcpu: self.vcpu.save(&self.kvm)?,
+            pic: self.pic.lock().unwrap().clone(),
+            pit: self.pit.lock().unwrap().state(),
+            cmos: self.cmos.lock().unwrap().state(),
+            serial: self.serial.lock().unwrap().state(),
+            i8042: self.i8042.lock().unwrap().clone(),
+            block: self.block.lock().unwrap().state(),
+            console: self.console.lock().unwrap().state(),
+        };
+        Ok(VmSnapshot {
+            state,
+            memory: MemoryImage::capture(&self.memory),
+        })
+    }
+
+    /// The VM with its memory, vCPU and devices, before boot or restore.
+    fn build(config: VmConfig) -> Result<Self, VmError> {
+        let kvm = open_kvm()?;
+        let vm = kvm.create_vm().map_err(VmError::Kvm)?;
+        let memory = memory::create(config.memory_mib)?;
+        register_memory(&vm, &memory)?;
+        let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
         let kicker = Kicker::for_current_thread()?;
 
+        let seam = config.seam;
+        let clock = || seam.clone() as Arc<dyn crate::clock::Clock>;
         let pic = Arc::new(Mutex::new(Pic::new()));
         let line = |irq: u8| -> SharedIrqLine { Arc::new(PicIrqLine::new(pic.clone(), irq)) };
-        let pit = Arc::new(Mutex::new(Pit::new(config.clock.clone())));
+        let pit = Arc::new(Mutex::new(Pit::new(clock())));
         let i8042 = Arc::new(Mutex::new(I8042::new()));
+        let cmos = Arc::new(Mutex::new(Cmos::new(clock())));
         let console_tail = ConsoleTail::default();
-        let serial = SerialPort::new(line(COM1_IRQ), console_tail.clone(), config.echo_console);
+        let serial = Arc::new(Mutex::new(SerialPort::new(
+            line(COM1_IRQ),
+            console_tail.clone(),
+            config.echo_console,
+        )));
 
         let mut pio = Bus::default();
         for (base, len, device) in pic::pio_devices(&pic)
@@ -171,27 +271,30 @@ impl Vm {
             pio.insert(base, len, device)?;
         }
         pio.insert(PIT_PORT, PIT_PORT_LEN, pit.clone())?;
-        let cmos = Cmos::new(config.clock.clone());
-        pio.insert(CMOS_PORT, CMOS_PORT_LEN, Arc::new(Mutex::new(cmos)))?;
-        pio.insert(COM1_BASE, UART_REGISTERS, Arc::new(Mutex::new(serial)))?;
+        pio.insert(CMOS_PORT, CMOS_PORT_LEN, cmos.clone())?;
+        pio.insert(COM1_BASE, UART_REGISTERS, serial.clone())?;
 
-        let block = MmioTransport::new(
-            VirtioBlock::new(config.disk, false),
+        let disk = ObservedDisk {
+            disk: config.disk,
+            seam: seam.clone(),
+        };
+        let block = Arc::new(Mutex::new(MmioTransport::new(
+            VirtioBlock::new(Box::new(disk), false),
             memory.clone(),
             line(BLOCK_IRQ),
-        )?;
+        )?));
         let console = Arc::new(Mutex::new(MmioTransport::new(
             VirtioConsole::new(),
             memory.clone(),
             line(CONSOLE_IRQ),
         )?));
         let mut mmio = Bus::default();
-        mmio.insert(BLOCK_MMIO, MMIO_DEVICE_SIZE, Arc::new(Mutex::new(block)))?;
+        mmio.insert(BLOCK_MMIO, MMIO_DEVICE_SIZE, block.clone())?;
         mmio.insert(CONSOLE_MMIO, MMIO_DEVICE_SIZE, console.clone())?;
 
         let timer_line = line(PIT_IRQ);
         Ok(Vm {
-            _kvm: kvm,
+            kvm,
             _vm: vm,
             memory,
             vcpu,
@@ -202,11 +305,29 @@ impl Vm {
             timer_line,
             pit,
             i8042,
+            cmos,
+            serial,
+            block,
             console,
             console_tail,
-            clock: config.clock,
+            seam,
+            exitless_limit: config.exitless_limit,
+            at_exit: true,
+            last_exit: Instant::now(),
+            unenforced,
             _not_send: PhantomData,
         })
+    }
+
+    /// The CPUID feature words the guest sees.
+    pub fn cpu_features(&self) -> &[FeatureWord] {
+        &self.vcpu.features
+    }
+
+    /// The CPU features hidden from the guest that this host's KVM left
+    /// visible, by Linux name: part of the machine a snapshot belongs to.
+    pub fn unenforced_features(&self) -> Vec<&'static str> {
+        self.unenforced.iter().map(|f| f.name).collect()
     }
 
     /// The last lines the guest wrote to its serial console.
@@ -217,6 +338,7 @@ impl Vm {
     /// Queues bytes for the guest agent; they are delivered as the guest
     /// posts receive buffers.
     pub fn send_to_agent(&mut self, bytes: &[u8]) {
+        self.seam.agent_input(bytes);
         self.console.lock().unwrap().send_to_guest(bytes);
     }
 
@@ -227,13 +349,22 @@ impl Vm {
             if Instant::now() >= deadline {
                 return Err(VmError::Timeout);
             }
-            self.deliver_interrupts()?;
-            let halted = self.run_once()?;
+            if let Some(reason) = self.seam.stop_reason() {
+                return Err(VmError::Stopped(reason));
+            }
+            if self.at_exit || self.seam.preemptive() {
+                self.deliver_interrupts()?;
+            }
+            let Some(halted) = self.run_once()? else {
+                self.check_exitless()?;
+                continue;
+            };
             if self.i8042.lock().unwrap().take_reset_request() {
                 return Ok(VmEvent::Reset);
             }
             let output = self.console.lock().unwrap().take_from_guest();
             if !output.is_empty() {
+                self.seam.agent_output(&output);
                 return Ok(VmEvent::AgentOutput(output));
             }
             if halted && !self.wait_while_halted(deadline)? {
@@ -245,7 +376,7 @@ impl Vm {
     /// Raises the timer line for due ticks, then injects the PIC's highest
     /// request if the guest can take it, or asks KVM for an exit when it can.
     fn deliver_interrupts(&mut self) -> Result<(), VmError> {
-        let now = self.clock.monotonic_ns();
+        let now = self.seam.monotonic_ns();
         if self.pit.lock().unwrap().poll(now) {
             self.timer_line.pulse();
         }
@@ -256,51 +387,101 @@ impl Vm {
         }
         if self.vcpu.ready_for_interrupt() {
             if let Some(vector) = pic.acknowledge() {
+                self.seam.injected(vector);
                 self.vcpu.inject(vector)?;
             }
             self.vcpu.request_interrupt_window(false);
         } else {
-            self.vcpu.request_interrupt_window(true);
+            // Where the window opens is not reproducible here: PVM sometimes
+            // reports it between STI and the HLT its shadow covers, sometimes
+            // not. A non-preemptive VM waits for the guest's next exit with
+            // interrupts enabled instead (the idle loop's HLT at the latest).
+            self.vcpu.request_interrupt_window(self.seam.preemptive());
         }
         Ok(())
     }
 
-    /// Enters the guest once and handles the exit; true if the guest halted.
-    fn run_once(&mut self) -> Result<bool, VmError> {
-        self.kicker
-            .arm(self.until_next_tick().unwrap_or(Duration::MAX));
+    /// Enters the guest once and handles the exit: `Some(true)` if the guest
+    /// halted, `None` if the kick timer interrupted it (not an exit).
+    fn run_once(&mut self) -> Result<Option<bool>, VmError> {
+        let kick_after = if self.seam.preemptive() {
+            self.until_next_tick().unwrap_or(Duration::MAX)
+        } else {
+            // Only to check the deadline and the seam: ticks wait for an exit.
+            Duration::MAX
+        };
+        self.kicker.arm(kick_after);
         let exit = match self.vcpu.fd.run() {
-            Ok(exit) => exit,
-            // The kick timer interrupted KVM_RUN: a tick may be due.
-            Err(error) if error.errno() == libc::EINTR => return Ok(false),
+            Ok(VcpuExit::Intr) => None,
+            Ok(exit) => Some(exit),
+            Err(error) if error.errno() == libc::EINTR => None,
             Err(error) => return Err(VmError::Run(error)),
         };
+        self.at_exit = exit.is_some();
+        let Some(exit) = exit else {
+            return Ok(None);
+        };
+        self.last_exit = Instant::now();
+        let seam = &*self.seam;
         match exit {
             VcpuExit::IoIn(port, data) => {
+                seam.exit(Exit::PioRead {
+                    port,
+                    len: data.len() as u8,
+                });
                 if !self.pio.read(port.into(), data) {
                     // Nothing there: an ISA bus floats high.
                     data.fill(0xff);
                 }
+                seam.read_result(data);
             }
             VcpuExit::IoOut(port, data) => {
+                seam.exit(Exit::PioWrite { port, data });
                 self.pio.write(port.into(), data);
             }
             VcpuExit::MmioRead(address, data) => {
+                seam.exit(Exit::MmioRead {
+                    address,
+                    len: data.len() as u8,
+                });
                 if !self.mmio.read(address, data) {
                     data.fill(0xff);
                 }
+                seam.read_result(data);
             }
             VcpuExit::MmioWrite(address, data) => {
+                seam.exit(Exit::MmioWrite { address, data });
                 self.mmio.write(address, data);
             }
-            VcpuExit::Hlt => return Ok(true),
-            VcpuExit::IrqWindowOpen | VcpuExit::Intr => {}
+            VcpuExit::Hlt => {
+                seam.exit(Exit::Halt);
+                return Ok(Some(true));
+            }
+            VcpuExit::IrqWindowOpen => seam.exit(Exit::InterruptWindow),
             VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             VcpuExit::InternalError => return Err(self.internal_error()),
             VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
-        Ok(false)
+        Ok(Some(false))
+    }
+
+    /// Stops a non-preemptive run whose guest has gone too long without an
+    /// exit while a tick is due: nothing else would ever interrupt it.
+    fn check_exitless(&self) -> Result<(), VmError> {
+        let Some(limit) = self.exitless_limit else {
+            return Ok(());
+        };
+        let spinning = self.last_exit.elapsed();
+        // Reading the clock here would be an input at a point no replay can
+        // find again; a tick is scheduled, and after `limit` it is due.
+        let tick_scheduled = self.pit.lock().unwrap().next_deadline_ns().is_some();
+        if self.seam.preemptive() || spinning < limit || !tick_scheduled {
+            return Ok(());
+        }
+        Err(VmError::Exitless {
+            seconds: spinning.as_secs(),
+        })
     }
 
     /// The guest executed HLT. With interrupts enabled it waits for the next
@@ -312,8 +493,8 @@ impl Vm {
         if self.pic.lock().unwrap().has_pending_interrupt() {
             return Ok(true);
         }
-        let wait = self.until_next_tick().ok_or(VmError::Stuck)?;
-        std::thread::sleep(wait.min(deadline.saturating_duration_since(Instant::now())));
+        let tick = self.pit.lock().unwrap().next_deadline_ns();
+        self.seam.wait_until(tick.ok_or(VmError::Stuck)?, deadline);
         Ok(true)
     }
 
@@ -321,11 +502,12 @@ impl Vm {
     fn until_next_tick(&self) -> Option<Duration> {
         let tick = self.pit.lock().unwrap().next_deadline_ns()?;
         Some(Duration::from_nanos(
-            tick.saturating_sub(self.clock.monotonic_ns()),
+            tick.saturating_sub(self.seam.monotonic_ns()),
         ))
     }
 
-    fn rip(&self) -> u64 {
+    /// The guest's instruction pointer (0 if KVM cannot say).
+    pub fn rip(&self) -> u64 {
         self.vcpu.fd.get_regs().map_or(0, |regs| regs.rip)
     }
 
@@ -376,6 +558,15 @@ fn open_kvm() -> Result<Kvm, VmError> {
         libc::EACCES | libc::EPERM => VmError::KvmPermission,
         _ => VmError::Kvm(error),
     })
+}
+
+/// The CPU model a VM gets on this host, without building one: the feature
+/// words its guest sees and the hidden features KVM leaves visible.
+pub fn probe_cpu() -> Result<(Vec<FeatureWord>, Vec<&'static str>), VmError> {
+    let kvm = open_kvm()?;
+    let vm = kvm.create_vm().map_err(VmError::Kvm)?;
+    let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
+    Ok((vcpu.features, unenforced.iter().map(|f| f.name).collect()))
 }
 
 /// Fails early, before any other work, when KVM cannot be used.

@@ -8,6 +8,7 @@
 //! to them are dropped: the guest's time comes from the VMM's clock only.
 //! No interrupts: IRQ 8 is not wired, so the flags in register C stay clear.
 
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::bus::BusDevice;
@@ -48,7 +49,29 @@ pub struct Cmos {
     ram: [u8; 128],
 }
 
+/// The selected register and the RAM (the clock registers are computed).
+#[derive(Serialize, Deserialize)]
+pub struct CmosState {
+    index: u8,
+    ram: Vec<u8>,
+}
+
 impl Cmos {
+    pub fn state(&self) -> CmosState {
+        CmosState {
+            index: self.index,
+            ram: self.ram.to_vec(),
+        }
+    }
+
+    /// Puts back a saved state; a RAM image of the wrong size is ignored.
+    pub fn restore(&mut self, state: CmosState) {
+        self.index = state.index;
+        if let Ok(ram) = state.ram.try_into() {
+            self.ram = ram;
+        }
+    }
+
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         let mut ram = [0; 128];
         // 32.768 kHz time base, 1024 Hz periodic rate: what firmware sets.

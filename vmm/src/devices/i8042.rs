@@ -6,6 +6,7 @@
 //! so Linux's i8042 driver finds no controller answering its commands and
 //! gives up, and the data port (0x60) reads 0.
 
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
 use crate::bus::{BusDevice, SharedDevice};
@@ -17,7 +18,7 @@ pub const COMMAND_PORT: u64 = 0x64;
 const PULSE_RESET: u8 = 0xfe;
 
 /// The controller's command/status port, holding the reset line's state.
-#[derive(Default)]
+#[derive(Default, Clone, Serialize, Deserialize)]
 pub struct I8042 {
     reset_requested: bool,
 }

@@ -10,6 +10,7 @@
 //! at each exit and, when the guest can take an interrupt, runs the INTA cycle
 //! with `acknowledge` and injects the vector it returns.
 
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
 use super::IrqLine;
@@ -32,7 +33,7 @@ enum Block {
 }
 
 /// One 8259A.
-#[derive(Default)]
+#[derive(Default, Clone, Serialize, Deserialize)]
 struct Chip {
     /// Interrupt request register, edge-triggered lines only: a bit latched
     /// by a rising edge, cleared by the INTA cycle that services it.
@@ -51,7 +52,7 @@ struct Chip {
     init: Init,
 }
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, Serialize, Deserialize)]
 enum Init {
     #[default]
     Done,
@@ -187,7 +188,7 @@ impl Chip {
 
 /// The master/slave pair. Share it as `Arc<Mutex<Pic>>` between the vCPU
 /// loop, the `PicIrqLine`s and the bus (see `pio_devices`).
-#[derive(Default)]
+#[derive(Default, Clone, Serialize, Deserialize)]
 pub struct Pic {
     master: Chip,
     slave: Chip,

@@ -17,6 +17,7 @@
 //! count raises IRQ 0: OUT's jump to its initial level at a control word (a
 //! rising edge if OUT was low) does not, as in QEMU.
 
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::bus::BusDevice;
@@ -41,7 +42,7 @@ fn ns_until(ticks: u64) -> u64 {
 
 /// How the counter's 16 bits travel through the 8-bit port (control word
 /// bits 5-4).
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 enum Access {
     Low,
     High,
@@ -49,7 +50,7 @@ enum Access {
     Both,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone, Serialize, Deserialize)]
 struct Counter {
     mode: u8,
     access: Access,
@@ -197,6 +198,12 @@ pub struct Pit {
     counters: [Counter; 3],
 }
 
+/// The three counters, with times in the VM's monotonic clock.
+#[derive(Serialize, Deserialize)]
+pub struct PitState {
+    counters: [Counter; 3],
+}
+
 impl Pit {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Pit {
@@ -210,6 +217,16 @@ impl Pit {
     /// the PIT and after each `poll` that returns true.
     pub fn next_deadline_ns(&self) -> Option<u64> {
         self.counters[0].deadline_ns()
+    }
+
+    pub fn state(&self) -> PitState {
+        PitState {
+            counters: self.counters.clone(),
+        }
+    }
+
+    pub fn restore(&mut self, state: PitState) {
+        self.counters = state.counters;
     }
 
     /// Whether IRQ 0 has had a rising edge since the last poll: if so the

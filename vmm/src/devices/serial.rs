@@ -5,6 +5,8 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::SerialState;
 use vm_superio::{Serial, Trigger};
 
 use super::SharedIrqLine;
@@ -38,6 +40,7 @@ impl ConsoleTail {
 }
 
 /// Where console bytes go: the tail, and the host's stderr when asked.
+#[derive(Clone)]
 pub struct ConsoleSink {
     tail: ConsoleTail,
     echo: bool,
@@ -70,9 +73,62 @@ impl Trigger for IrqTrigger {
 
 pub struct SerialPort(Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSink>);
 
+/// vm-superio's receive FIFO size.
+const RECEIVE_FIFO: usize = 64;
+
+/// The UART's registers and receive buffer (vm-superio's `SerialState`).
+#[derive(Serialize, Deserialize)]
+pub struct SerialPortState {
+    baud_divisor: [u8; 2],
+    interrupt_enable: u8,
+    interrupt_identification: u8,
+    line_control: u8,
+    line_status: u8,
+    modem_control: u8,
+    modem_status: u8,
+    scratch: u8,
+    in_buffer: Vec<u8>,
+}
+
 impl SerialPort {
     pub fn new(irq: SharedIrqLine, tail: ConsoleTail, echo: bool) -> Self {
         SerialPort(Serial::new(IrqTrigger(irq), ConsoleSink { tail, echo }))
+    }
+
+    pub fn state(&self) -> SerialPortState {
+        let s = self.0.state();
+        SerialPortState {
+            baud_divisor: [s.baud_divisor_low, s.baud_divisor_high],
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// Puts back a saved state, keeping the port's wiring.
+    pub fn restore(&mut self, state: SerialPortState) {
+        let state = SerialState {
+            baud_divisor_low: state.baud_divisor[0],
+            baud_divisor_high: state.baud_divisor[1],
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            // vm-superio refuses more than its 64-byte FIFO.
+            in_buffer: state.in_buffer.into_iter().take(RECEIVE_FIFO).collect(),
+        };
+        let irq = IrqTrigger(self.0.interrupt_evt().0.clone());
+        let sink = self.0.writer().clone();
+        self.0 = Serial::from_state(&state, irq, vm_superio::serial::NoEvents, sink)
+            .expect("the receive buffer fits the FIFO");
     }
 }
 

@@ -7,6 +7,7 @@
 //! driver spins until a transmit buffer comes back, so transmitq is always
 //! completed before the vCPU resumes.
 
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 
@@ -72,7 +73,32 @@ impl VirtioConsole {
     }
 }
 
+/// Host bytes waiting for the guest, and guest bytes for the host.
+#[derive(Serialize, Deserialize)]
+struct ConsoleState {
+    to_guest: Vec<u8>,
+    from_guest: Vec<u8>,
+}
+
 impl VirtioDevice for VirtioConsole {
+    fn save(&self) -> serde_json::Value {
+        serde_json::to_value(ConsoleState {
+            to_guest: self.to_guest.iter().copied().collect(),
+            from_guest: self.from_guest.clone(),
+        })
+        .expect("byte buffers serialise")
+    }
+
+    fn restore(&mut self, state: serde_json::Value) {
+        match serde_json::from_value::<ConsoleState>(state) {
+            Ok(state) => {
+                self.to_guest = state.to_guest.into();
+                self.from_guest = state.from_guest;
+            }
+            Err(error) => warn!("virtio-console: ignoring unreadable saved state: {error}"),
+        }
+    }
+
     fn device_type(&self) -> u32 {
         DEVICE_ID
     }

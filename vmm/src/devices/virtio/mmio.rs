@@ -5,8 +5,9 @@
 //! gets its write ignored or the device marked DEVICE_NEEDS_RESET, never a
 //! panic in the VMM.
 
+use serde::{Deserialize, Serialize};
 use tracing::warn;
-use virtio_queue::{Error as QueueError, Queue, QueueT};
+use virtio_queue::{Error as QueueError, Queue, QueueState, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{DeviceQueues, VirtioDevice, VIRTIO_F_VERSION_1};
@@ -64,6 +65,10 @@ const VENDOR: u32 = u32::from_le_bytes(*b"prvm");
 pub enum Error {
     #[error("virtio queue {index}: invalid maximum size {size}")]
     QueueMaxSize { index: usize, size: u16 },
+    #[error("the saved device has {saved} queues, this one {device}")]
+    SavedQueues { saved: usize, device: usize },
+    #[error("saved virtio queue {index} is not a valid queue")]
+    SavedQueue { index: usize },
 }
 
 /// A virtio device on the MMIO bus: the transport's registers and state, the
@@ -83,7 +88,105 @@ pub struct MmioTransport<D: VirtioDevice> {
     irq_high: bool,
 }
 
+/// The transport's registers, its queues and its device's own state.
+#[derive(Serialize, Deserialize)]
+pub struct TransportState {
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    interrupt_status: u32,
+    irq_high: bool,
+    queues: Vec<SavedQueue>,
+    device: serde_json::Value,
+}
+
+/// virtio-queue's `QueueState`, which has no serde support.
+#[derive(Serialize, Deserialize)]
+struct SavedQueue {
+    max_size: u16,
+    next_avail: u16,
+    next_used: u16,
+    event_idx_enabled: bool,
+    size: u16,
+    ready: bool,
+    desc_table: u64,
+    avail_ring: u64,
+    used_ring: u64,
+}
+
+impl From<QueueState> for SavedQueue {
+    fn from(q: QueueState) -> Self {
+        SavedQueue {
+            max_size: q.max_size,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx_enabled,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+        }
+    }
+}
+
+impl From<&SavedQueue> for QueueState {
+    fn from(q: &SavedQueue) -> Self {
+        QueueState {
+            max_size: q.max_size,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx_enabled,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+        }
+    }
+}
+
 impl<D: VirtioDevice> MmioTransport<D> {
+    pub fn state(&self) -> TransportState {
+        TransportState {
+            status: self.status,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queue_sel: self.queue_sel,
+            interrupt_status: self.interrupt_status,
+            irq_high: self.irq_high,
+            queues: self.queues.iter().map(|q| q.state().into()).collect(),
+            device: self.device.save(),
+        }
+    }
+
+    /// Puts back a saved state. The IRQ line's level is part of the
+    /// interrupt controller's own state, so it is not driven again here.
+    pub fn restore(&mut self, state: TransportState) -> Result<(), Error> {
+        if state.queues.len() != self.queues.len() {
+            return Err(Error::SavedQueues {
+                saved: state.queues.len(),
+                device: self.queues.len(),
+            });
+        }
+        for (index, (queue, saved)) in self.queues.iter_mut().zip(&state.queues).enumerate() {
+            *queue = Queue::try_from(QueueState::from(saved))
+                .map_err(|_| Error::SavedQueue { index })?;
+        }
+        self.status = state.status;
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.driver_features = state.driver_features;
+        self.queue_sel = state.queue_sel;
+        self.interrupt_status = state.interrupt_status;
+        self.irq_high = state.irq_high;
+        self.device.restore(state.device);
+        Ok(())
+    }
+
     pub fn new(device: D, mem: GuestMemoryMmap, irq: SharedIrqLine) -> Result<Self, Error> {
         let queues = device
             .queue_max_sizes()

@@ -47,6 +47,15 @@ pub trait VirtioDevice: Send {
     /// The driver has set DRIVER_OK: `queues` are live from now on.
     fn activate(&mut self, _queues: &mut DeviceQueues<'_>) {}
 
+    /// Device state a snapshot must carry beyond the transport's; none by
+    /// default.
+    fn save(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Puts back what `save` returned.
+    fn restore(&mut self, _state: serde_json::Value) {}
+
     /// The driver notified queue `index` (always one of the device's queues,
     /// made ready by the driver, with the device live).
     fn process_queue(&mut self, index: usize, queue: &mut QueueIo<'_>);

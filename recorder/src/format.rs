@@ -1,0 +1,358 @@
+//! The trace container: a file header, then sections, each a kind, a length,
+//! a SHA-256 over kind, length and payload, and the payload.
+//!
+//! ```text
+//! "PROVMTRC" | version u16 LE | 6 reserved bytes
+//! section*:  kind [u8; 4] | length u64 LE | sha256 [u8; 32] | payload
+//! ```
+//!
+//! Sections are written in order as the run goes (the event log in many
+//! chunks), so a trace is streamed to disk with bounded memory and read back
+//! the same way, every checksum verified before a payload is used.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+pub const MAGIC: &[u8; 8] = b"PROVMTRC";
+/// The format this provm writes; it reads this one only.
+pub const FORMAT_VERSION: u16 = 1;
+const HEADER_LEN: usize = 16;
+/// No section may claim more than this (the largest is an embedded image).
+const MAX_SECTION: u64 = 1 << 40;
+
+/// What a section holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SectionKind {
+    /// JSON: what was run, where, with which inputs (see `manifest`).
+    Manifest,
+    /// zstd: the guest kernel (vmlinux).
+    Kernel,
+    /// zstd: the initramfs (the agent).
+    Initramfs,
+    /// The booted guest the run starts from (see `snapshot`).
+    Snapshot,
+    /// zstd: one chunk of the event log.
+    Events,
+    /// JSON: how the run ended, its outputs and totals (see `manifest`).
+    Outcome,
+    /// zstd: the base disk image, when embedded.
+    Image,
+    /// JSON: the run's provenance, when captured.
+    Provenance,
+}
+
+impl SectionKind {
+    const ALL: [SectionKind; 8] = [
+        SectionKind::Manifest,
+        SectionKind::Kernel,
+        SectionKind::Initramfs,
+        SectionKind::Snapshot,
+        SectionKind::Events,
+        SectionKind::Outcome,
+        SectionKind::Image,
+        SectionKind::Provenance,
+    ];
+
+    fn tag(self) -> [u8; 4] {
+        *match self {
+            SectionKind::Manifest => b"MANI",
+            SectionKind::Kernel => b"KERN",
+            SectionKind::Initramfs => b"INRD",
+            SectionKind::Snapshot => b"SNAP",
+            SectionKind::Events => b"EVNT",
+            SectionKind::Outcome => b"OUTC",
+            SectionKind::Image => b"IMAG",
+            SectionKind::Provenance => b"PROV",
+        }
+    }
+
+    fn from_tag(tag: [u8; 4]) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.tag() == tag)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SectionKind::Manifest => "manifest",
+            SectionKind::Kernel => "kernel",
+            SectionKind::Initramfs => "initramfs",
+            SectionKind::Snapshot => "snapshot",
+            SectionKind::Events => "events",
+            SectionKind::Outcome => "outcome",
+            SectionKind::Image => "image",
+            SectionKind::Provenance => "provenance",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("cannot read {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{0} is not a provm trace (no PROVMTRC header)")]
+    NotATrace(PathBuf),
+    #[error("{path} is a trace of format version {found}; this provm reads version {FORMAT_VERSION}: use a newer provm")]
+    FutureVersion { path: PathBuf, found: u16 },
+    #[error("the trace is truncated: it ends inside section {index} ({what}); it was cut short while being copied or written")]
+    Truncated { index: usize, what: String },
+    #[error("section {index} has an unknown kind {tag:?}: the trace is corrupt")]
+    UnknownSection { index: usize, tag: String },
+    #[error("section {index} ({kind}) claims {length} bytes: the trace is corrupt")]
+    ImplausibleLength {
+        index: usize,
+        kind: &'static str,
+        length: u64,
+    },
+    #[error("section {index} ({kind}) fails its checksum: the trace is corrupt or was modified")]
+    Checksum { index: usize, kind: &'static str },
+    #[error("section {index} ({kind}) cannot be decoded: {reason}")]
+    Decode {
+        index: usize,
+        kind: &'static str,
+        reason: String,
+    },
+    #[error("cannot write the trace: {0}")]
+    Write(io::Error),
+    #[error("cannot read the trace: {0}")]
+    Read(io::Error),
+}
+
+/// Writes a trace to `PATH.partial` and renames it to PATH when finished,
+/// so that PATH is either absent or complete.
+pub struct TraceWriter {
+    out: BufWriter<File>,
+    partial: PathBuf,
+    path: PathBuf,
+}
+
+impl TraceWriter {
+    pub fn create(path: &Path) -> Result<Self, FormatError> {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let file = File::create(&partial).map_err(FormatError::Write)?;
+        let mut out = BufWriter::new(file);
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.write_all(&header).map_err(FormatError::Write)?;
+        Ok(TraceWriter {
+            out,
+            partial,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn section(&mut self, kind: SectionKind, payload: &[u8]) -> Result<(), FormatError> {
+        let length = (payload.len() as u64).to_le_bytes();
+        let digest = section_digest(kind.tag(), length, payload);
+        let out = &mut self.out;
+        out.write_all(&kind.tag())
+            .and_then(|()| out.write_all(&length))
+            .and_then(|()| out.write_all(&digest))
+            .and_then(|()| out.write_all(payload))
+            .map_err(FormatError::Write)
+    }
+
+    /// Flushes, syncs and renames the trace into place.
+    pub fn finish(self) -> Result<PathBuf, FormatError> {
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| FormatError::Write(e.into_error()))?;
+        file.sync_all().map_err(FormatError::Write)?;
+        std::fs::rename(&self.partial, &self.path).map_err(FormatError::Write)?;
+        Ok(self.path)
+    }
+}
+
+fn section_digest(tag: [u8; 4], length: [u8; 8], payload: &[u8]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(tag);
+    hash.update(length);
+    hash.update(payload);
+    hash.finalize().into()
+}
+
+/// One verified section.
+pub struct Section {
+    pub index: usize,
+    pub kind: SectionKind,
+    pub payload: Vec<u8>,
+}
+
+impl Section {
+    /// An error about this section's contents.
+    pub fn decode_error(&self, reason: impl ToString) -> FormatError {
+        FormatError::Decode {
+            index: self.index,
+            kind: self.kind.name(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Reads a trace section by section, verifying each.
+pub struct TraceReader<R> {
+    input: R,
+    next_index: usize,
+}
+
+impl TraceReader<BufReader<File>> {
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let file = File::open(path).map_err(|source| FormatError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::new(BufReader::new(file), path)
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Checks the header; `path` only names the trace in errors.
+    pub fn new(mut input: R, path: &Path) -> Result<Self, FormatError> {
+        let mut header = [0u8; HEADER_LEN];
+        if read_full(&mut input, &mut header).map_err(FormatError::Read)? < HEADER_LEN
+            || &header[..8] != MAGIC
+        {
+            return Err(FormatError::NotATrace(path.to_owned()));
+        }
+        let version = u16::from_le_bytes([header[8], header[9]]);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::FutureVersion {
+                path: path.to_owned(),
+                found: version,
+            });
+        }
+        Ok(TraceReader {
+            input,
+            next_index: 0,
+        })
+    }
+
+    /// The next section, verified; `None` at a clean end of file.
+    pub fn next_section(&mut self) -> Result<Option<Section>, FormatError> {
+        let index = self.next_index;
+        let truncated = |what: &str| FormatError::Truncated {
+            index,
+            what: what.into(),
+        };
+        let mut head = [0u8; 44];
+        match read_full(&mut self.input, &mut head).map_err(FormatError::Read)? {
+            0 => return Ok(None),
+            44 => {}
+            _ => return Err(truncated("its header")),
+        }
+        let tag: [u8; 4] = head[..4].try_into().unwrap();
+        let kind = SectionKind::from_tag(tag).ok_or_else(|| FormatError::UnknownSection {
+            index,
+            tag: String::from_utf8_lossy(&tag).into_owned(),
+        })?;
+        let length_bytes: [u8; 8] = head[4..12].try_into().unwrap();
+        let length = u64::from_le_bytes(length_bytes);
+        if length > MAX_SECTION {
+            return Err(FormatError::ImplausibleLength {
+                index,
+                kind: kind.name(),
+                length,
+            });
+        }
+        let mut payload = Vec::new();
+        (&mut self.input)
+            .take(length)
+            .read_to_end(&mut payload)
+            .map_err(FormatError::Read)?;
+        if payload.len() as u64 != length {
+            return Err(truncated(kind.name()));
+        }
+        if section_digest(tag, length_bytes, &payload)[..] != head[12..44] {
+            return Err(FormatError::Checksum {
+                index,
+                kind: kind.name(),
+            });
+        }
+        self.next_index += 1;
+        Ok(Some(Section {
+            index,
+            kind,
+            payload,
+        }))
+    }
+}
+
+/// Reads until `buf` is full or the input ends; returns how much was read.
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(sections: &[(SectionKind, &[u8])]) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.provm");
+        let mut writer = TraceWriter::create(&path).unwrap();
+        for (kind, payload) in sections {
+            writer.section(*kind, payload).unwrap();
+        }
+        assert!(!path.exists(), "only the .partial file exists until finish");
+        writer.finish().unwrap();
+        std::fs::read(path).unwrap()
+    }
+
+    fn read_all(bytes: &[u8]) -> Result<Vec<(SectionKind, Vec<u8>)>, FormatError> {
+        let mut reader = TraceReader::new(bytes, Path::new("t.provm"))?;
+        let mut out = Vec::new();
+        while let Some(section) = reader.next_section()? {
+            out.push((section.kind, section.payload));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn sections_round_trip() {
+        let bytes = written(&[(SectionKind::Manifest, b"{}"), (SectionKind::Events, b"")]);
+        let sections = read_all(&bytes).unwrap();
+        assert_eq!(
+            sections,
+            [
+                (SectionKind::Manifest, b"{}".to_vec()),
+                (SectionKind::Events, Vec::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn damage_is_named() {
+        let bytes = written(&[(SectionKind::Manifest, b"{\"a\": 1}")]);
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            read_all(&flipped),
+            Err(FormatError::Checksum { index: 0, .. })
+        ));
+        assert!(matches!(
+            read_all(&bytes[..bytes.len() - 1]),
+            Err(FormatError::Truncated { index: 0, .. })
+        ));
+        let mut future = bytes.clone();
+        future[8] = 9;
+        assert!(matches!(
+            read_all(&future),
+            Err(FormatError::FutureVersion { found: 9, .. })
+        ));
+        assert!(matches!(read_all(b"hello"), Err(FormatError::NotATrace(_))));
+    }
+}

@@ -1,0 +1,73 @@
+//! What a trace says about its run: the manifest, written first (what ran,
+//! where, from which inputs), and the outcome, written last (how it ended).
+
+use provm_vmm::cpuid::FeatureWord;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub provm_version: String,
+    /// When the recording started, in seconds since the Unix epoch.
+    pub started_unix: u64,
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub root_device: String,
+    pub image: ImageIdentity,
+    pub kernel_sha256: String,
+    pub initramfs_sha256: String,
+    pub snapshot_sha256: String,
+    pub kernel_cmdline: String,
+    pub memory_mib: u64,
+    pub cpu: CpuModel,
+    pub host: HostDescription,
+    /// The longest the guest could run without exits while a tick waited.
+    pub exitless_limit_seconds: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImageIdentity {
+    /// The path it was recorded from (informational: replay checks the digest).
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// The CPU the guest saw: the feature words of its CPUID as KVM gave them,
+/// and the hidden features the kernel was told to ignore because KVM left
+/// them visible.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpuModel {
+    pub features: Vec<FeatureWord>,
+    pub ignored_by_kernel: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostDescription {
+    pub kernel: String,
+    pub cpu: String,
+    pub hypervisor: String,
+}
+
+/// How the recording ended.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Outcome {
+    /// False when the run was cut short (interrupted, timed out, crashed).
+    pub complete: bool,
+    /// What ended the run, in words.
+    pub ended: String,
+    /// The command's exit status as a shell reports it, if it finished.
+    pub exit_status: Option<i32>,
+    pub events: u64,
+    pub exits: u64,
+    pub event_chunks: u32,
+    /// Virtual time from the snapshot to the end, in nanoseconds.
+    pub guest_ns: u64,
+    pub disk_writes: u64,
+    /// SHA-256 over every disk write in order: offset, length, bytes.
+    pub disk_writes_sha256: String,
+    /// Host time the recording took, in seconds.
+    pub host_seconds: f64,
+    /// The last lines of the guest's serial console.
+    pub console_tail: String,
+}

@@ -1,0 +1,7 @@
+//! provm's replayer: the seam at replay time. The clock and every input come
+//! from the trace's event log; every output the guest produces is compared
+//! with it, and the first mismatch is a divergence.
+
+mod replayer;
+
+pub use replayer::{Divergence, ReplayEnd, Replayer};

@@ -1,0 +1,54 @@
+//! SHA-256 digests of the files a run depends on. Images are large, so a
+//! file's digest is cached under its identity (device, inode, size, change
+//! time): a file changed in place gets a new change time.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::kernel::cache_dir;
+
+pub fn bytes_sha256(bytes: &[u8]) -> String {
+    provm_recorder::hex(&Sha256::digest(bytes))
+}
+
+/// The file's SHA-256, from the cache when the file has not changed.
+pub fn file_sha256(path: &Path) -> io::Result<String> {
+    let meta = fs::metadata(path)?;
+    let identity = format!(
+        "{}:{}:{}:{}.{}",
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    );
+    let cached = cache_dir()
+        .join("digests")
+        .join(bytes_sha256(identity.as_bytes()));
+    if let Ok(digest) = fs::read_to_string(&cached) {
+        if digest.len() == 64 {
+            return Ok(digest);
+        }
+    }
+    let mut hash = Sha256::new();
+    io::copy(&mut File::open(path)?, &mut hash)?;
+    let digest = provm_recorder::hex(&hash.finalize());
+    // A cache that cannot be written only costs the next run a re-read.
+    let _ = write_atomically(&cached, digest.as_bytes());
+    Ok(digest)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, creating
+/// the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().expect("cache files live in a directory");
+    fs::create_dir_all(dir)?;
+    let mut temporary = tempfile::NamedTempFile::new_in(dir)?;
+    io::Write::write_all(&mut temporary, bytes)?;
+    temporary.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}

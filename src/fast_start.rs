@@ -1,0 +1,153 @@
+//! Fast start: a snapshot of the booted guest, its agent waiting for a
+//! command, cached per machine so that a run restores it in about a second
+//! instead of booting (tens of seconds where guest ring 0 is emulated).
+//!
+//! The cache key covers everything the booted state depends on: the kernel,
+//! the initramfs, the kernel arguments, the memory size, the CPU model, the
+//! image (the kernel has read its partition table and size at boot) and this
+//! provm's version (the snapshot's layout). Records and replays start from
+//! the same bytes, which the trace embeds.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use provm_recorder::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_vmm::disk::image::{ImageError, OverlayLocation};
+use provm_vmm::seam::LiveSeam;
+use provm_vmm::vm::{self, VmError, VmSnapshot};
+
+use crate::digest::{bytes_sha256, file_sha256};
+use crate::kernel::cache_dir;
+use crate::run::Prepared;
+use crate::session::{GuestSession, SessionError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FastStartError {
+    #[error("cannot read {path} to identify it: {source}")]
+    Identify {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("booting the guest to snapshot it: {0}")]
+    Boot(#[from] SessionError),
+    #[error(transparent)]
+    Overlay(#[from] ImageError),
+    #[error("cannot cache the booted guest's snapshot: {0}")]
+    Cache(FormatError),
+    #[error("the snapshot cannot be restored: {0}")]
+    Decode(String),
+}
+
+/// The encoded snapshot (see `provm_recorder::snapshot`) and its digest.
+pub struct BootedSnapshot {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+}
+
+impl BootedSnapshot {
+    pub fn decode(&self, memory_mib: u64) -> Result<VmSnapshot, FastStartError> {
+        provm_recorder::snapshot::decode(&self.bytes, memory_mib << 20)
+            .map_err(FastStartError::Decode)
+    }
+}
+
+/// The digests a run depends on, computed once per run.
+pub struct Identity {
+    pub kernel_sha256: String,
+    pub initramfs_sha256: String,
+    pub image_sha256: String,
+}
+
+impl Identity {
+    pub fn of(prepared: &Prepared) -> Result<Identity, FastStartError> {
+        let file = |path: &Path| {
+            file_sha256(path).map_err(|source| FastStartError::Identify {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        Ok(Identity {
+            kernel_sha256: file(&prepared.boot.kernel)?,
+            initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
+            image_sha256: file(prepared.base.path())?,
+        })
+    }
+}
+
+/// The booted guest for this machine: from the cache, or booted now and
+/// cached.
+pub fn booted(
+    prepared: &Prepared,
+    identity: &Identity,
+    deadline: Instant,
+) -> Result<BootedSnapshot, FastStartError> {
+    let (features, unenforced) = vm::probe_cpu()?;
+    let key = format!(
+        "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {}",
+        env!("CARGO_PKG_VERSION"),
+        identity.kernel_sha256,
+        identity.initramfs_sha256,
+        prepared.boot.cmdline,
+        prepared.memory_mib,
+        features,
+        unenforced,
+        identity.image_sha256,
+    );
+    let path = cache_dir()
+        .join("snapshots")
+        .join(format!("{}.snap", &bytes_sha256(key.as_bytes())[..32]));
+    match read_cached(&path) {
+        Ok(Some(bytes)) => {
+            return Ok(BootedSnapshot {
+                sha256: bytes_sha256(&bytes),
+                bytes,
+            })
+        }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(
+            "ignoring the unreadable cached snapshot {}: {error}",
+            path.display()
+        ),
+    }
+    eprintln!("provm: booting the guest (first run of this kernel, image and machine; later runs start from its snapshot)");
+    let start = Instant::now();
+    let config = prepared.vm_config(
+        Arc::new(LiveSeam::starting_at(0)),
+        OverlayLocation::TempIn(std::env::temp_dir()),
+        None,
+    )?;
+    let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;
+    let bytes = provm_recorder::snapshot::encode(&session.snapshot()?);
+    eprintln!(
+        "provm: booted in {:.1} s; snapshot cached ({} MiB)",
+        start.elapsed().as_secs_f64(),
+        bytes.len() >> 20
+    );
+    write_cache(&path, &bytes).map_err(FastStartError::Cache)?;
+    Ok(BootedSnapshot {
+        sha256: bytes_sha256(&bytes),
+        bytes,
+    })
+}
+
+fn write_cache(path: &Path, bytes: &[u8]) -> Result<(), FormatError> {
+    std::fs::create_dir_all(path.parent().expect("in the cache directory"))
+        .map_err(FormatError::Write)?;
+    let mut cache = TraceWriter::create(path)?;
+    cache.section(SectionKind::Snapshot, bytes)?;
+    cache.finish().map(drop)
+}
+
+/// A cached snapshot, verified by its checksum; `None` if not cached.
+fn read_cached(path: &Path) -> Result<Option<Vec<u8>>, FormatError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let section = TraceReader::open(path)?.next_section()?;
+    Ok(section
+        .filter(|s| s.kind == SectionKind::Snapshot)
+        .map(|s| s.payload))
+}

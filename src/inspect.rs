@@ -1,0 +1,77 @@
+//! `provm inspect`: what a trace holds, after verifying all of it.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use provm_recorder::format::FormatError;
+use provm_recorder::trace::Trace;
+
+pub fn inspect(path: &Path) -> Result<String, FormatError> {
+    let trace = Trace::open(path)?;
+    let counts = trace.count_events()?;
+    let (m, o) = (&trace.manifest, &trace.outcome);
+    let mut out = String::new();
+    let total: u64 = trace.stored_bytes.values().sum();
+    // Writing to a String cannot fail.
+    let _ = (|| -> std::fmt::Result {
+        writeln!(out, "trace      {}", path.display())?;
+        writeln!(out, "integrity  verified: every section's SHA-256, the event chunks' sequence, the embedded kernel, initramfs and snapshot against the manifest")?;
+        writeln!(
+            out,
+            "status     {}",
+            if o.complete { "complete" } else { "INCOMPLETE" }
+        )?;
+        writeln!(out, "ended      {}", o.ended)?;
+        if let Some(status) = o.exit_status {
+            writeln!(out, "exit       {status}")?;
+        }
+        writeln!(out, "command    {:?}", m.argv)?;
+        writeln!(out, "cwd        {}", m.cwd)?;
+        writeln!(
+            out,
+            "recorded   {} (unix time) by provm {} on {} ({}, Linux {})",
+            m.started_unix, m.provm_version, m.host.hypervisor, m.host.cpu, m.host.kernel
+        )?;
+        writeln!(
+            out,
+            "image      {} ({} bytes, sha256 {}){}",
+            m.image.path,
+            m.image.size,
+            m.image.sha256,
+            if trace.has_image { ", embedded" } else { "" }
+        )?;
+        writeln!(out, "kernel     sha256 {}", m.kernel_sha256)?;
+        writeln!(out, "initramfs  sha256 {}", m.initramfs_sha256)?;
+        writeln!(out, "snapshot   sha256 {}", m.snapshot_sha256)?;
+        writeln!(
+            out,
+            "machine    {} MiB, 1 vCPU, cmdline {:?}",
+            m.memory_mib, m.kernel_cmdline
+        )?;
+        writeln!(
+            out,
+            "guest time {:.3} s (host {:.3} s)",
+            o.guest_ns as f64 / 1e9,
+            o.host_seconds
+        )?;
+        writeln!(
+            out,
+            "disk       {} writes, sha256 {}",
+            o.disk_writes, o.disk_writes_sha256
+        )?;
+        writeln!(
+            out,
+            "events     {} ({} VM exits) in {} chunks",
+            o.events, o.exits, o.event_chunks
+        )?;
+        for (kind, count) in &counts {
+            writeln!(out, "  {:<20} {count}", kind.name())?;
+        }
+        writeln!(out, "size       {total} bytes")?;
+        for (kind, bytes) in &trace.stored_bytes {
+            writeln!(out, "  {:<20} {bytes}", kind.name())?;
+        }
+        Ok(())
+    })();
+    Ok(out)
+}

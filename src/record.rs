@@ -1,0 +1,282 @@
+//! `provm record`: `provm run` with every input the guest receives logged
+//! into a trace that `provm replay` re-executes.
+//!
+//! The trace starts from the booted guest's snapshot (see `fast_start`) and
+//! embeds it with the kernel and initramfs, so that it replays with nothing
+//! but the image (or, with `--embed-image`, with nothing else at all).
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use provm_guest_agent::Outcome as CommandOutcome;
+use provm_recorder::format::{FormatError, SectionKind, TraceWriter};
+use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_recorder::recorder::Recorder;
+use provm_vmm::vm::{self, Vm};
+
+use crate::fast_start::{self, Identity};
+use crate::run::{self, overlay_location, RunError, RunOptions};
+use crate::session::GuestSession;
+
+/// zstd level for the embedded kernel, initramfs and image: archival, so
+/// smaller beats faster, within a few seconds for a kernel.
+const EMBED_LEVEL: i32 = 9;
+
+pub struct RecordOptions {
+    pub run: RunOptions,
+    pub output: PathBuf,
+    pub embed_image: bool,
+    /// Stop a guest that spins this long without exits while a tick waits.
+    pub exitless_limit: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("cannot write the trace {path}: {source}")]
+    Trace { path: PathBuf, source: FormatError },
+    #[error("cannot read {path} to embed it: {source}")]
+    Embed {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The run did not finish; the trace holds it up to that point.
+    #[error(
+        "{error}\nprovm: the trace {trace} holds the run up to that point and is marked incomplete"
+    )]
+    CutShort { error: RunError, trace: PathBuf },
+}
+
+/// Set by SIGINT (Ctrl-C) so that the recording ends cleanly.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Records the command; returns how it ended and the trace's path.
+pub fn record(
+    options: &RecordOptions,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<(CommandOutcome, PathBuf), RecordError> {
+    let start = Instant::now();
+    let deadline = start + options.run.timeout;
+    let prepared = run::prepare(&options.run)?;
+    let job = run::job(&options.run, &prepared.root_device)?;
+    let identity = Identity::of(&prepared).map_err(RunError::from)?;
+    let booted = fast_start::booted(&prepared, &identity, deadline).map_err(RunError::from)?;
+    let snapshot = booted.decode(prepared.memory_mib).map_err(RunError::from)?;
+    let (features, ignored) = vm::probe_cpu().map_err(RunError::from)?;
+
+    let trace_error = |source| RecordError::Trace {
+        path: options.output.clone(),
+        source,
+    };
+    let manifest = Manifest {
+        provm_version: env!("CARGO_PKG_VERSION").into(),
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        argv: lossy(&options.run.command),
+        env: job
+            .env
+            .iter()
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect(),
+        cwd: options.run.cwd.clone(),
+        root_device: prepared.root_device.clone(),
+        image: ImageIdentity {
+            path: options.run.image.display().to_string(),
+            size: file_size(&options.run.image),
+            sha256: identity.image_sha256.clone(),
+        },
+        kernel_sha256: identity.kernel_sha256.clone(),
+        initramfs_sha256: identity.initramfs_sha256.clone(),
+        snapshot_sha256: booted.sha256.clone(),
+        kernel_cmdline: prepared.boot.cmdline.clone(),
+        memory_mib: prepared.memory_mib,
+        cpu: CpuModel {
+            features,
+            ignored_by_kernel: ignored.iter().map(|s| s.to_string()).collect(),
+        },
+        host: host_description(),
+        exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
+    };
+    let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
+    trace
+        .section(
+            SectionKind::Manifest,
+            &serde_json::to_vec_pretty(&manifest).expect("serialises"),
+        )
+        .map_err(trace_error)?;
+    let kernel = read_to_embed(&prepared.boot.kernel)?;
+    for (kind, bytes) in [
+        (SectionKind::Kernel, compress(&kernel)),
+        (SectionKind::Initramfs, compress(&prepared.boot.initramfs)),
+    ] {
+        trace.section(kind, &bytes).map_err(trace_error)?;
+    }
+    trace
+        .section(SectionKind::Snapshot, &booted.bytes)
+        .map_err(trace_error)?;
+
+    install_interrupt_handler();
+    let recorder = Arc::new(Recorder::new(trace, snapshot.state.clock_ns, &INTERRUPTED));
+    let recording_start = Instant::now();
+    let config = prepared
+        .vm_config(
+            recorder.clone(),
+            overlay_location(&options.run),
+            options.exitless_limit,
+        )
+        .map_err(RunError::from)?;
+    let guest_start_ns = snapshot.state.clock_ns;
+    let mut session = GuestSession::resume(
+        Vm::restore(config, snapshot).map_err(RunError::from)?,
+        deadline,
+    );
+    let result = session
+        .run(job, stdout, stderr)
+        .and_then(|outcome| session.power_off().map(|()| outcome));
+    let console_tail = session.console_tail();
+    drop(session);
+
+    let (mut trace, totals) = recorder.finish().map_err(trace_error)?;
+    let outcome = Outcome {
+        complete: result.is_ok(),
+        ended: match &result {
+            Ok(outcome) => format!("the command ended: {outcome:?}"),
+            Err(error) => error.to_string(),
+        },
+        exit_status: result.as_ref().ok().map(|o| o.shell_status()),
+        events: totals.events,
+        exits: totals.exits,
+        event_chunks: totals.chunks,
+        guest_ns: totals.last_clock_ns.saturating_sub(guest_start_ns),
+        disk_writes: totals.disk_writes,
+        disk_writes_sha256: totals.disk_writes_sha256,
+        host_seconds: recording_start.elapsed().as_secs_f64(),
+        console_tail,
+    };
+    trace
+        .section(
+            SectionKind::Outcome,
+            &serde_json::to_vec_pretty(&outcome).expect("serialises"),
+        )
+        .map_err(trace_error)?;
+    if options.embed_image {
+        let image = read_to_embed(&options.run.image)?;
+        trace
+            .section(SectionKind::Image, &compress(&image))
+            .map_err(trace_error)?;
+    }
+    let path = trace.finish().map_err(trace_error)?;
+    match result {
+        Ok(outcome) => Ok((outcome, path)),
+        Err(error) => Err(RecordError::CutShort {
+            error: error.into(),
+            trace: path,
+        }),
+    }
+}
+
+fn compress(bytes: &[u8]) -> Vec<u8> {
+    zstd::bulk::compress(bytes, EMBED_LEVEL).expect("compressing to memory cannot fail")
+}
+
+fn read_to_embed(path: &Path) -> Result<Vec<u8>, RecordError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|source| RecordError::Embed {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+fn lossy(args: &[OsString]) -> Vec<String> {
+    args.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// What the trace says about the recording host (informational).
+fn host_description() -> HostDescription {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let pvm = Path::new("/sys/module/kvm_pvm").exists();
+    HostDescription {
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        cpu,
+        hypervisor: if pvm { "KVM (PVM)" } else { "KVM" }.into(),
+    }
+}
+
+extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+fn install_interrupt_handler() {
+    // Without the handler, Ctrl-C kills provm and leaves only a .partial file.
+    if let Err(error) = vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_interrupt) {
+        tracing::warn!("Ctrl-C will not end the recording cleanly: {error}");
+    }
+}
+
+/// The default trace name: the image's name and the start time, in the
+/// current directory.
+pub fn default_output(image: &Path) -> PathBuf {
+    let stem = image
+        .file_stem()
+        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    PathBuf::from(format!("{stem}-{}.provm", utc_timestamp(now)))
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC, from seconds since the epoch.
+fn utc_timestamp(seconds: u64) -> String {
+    let days = (seconds / 86_400) as i64;
+    let rest = seconds % 86_400;
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates() {
+        assert_eq!(utc_timestamp(0), "19700101-000000");
+        assert_eq!(utc_timestamp(951_782_400), "20000229-000000");
+        assert_eq!(utc_timestamp(1_795_357_380), "20261122-072300");
+    }
+}

@@ -1,0 +1,145 @@
+//! The record/replay seam: the one place every input the guest receives and
+//! every output it produces crosses the VMM.
+//!
+//! The VMM calls a [`Seam`] at each VM exit (what the guest did, what a read
+//! returned), for each clock reading, interrupt injection, agent-channel
+//! input and disk write. It knows nothing of traces: a recorder logs what it
+//! is told and answers the clock from the host; a replayer answers the clock
+//! from its log and compares everything else with it.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::clock::{Clock, HostClock};
+use crate::disk::Disk;
+
+/// What the guest did to cause a VM exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit<'a> {
+    PioRead {
+        port: u16,
+        len: u8,
+    },
+    PioWrite {
+        port: u16,
+        data: &'a [u8],
+    },
+    MmioRead {
+        address: u64,
+        len: u8,
+    },
+    MmioWrite {
+        address: u64,
+        data: &'a [u8],
+    },
+    Halt,
+    /// The guest became able to take the interrupt the VMM has waiting.
+    InterruptWindow,
+}
+
+pub trait Seam: Clock {
+    /// Whether the VMM may interrupt the guest at an arbitrary instruction to
+    /// deliver a timer tick. Such a point cannot be found again without an
+    /// instruction counter, so a recorder or replayer answers false: ticks
+    /// then wait for the guest's next exit.
+    fn preemptive(&self) -> bool;
+
+    /// The guest halted until the virtual clock reaches `ns`: wait for it, but
+    /// not past `limit`. A replayer returns at once (its clock is the log).
+    fn wait_until(&self, ns: u64, limit: Instant);
+
+    /// A VM exit, before the device handles it.
+    fn exit(&self, exit: Exit<'_>);
+
+    /// What the device returned for the read of the exit just reported.
+    fn read_result(&self, data: &[u8]);
+
+    /// An external interrupt vector was injected.
+    fn injected(&self, vector: u8);
+
+    /// Bytes the host sent to the guest agent.
+    fn agent_input(&self, bytes: &[u8]);
+
+    /// Bytes the guest agent sent to the host.
+    fn agent_output(&self, bytes: &[u8]);
+
+    /// The guest wrote `data` at byte `offset` of its disk.
+    fn disk_write(&self, offset: u64, data: &[u8]);
+
+    /// Why the run must stop now, if it must: a replay diverged, or the user
+    /// interrupted a recording.
+    fn stop_reason(&self) -> Option<String>;
+}
+
+/// The seam of a plain run: host time, ticks whenever they are due, nothing
+/// logged.
+pub struct LiveSeam {
+    clock: HostClock,
+}
+
+impl LiveSeam {
+    /// A seam whose monotonic clock starts at `start_ns` (a restored
+    /// snapshot's time, or 0 for a fresh boot).
+    pub fn starting_at(start_ns: u64) -> Self {
+        LiveSeam {
+            clock: HostClock::starting_at(start_ns),
+        }
+    }
+}
+
+impl Clock for LiveSeam {
+    fn monotonic_ns(&self) -> u64 {
+        self.clock.monotonic_ns()
+    }
+
+    fn wall_ns(&self) -> u64 {
+        self.clock.wall_ns()
+    }
+}
+
+impl Seam for LiveSeam {
+    fn preemptive(&self) -> bool {
+        true
+    }
+
+    fn wait_until(&self, ns: u64, limit: Instant) {
+        self.clock.sleep_until(ns, limit);
+    }
+
+    fn exit(&self, _: Exit<'_>) {}
+    fn read_result(&self, _: &[u8]) {}
+    fn injected(&self, _: u8) {}
+    fn agent_input(&self, _: &[u8]) {}
+    fn agent_output(&self, _: &[u8]) {}
+    fn disk_write(&self, _: u64, _: &[u8]) {}
+
+    fn stop_reason(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A disk whose writes are reported to the seam: they are guest outputs.
+pub(crate) struct ObservedDisk {
+    pub disk: Box<dyn Disk>,
+    pub seam: Arc<dyn Seam>,
+}
+
+impl Disk for ObservedDisk {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.disk.read_at(offset, buf)
+    }
+
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.seam.disk_write(offset, buf);
+        self.disk.write_at(offset, buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.disk.flush()
+    }
+}
