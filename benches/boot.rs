@@ -2,19 +2,19 @@
 //! (TCG) as the reference, same kernel, initramfs, image and agent protocol.
 //! Run by benches/bench.sh; prints one table.
 
-// The tests' image builder; the bench needs only part of it.
-#[allow(dead_code)]
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm::run::RunOptions;
 use provm::session::GuestSession;
 use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
+use provm_vmm::seam::LiveSeam;
 
 /// The workloads timed after boot, each as a shell script.
 const WORKLOADS: &[(&str, &str)] = &[
@@ -37,10 +37,17 @@ fn main() {
     let job = |script: &str| common::shell_job(&options, script);
 
     let prepared = provm::run::prepare(&options).unwrap();
-    let kernel = prepared.config.kernel.clone();
-    let initramfs = prepared.config.initramfs.clone();
+    let kernel = prepared.boot.kernel.clone();
+    let initramfs = prepared.boot.initramfs.clone();
+    let config = prepared
+        .vm_config(
+            Arc::new(LiveSeam::starting_at(0)),
+            provm::run::overlay_location(&options),
+            None,
+        )
+        .unwrap();
     let (mut guest, provm_boot) =
-        GuestSession::boot(prepared.config, Instant::now() + options.timeout).unwrap();
+        GuestSession::boot(config, &prepared.boot, Instant::now() + options.timeout).unwrap();
     let provm_times: Vec<Duration> = WORKLOADS
         .iter()
         .map(|(_, script)| {

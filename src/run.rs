@@ -216,7 +216,25 @@ fn fresh_entropy() -> Result<Vec<u8>, RunError> {
     Ok(seed)
 }
 
-/// Boots the guest, runs the command with its output streamed to `stdout`
+/// A guest ready for jobs, restored from the booted guest's snapshot
+/// (booted and cached first if there is none).
+pub fn start(
+    options: &RunOptions,
+    prepared: &Prepared,
+    deadline: Instant,
+) -> Result<GuestSession, RunError> {
+    let identity = Identity::of(prepared)?;
+    let snapshot =
+        fast_start::booted(prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
+    let seam = Arc::new(LiveSeam::starting_at(snapshot.state.clock_ns));
+    let config = prepared.vm_config(seam, overlay_location(options), None)?;
+    Ok(GuestSession::resume(
+        Vm::restore(config, snapshot)?,
+        deadline,
+    ))
+}
+
+/// Starts the guest, runs the command with its output streamed to `stdout`
 /// and `stderr`, powers the guest off and returns how the command ended.
 pub fn run(
     options: &RunOptions,
@@ -226,12 +244,7 @@ pub fn run(
     let deadline = Instant::now() + options.timeout;
     let prepared = prepare(options)?;
     let job = job(options, &prepared.root_device)?;
-    let identity = Identity::of(&prepared)?;
-    let snapshot =
-        fast_start::booted(&prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
-    let seam = Arc::new(LiveSeam::starting_at(snapshot.state.clock_ns));
-    let config = prepared.vm_config(seam, overlay_location(options), None)?;
-    let mut session = GuestSession::resume(Vm::restore(config, snapshot)?, deadline);
+    let mut session = start(options, &prepared, deadline)?;
     let outcome = session.run(job, stdout, stderr)?;
     session.power_off()?;
     Ok(outcome)

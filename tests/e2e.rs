@@ -7,40 +7,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{digest, images, one_guest_at_a_time, shell_job, MARKER};
+use common::{
+    digest, images, one_guest_at_a_time, path, provm, provm_with_env, shell_job, MARKER,
+    PROVM_FAILED,
+};
 use provm::run::RunOptions;
 use provm::session::{GuestError, GuestSession, SessionError};
 use provm_guest_agent::Outcome;
-
-/// provm's own failures exit with this status (see main.rs).
-const PROVM_FAILED: i32 = 125;
-
-struct Finished {
-    status: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn provm(args: &[&str]) -> Finished {
-    provm_with_env(args, &[])
-}
-
-fn provm_with_env(args: &[&str], env: &[(&str, &Path)]) -> Finished {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_provm"));
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = command.args(args).output().unwrap();
-    Finished {
-        status: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-fn path(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 fn options(image: &Path) -> RunOptions {
     RunOptions {
@@ -75,9 +48,8 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
         ..options(&images.tiny_qcow2)
     };
     let prepared = provm::run::prepare(&options).unwrap();
-    let (mut guest, boot_time) =
-        GuestSession::boot(prepared.config, Instant::now() + options.timeout).unwrap();
-    eprintln!("boot to agent: {boot_time:?}");
+    let mut guest =
+        provm::run::start(&options, &prepared, Instant::now() + options.timeout).unwrap();
 
     let (outcome, stdout, stderr) = sh(&mut guest, &options, "echo hi; exit 3").unwrap();
     assert_eq!(

@@ -229,6 +229,7 @@ mod tests {
             env: bytes(env),
             cwd: cwd.as_bytes().to_vec(),
             root_device: Vec::new(),
+            entropy: Vec::new(),
         };
         let null = File::open("/dev/null").unwrap();
         let mut messages = Vec::new();

@@ -278,14 +278,17 @@ impl Seam for Replayer {
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 
+    /// Also stops at the end of the log: a recording cut short (timeout,
+    /// Ctrl-C, a spinning guest) ends between two exits, and the replay
+    /// must stop there too rather than run on unchecked.
     fn stop_reason(&self) -> Option<String> {
-        let state = self.state.lock().unwrap();
+        let mut state = self.state.lock().unwrap();
         if let Some(error) = &state.error {
             return Some(error.clone());
         }
-        state
-            .divergence
-            .as_ref()
-            .map(|_| "the replay diverged".into())
+        if state.divergence.is_some() {
+            return Some("the replay diverged".into());
+        }
+        matches!(state.events.peek(), Ok(None)).then(|| "the end of the log".into())
     }
 }

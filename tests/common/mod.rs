@@ -1,5 +1,7 @@
 //! Disk images the end-to-end tests build for themselves: a busybox system
-//! on ext4, as a bare-filesystem qcow2 and as a GPT-partitioned raw disk.
+//! on ext4, as a bare-filesystem qcow2 and as a GPT-partitioned raw disk,
+//! and the helpers the tests share. Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +24,58 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
 
 /// Boots are serialized: guest ring 0 may be emulated, and two guests on two
 /// cores would only slow each other down.
+/// provm's own failures exit with this status (see main.rs).
+pub const PROVM_FAILED: i32 = 125;
+
+/// The workloads every record/replay test and benchmark runs: (name, shell
+/// script). Each touches one source of nondeterminism.
+pub const RECORD_WORKLOADS: &[(&str, &str)] = &[
+    ("shell pipeline", "seq 1 20000 | sort -r | head -n 5"),
+    (
+        "files written then read back",
+        "dd if=/dev/zero of=/tmp/f bs=64k count=32 2>/dev/null; md5sum /tmp/f",
+    ),
+    ("/dev/urandom", "head -c 4096 /dev/urandom | md5sum"),
+    ("time", "date +%s; sleep 1; date +%s"),
+    (
+        "fork/wait with pipes",
+        "for i in $(seq 5); do echo $i | cat | wc -c; done",
+    ),
+    (
+        "CPU-bound loop",
+        "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo $i",
+    ),
+];
+
+/// How a provm process ended.
+pub struct Finished {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the provm binary.
+pub fn provm(args: &[&str]) -> Finished {
+    provm_with_env(args, &[])
+}
+
+pub fn provm_with_env(args: &[&str], env: &[(&str, &Path)]) -> Finished {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_provm"));
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.args(args).output().unwrap();
+    Finished {
+        status: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+pub fn path(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
 pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

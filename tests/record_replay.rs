@@ -1,0 +1,132 @@
+//! End-to-end record and replay on the real guest, through the provm
+//! binary: every workload replays exactly, a damaged trace or a different
+//! image is refused, and a run cut short leaves a trace that replays to
+//! where it stopped. All recordings start from one cached snapshot of the
+//! booted guest (the first record boots it).
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{images, one_guest_at_a_time, path, provm, Finished, PROVM_FAILED, RECORD_WORKLOADS};
+
+fn record(trace: &Path, extra: &[&str], script: &str) -> Finished {
+    let image = path(&images().tiny_qcow2);
+    let mut args = vec!["record", "-o", path(trace)];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[image, "--", "/bin/sh", "-c", script]);
+    provm(&args)
+}
+
+fn trace_path(name: &str) -> PathBuf {
+    images()
+        .dir
+        .join(format!("{}.provm", name.replace(['/', ' '], "-")))
+}
+
+fn assert_replay_matches(trace: &Path) -> String {
+    let replay = provm(&["replay", path(trace)]);
+    assert_eq!(
+        replay.status,
+        0,
+        "{}: {}{}",
+        trace.display(),
+        replay.stdout,
+        replay.stderr
+    );
+    assert!(
+        replay.stdout.starts_with("replay matched: "),
+        "{}",
+        replay.stdout
+    );
+    replay.stdout
+}
+
+#[test]
+fn every_workload_replays_exactly() {
+    let _guest = one_guest_at_a_time();
+    for (name, script) in RECORD_WORKLOADS {
+        let trace = trace_path(name);
+        let recorded = record(&trace, &[], script);
+        assert_eq!(recorded.status, 0, "{name}: {}", recorded.stderr);
+        assert!(!recorded.stdout.is_empty(), "{name} printed nothing");
+        assert_replay_matches(&trace);
+    }
+}
+
+#[test]
+fn damaged_traces_and_other_images_are_refused() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("damage");
+    assert_eq!(
+        record(&trace, &[], "echo data > /tmp/x; cat /tmp/x").status,
+        0
+    );
+    let inspect = provm(&["inspect", path(&trace)]);
+    assert_eq!(inspect.status, 0, "{}", inspect.stderr);
+    assert!(
+        inspect.stdout.contains("status     complete"),
+        "{}",
+        inspect.stdout
+    );
+    assert!(inspect.stdout.contains("agent input"), "{}", inspect.stdout);
+
+    let bytes = fs::read(&trace).unwrap();
+    let damaged = |name: &str, bytes: &[u8], expected: &str| {
+        let copy = trace_path(name);
+        fs::write(&copy, bytes).unwrap();
+        for command in ["replay", "inspect"] {
+            let refused = provm(&[command, path(&copy)]);
+            assert_eq!(refused.status, PROVM_FAILED, "{name}: {}", refused.stdout);
+            assert!(
+                refused.stderr.contains(expected),
+                "{name}: {}",
+                refused.stderr
+            );
+        }
+    };
+    for at in [20, bytes.len() / 3, bytes.len() / 2, bytes.len() - 10] {
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x40;
+        damaged("flipped", &flipped, "corrupt");
+    }
+    damaged("truncated", &bytes[..bytes.len() * 2 / 3], "truncated");
+    let mut future = bytes.clone();
+    future[8] = 99;
+    damaged("future", &future, "use a newer provm");
+
+    let mut other = fs::read(&images().tiny_qcow2).unwrap();
+    let last = other.len() - 1;
+    other[last] ^= 1;
+    let other_image = images().dir.join("modified.qcow2");
+    fs::write(&other_image, other).unwrap();
+    let refused = provm(&["replay", "--image", path(&other_image), path(&trace)]);
+    assert_eq!(refused.status, PROVM_FAILED);
+    assert!(
+        refused
+            .stderr
+            .contains("is not the image the trace was recorded with"),
+        "{}",
+        refused.stderr
+    );
+}
+
+#[test]
+fn a_spinning_guest_is_stopped_and_its_trace_replays_to_the_stop() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("spin");
+    let spun = record(
+        &trace,
+        &["--exitless-limit", "3"],
+        "echo spinning; while :; do :; done",
+    );
+    assert_eq!(spun.status, PROVM_FAILED);
+    assert!(spun.stderr.contains("without a VM exit"), "{}", spun.stderr);
+    assert!(spun.stderr.contains("marked incomplete"), "{}", spun.stderr);
+    assert!(provm(&["inspect", path(&trace)])
+        .stdout
+        .contains("INCOMPLETE"));
+    let replayed = assert_replay_matches(&trace);
+    assert!(replayed.contains("cut short"), "{replayed}");
+}
