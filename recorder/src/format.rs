@@ -95,6 +95,8 @@ pub enum FormatError {
     NotATrace(PathBuf),
     #[error("{path} is a trace of format version {found}; this provm reads version {FORMAT_VERSION}: use a newer provm")]
     FutureVersion { path: PathBuf, found: u16 },
+    #[error("{0}: the trace's header is corrupt")]
+    CorruptHeader(PathBuf),
     #[error("the trace is truncated: it ends inside section {index} ({what}); it was cut short while being copied or written")]
     Truncated { index: usize, what: String },
     #[error("section {index} has an unknown kind {tag:?}: the trace is corrupt")]
@@ -218,6 +220,9 @@ impl<R: Read> TraceReader<R> {
             || &header[..8] != MAGIC
         {
             return Err(FormatError::NotATrace(path.to_owned()));
+        }
+        if header[10..].iter().any(|&b| b != 0) {
+            return Err(FormatError::CorruptHeader(path.to_owned()));
         }
         let version = u16::from_le_bytes([header[8], header[9]]);
         if version != FORMAT_VERSION {

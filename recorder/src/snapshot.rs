@@ -76,3 +76,19 @@ pub fn decode(bytes: &[u8], memory_limit: u64) -> Result<VmSnapshot, String> {
         memory: MemoryImage { runs },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // A snapshot is checksummed before it is decoded; this is the second
+        // line: arbitrary bytes give an error, never a panic or a huge
+        // allocation.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes, 1 << 20);
+        }
+    }
+}
