@@ -21,7 +21,7 @@ use provm_vmm::vm::{self, Vm};
 
 use crate::fast_start::{self, Identity};
 use crate::run::{self, overlay_location, RunError, RunOptions};
-use crate::session::GuestSession;
+use crate::session::{GuestSession, SessionError};
 
 /// zstd level for the embedded kernel, initramfs and image: archival, so
 /// smaller beats faster, within a few seconds for a kernel.
@@ -149,6 +149,8 @@ pub fn record(
         complete: result.is_ok(),
         ended: match &result {
             Ok(outcome) => format!("the command ended: {outcome:?}"),
+            // The console's tail has a field of its own.
+            Err(SessionError::Guest { error, .. }) => error.to_string(),
             Err(error) => error.to_string(),
         },
         exit_status: result.as_ref().ok().map(|o| o.shell_status()),

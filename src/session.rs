@@ -22,7 +22,7 @@ pub enum SessionError {
 /// What went wrong inside the guest.
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
-    #[error("the guest failed: {0}")]
+    #[error("{0}")]
     Vm(VmError),
     #[error("the guest kernel reset the machine (a kernel panic, or a reboot)")]
     Reset,

@@ -187,7 +187,7 @@ impl Seam for Recorder {
 
     fn stop_reason(&self) -> Option<String> {
         if self.interrupted.load(Ordering::Relaxed) {
-            return Some("interrupted".into());
+            return Some("interrupted (Ctrl-C)".into());
         }
         self.log.lock().unwrap().error.clone()
     }

@@ -76,10 +76,16 @@ pub struct SerialPort(Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSi
 /// vm-superio's receive FIFO size.
 const RECEIVE_FIFO: usize = 64;
 
-/// The UART's registers and receive buffer (vm-superio's `SerialState`).
+/// The UART's registers and receive buffer.
 #[derive(Serialize, Deserialize)]
-pub struct SerialPortState {
-    baud_divisor: [u8; 2],
+pub struct SerialPortState(#[serde(with = "SerialStateDef")] SerialState);
+
+/// vm-superio's `SerialState` fields, for serde.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "SerialState")]
+struct SerialStateDef {
+    baud_divisor_low: u8,
+    baud_divisor_high: u8,
     interrupt_enable: u8,
     interrupt_identification: u8,
     line_control: u8,
@@ -96,35 +102,13 @@ impl SerialPort {
     }
 
     pub fn state(&self) -> SerialPortState {
-        let s = self.0.state();
-        SerialPortState {
-            baud_divisor: [s.baud_divisor_low, s.baud_divisor_high],
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            in_buffer: s.in_buffer,
-        }
+        SerialPortState(self.0.state())
     }
 
     /// Puts back a saved state, keeping the port's wiring.
-    pub fn restore(&mut self, state: SerialPortState) {
-        let state = SerialState {
-            baud_divisor_low: state.baud_divisor[0],
-            baud_divisor_high: state.baud_divisor[1],
-            interrupt_enable: state.interrupt_enable,
-            interrupt_identification: state.interrupt_identification,
-            line_control: state.line_control,
-            line_status: state.line_status,
-            modem_control: state.modem_control,
-            modem_status: state.modem_status,
-            scratch: state.scratch,
-            // vm-superio refuses more than its 64-byte FIFO.
-            in_buffer: state.in_buffer.into_iter().take(RECEIVE_FIFO).collect(),
-        };
+    pub fn restore(&mut self, SerialPortState(mut state): SerialPortState) {
+        // vm-superio refuses more than its 64-byte FIFO.
+        state.in_buffer.truncate(RECEIVE_FIFO);
         let irq = IrqTrigger(self.0.interrupt_evt().0.clone());
         let sink = self.0.writer().clone();
         self.0 = Serial::from_state(&state, irq, vm_superio::serial::NoEvents, sink)

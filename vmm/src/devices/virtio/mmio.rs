@@ -102,9 +102,14 @@ pub struct TransportState {
     device: serde_json::Value,
 }
 
-/// virtio-queue's `QueueState`, which has no serde support.
+/// A queue's state; virtio-queue's `QueueState` has no serde support.
 #[derive(Serialize, Deserialize)]
-struct SavedQueue {
+struct SavedQueue(#[serde(with = "QueueStateDef")] QueueState);
+
+/// `QueueState`'s fields, for serde.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "QueueState")]
+struct QueueStateDef {
     max_size: u16,
     next_avail: u16,
     next_used: u16,
@@ -114,38 +119,6 @@ struct SavedQueue {
     desc_table: u64,
     avail_ring: u64,
     used_ring: u64,
-}
-
-impl From<QueueState> for SavedQueue {
-    fn from(q: QueueState) -> Self {
-        SavedQueue {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx_enabled,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        }
-    }
-}
-
-impl From<&SavedQueue> for QueueState {
-    fn from(q: &SavedQueue) -> Self {
-        QueueState {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx_enabled,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        }
-    }
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
@@ -158,7 +131,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
             queue_sel: self.queue_sel,
             interrupt_status: self.interrupt_status,
             irq_high: self.irq_high,
-            queues: self.queues.iter().map(|q| q.state().into()).collect(),
+            queues: self.queues.iter().map(|q| SavedQueue(q.state())).collect(),
             device: self.device.save(),
         }
     }
@@ -173,8 +146,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
             });
         }
         for (index, (queue, saved)) in self.queues.iter_mut().zip(&state.queues).enumerate() {
-            *queue = Queue::try_from(QueueState::from(saved))
-                .map_err(|_| Error::SavedQueue { index })?;
+            *queue = Queue::try_from(saved.0).map_err(|_| Error::SavedQueue { index })?;
         }
         self.status = state.status;
         self.device_features_sel = state.device_features_sel;
