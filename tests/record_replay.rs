@@ -112,6 +112,31 @@ fn damaged_traces_and_other_images_are_refused() {
     );
 }
 
+/// A known hole, detected: user-mode RDTSC reads host time (on PVM), which
+/// reaches the command's output, so the replay reports where it differs.
+#[test]
+fn host_time_read_by_user_code_is_reported_as_a_divergence() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("host-tsc");
+    assert_eq!(record(&trace, &[], "host_tsc").status, 0);
+    let replay = provm(&["replay", path(&trace)]);
+    if replay.status == 0 {
+        // A host that honours CR4.TSD faults the RDTSC instead, the same
+        // way each time: nothing to detect.
+        eprintln!("RDTSC did not reach the output here: {}", replay.stdout);
+        return;
+    }
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    for part in [
+        "replay diverged at event",
+        "expected: agent output",
+        "actual:   agent output",
+        "guest RIP",
+    ] {
+        assert!(replay.stdout.contains(part), "{part}: {}", replay.stdout);
+    }
+}
+
 #[test]
 fn a_spinning_guest_is_stopped_and_its_trace_replays_to_the_stop() {
     let _guest = one_guest_at_a_time();

@@ -168,11 +168,13 @@ fn populate_busybox_root(root: &Path) {
         }
     }
     std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/vector_copy.c");
-    run(Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(root.join("bin/vector_copy"))
-        .arg(source));
+    for program in ["vector_copy", "host_tsc"] {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
+        run(Command::new("gcc")
+            .args(["-O2", "-static", "-o"])
+            .arg(root.join("bin").join(program))
+            .arg(source));
+    }
     std::fs::write(root.join("data/in.txt"), "pear\napple\nfig\n").unwrap();
 }
 
