@@ -15,6 +15,7 @@
 
 mod command;
 mod cpu;
+mod provenance;
 mod root;
 
 use std::fs::{File, OpenOptions};
