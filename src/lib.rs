@@ -2,5 +2,6 @@
 
 pub mod initramfs;
 pub mod kernel;
+pub mod provenance;
 pub mod run;
 pub mod session;

@@ -16,6 +16,7 @@ use provm_vmm::vm::{VmConfig, VmError};
 
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
+use crate::provenance::{self, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
 /// The guest kernel's command line (the VM adds its devices).
@@ -62,6 +63,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     pub kernel: Option<PathBuf>,
     pub echo_console: bool,
+    /// Capture the command's provenance and write it here.
+    pub provenance: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -79,6 +82,7 @@ impl RunOptions {
             timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
             kernel: None,
             echo_console: false,
+            provenance: None,
         }
     }
 }
@@ -102,6 +106,8 @@ pub enum RunError {
     Vm(#[from] VmError),
     #[error(transparent)]
     Session(#[from] SessionError),
+    #[error(transparent)]
+    Provenance(#[from] ProvenanceError),
 }
 
 /// A guest ready to boot. Its disk is the overlay, removed with the VM unless
@@ -173,6 +179,7 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
+        provenance: options.provenance.is_some(),
     })
 }
 
@@ -186,9 +193,19 @@ pub fn run(
     let deadline = Instant::now() + options.timeout;
     let prepared = prepare(options)?;
     let job = job(options, &prepared.root_device)?;
+    let kernel = prepared.config.kernel.clone();
     let (mut session, boot_time) = GuestSession::boot(prepared.config, deadline)?;
     tracing::debug!(?boot_time, "guest agent ready");
-    let outcome = session.run(job, stdout, stderr)?;
+    let outcome = match &options.provenance {
+        Some(path) => provenance::run_captured(
+            &mut session,
+            job,
+            (&options.image, &kernel),
+            (stdout, stderr),
+            path,
+        )?,
+        None => session.run(job, stdout, stderr)?,
+    };
     session.power_off()?;
     Ok(outcome)
 }

@@ -118,11 +118,18 @@ impl Recorder {
             return;
         };
         let (old, execed) = (live.process, live.execed);
+        let open = open.unwrap_or_default();
+        // What went to files the exec closed is the old program's; a file
+        // still open goes on being written by the new one (`exec cmd > f`).
+        for path in self.files.held_by(tgid) {
+            if !open.contains(&path) {
+                let (_, change) = self.files.observe(&path, Some(tgid));
+                self.record_change(change);
+                self.files.remove_holder(&path, tgid);
+            }
+        }
         let process = if execed {
-            // What the old program wrote is its own.
-            self.observe_held(tgid);
-            let now = now_ns();
-            self.processes[old as usize].end_ns = now;
+            self.processes[old as usize].end_ns = now_ns();
             let new = self.new_process(tgid, 0);
             self.relations.push(ProvRecord::Started {
                 process: new,
@@ -139,16 +146,9 @@ impl Recorder {
         (record.exe, record.argv, record.env) = (image.exe.clone(), image.argv, env);
         let live = self.live.get_mut(&tgid).unwrap();
         (live.process, live.execed, live.named) = (process, true, true);
-        if let Some(open) = open {
-            live.reads.retain(|path| open.contains(path));
-            for path in self.files.held_by(tgid) {
-                if !open.contains(&path) {
-                    self.files.remove_holder(&path, tgid);
-                }
-            }
-            for path in live.reads.clone() {
-                self.read(process, &path);
-            }
+        live.reads.retain(|path| open.contains(path));
+        for path in live.reads.clone() {
+            self.read(process, &path);
         }
         let (exe, change) = self.files.observe(&image.exe, None);
         self.record_change(change);
