@@ -345,15 +345,16 @@ mod tests {
             })
         };
         let in_dir = |name: &str| Some(dir.join(name).to_str().unwrap().as_bytes().to_vec());
-        let generated: Vec<_> = records
-            .iter()
-            .filter_map(|record| match record {
-                ProvRecord::Generated { file, process, .. } => {
-                    Some((path_of(*file), program_of(*process)))
-                }
-                _ => None,
-            })
-            .collect();
+        let pairs = |relation: fn(&ProvRecord) -> Option<(u32, u32)>| -> Vec<_> {
+            let pairs = records.iter().filter_map(relation);
+            pairs
+                .map(|(file, process)| (path_of(file), program_of(process)))
+                .collect()
+        };
+        let generated = pairs(|record| match record {
+            ProvRecord::Generated { file, process, .. } => Some((*file, *process)),
+            _ => None,
+        });
         assert!(
             generated.contains(&(in_dir("mid.txt"), Some(b"sort".to_vec()))),
             "{generated:?}"
@@ -363,15 +364,10 @@ mod tests {
             "{generated:?}"
         );
         assert_eq!(generated.len(), 2, "{generated:?}");
-        let used: Vec<_> = records
-            .iter()
-            .filter_map(|record| match record {
-                ProvRecord::Used { file, process, .. } => {
-                    Some((path_of(*file), program_of(*process)))
-                }
-                _ => None,
-            })
-            .collect();
+        let used = pairs(|record| match record {
+            ProvRecord::Used { file, process, .. } => Some((*file, *process)),
+            _ => None,
+        });
         assert!(
             used.contains(&(in_dir("in.txt"), Some(b"sort".to_vec()))),
             "{used:?}"
