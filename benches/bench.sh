@@ -19,3 +19,5 @@ start=$(date +%s.%N); $provm kernel build >/dev/null 2>&1; end=$(date +%s.%N)
 printf "| cached | %.3f |\n" "$(echo "$end - $start" | bc)"
 echo
 cargo bench -q --bench boot 2>/dev/null
+echo
+cargo bench -q --bench provenance 2>/dev/null

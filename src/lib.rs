@@ -5,6 +5,7 @@ pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;
+pub mod provenance;
 pub mod record;
 pub mod replay;
 pub mod run;

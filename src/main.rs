@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::provenance::{self, Direction, Format};
 use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
 use provm::run::RunOptions;
@@ -46,6 +47,9 @@ enum Command {
         /// The trace (.provm).
         trace: PathBuf,
     },
+    /// Show the provenance of a run recorded with `provm run --prov RUN`:
+    /// which processes read and wrote which files.
+    Graph(GraphArgs),
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -80,6 +84,10 @@ struct RunArgs {
     /// Boot this vmlinux instead of the one `provm kernel build` made.
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// Capture the command's provenance (its processes and the files they
+    /// read and wrote) and write it to FILE, for `provm graph FILE`.
+    #[arg(long = "prov", value_name = "FILE")]
+    provenance: Option<PathBuf>,
     /// The disk image: qcow2 or raw.
     image: PathBuf,
     /// The command and its arguments.
@@ -117,6 +125,27 @@ struct ReplayArgs {
     trace: PathBuf,
 }
 
+#[derive(clap::Args)]
+struct GraphArgs {
+    /// The run's provenance, as `provm run --prov` wrote it.
+    run: PathBuf,
+    /// What to write: PROV-JSON (complete), or DOT and SVG for people (shared
+    /// libraries, /proc and similar noise collapsed into a note).
+    #[arg(long, value_enum, default_value = "dot")]
+    format: Format,
+    /// Only what this file (its last version) came from: the processes and
+    /// files upstream of it.
+    #[arg(long, value_name = "PATH", conflicts_with = "outputs_of")]
+    inputs_of: Option<String>,
+    /// Only what this file (any version of it) fed into: the processes and
+    /// files downstream of it.
+    #[arg(long, value_name = "PATH")]
+    outputs_of: Option<String>,
+    /// Write here instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum KernelAction {
     /// Build the guest kernel from Debian's linux-source-6.1 (cached).
@@ -138,6 +167,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             })
             .map_err(Into::into),
+        Command::Graph(args) => graph(args),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -208,7 +238,30 @@ fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
+        provenance: args.provenance,
     }
+}
+
+fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mut document = provenance::load(&args.run)?;
+    if !document.has_processes() {
+        return Err(provenance::ProvenanceError::Empty.into());
+    }
+    let query = match (args.inputs_of, args.outputs_of) {
+        (Some(path), _) => Some((path, Direction::Inputs)),
+        (None, Some(path)) => Some((path, Direction::Outputs)),
+        (None, None) => None,
+    };
+    if let Some((path, direction)) = query {
+        document = provenance::lineage(&document, &path, direction)?;
+    }
+    let bytes = provenance::render(&document, args.format)?;
+    match &args.output {
+        Some(path) => std::fs::write(path, bytes)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?,
+        None => std::io::Write::write_all(&mut std::io::stdout(), &bytes)?,
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -18,6 +18,7 @@ use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
+use crate::provenance::{self, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
 /// The guest kernel's command line (the VM adds its devices).
@@ -64,6 +65,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     pub kernel: Option<PathBuf>,
     pub echo_console: bool,
+    /// Capture the command's provenance and write it here.
+    pub provenance: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -81,6 +84,7 @@ impl RunOptions {
             timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
             kernel: None,
             echo_console: false,
+            provenance: None,
         }
     }
 }
@@ -108,6 +112,8 @@ pub enum RunError {
     FastStart(#[from] FastStartError),
     #[error("cannot read fresh entropy for the guest: {0}")]
     Entropy(std::io::Error),
+    #[error(transparent)]
+    Provenance(#[from] ProvenanceError),
 }
 
 /// A checked image and the guest to run on it.
@@ -202,6 +208,7 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         cwd: options.cwd.clone().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
         entropy: fresh_entropy()?,
+        provenance: options.provenance.is_some(),
     })
 }
 
@@ -245,7 +252,16 @@ pub fn run(
     let prepared = prepare(options)?;
     let job = job(options, &prepared.root_device)?;
     let mut session = start(options, &prepared, deadline)?;
-    let outcome = session.run(job, stdout, stderr)?;
+    let outcome = match &options.provenance {
+        Some(path) => provenance::run_captured(
+            &mut session,
+            job,
+            (&options.image, &prepared.boot.kernel),
+            (stdout, stderr),
+            path,
+        )?,
+        None => session.run(job, stdout, stderr)?,
+    };
     session.power_off()?;
     Ok(outcome)
 }

@@ -3,7 +3,9 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use provm_guest_agent::{DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome};
+use provm_guest_agent::{
+    DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
+};
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmEvent, VmSnapshot};
 
 /// How many console lines an error report shows.
@@ -40,6 +42,8 @@ pub struct GuestSession {
     vm: Vm,
     frames: FrameReader,
     deadline: Instant,
+    /// Provenance records of the jobs run so far that asked for them.
+    provenance: Vec<ProvRecord>,
 }
 
 impl GuestSession {
@@ -64,6 +68,7 @@ impl GuestSession {
             vm,
             frames: FrameReader::default(),
             deadline,
+            provenance: Vec::new(),
         }
     }
 
@@ -89,6 +94,7 @@ impl GuestSession {
             match self.next_message()? {
                 GuestMessage::Stdout(bytes) => write_now(stdout, &bytes)?,
                 GuestMessage::Stderr(bytes) => write_now(stderr, &bytes)?,
+                GuestMessage::Provenance(records) => self.provenance.extend(records),
                 GuestMessage::Finished(outcome) => return Ok(outcome),
                 GuestMessage::Failed(reason) => {
                     let reason = String::from_utf8_lossy(&reason).into_owned();
@@ -99,6 +105,12 @@ impl GuestSession {
                 }
             }
         }
+    }
+
+    /// The provenance records received since the last call (a job whose
+    /// `provenance` was set sends them before it finishes).
+    pub fn take_provenance(&mut self) -> Vec<ProvRecord> {
+        std::mem::take(&mut self.provenance)
     }
 
     /// Asks the agent to sync and power off, and waits for the guest to halt,

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{ChildStderr, ChildStdout, Command, Stdio};
 use std::{env, ptr};
 
-use provm_guest_agent::{GuestMessage, Job, Outcome};
+use provm_guest_agent::{provenance_messages, GuestMessage, Job, Outcome};
+
+use crate::provenance;
 
 /// Most bytes read from a pipe at once, each read sent as one frame: the
 /// channel's writes are system calls, slow in the emulated guest kernel, so
@@ -17,9 +19,10 @@ use provm_guest_agent::{GuestMessage, Job, Outcome};
 const CHUNK: usize = 64 * 1024;
 
 /// Runs `job` in the current root with `stdin` as its standard input, passing
-/// each piece of its output to `emit` as it arrives. `Err` is a reason the
-/// command could not be run, for a `Failed` message.
-pub fn run(job: &Job, stdin: &File, emit: impl FnMut(GuestMessage)) -> Result<Outcome, String> {
+/// each piece of its output to `emit` as it arrives, then its provenance if
+/// the job asked for it. `Err` is a reason the command could not be run,
+/// for a `Failed` message.
+pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Result<Outcome, String> {
     let (program, args) = job.argv.split_first().ok_or("the job has an empty argv")?;
     reap_orphans();
     // The agent's own directory is the command's: spawn() would report a
@@ -34,15 +37,30 @@ pub fn run(job: &Job, stdin: &File, emit: impl FnMut(GuestMessage)) -> Result<Ou
     let stdin = stdin
         .try_clone()
         .map_err(|error| format!("cannot duplicate /dev/null: {error}"))?;
-    let mut child = match command(program, args, &job.env)?.stdin(stdin).spawn() {
-        Ok(child) => child,
-        Err(error) => {
-            let program = String::from_utf8_lossy(program);
-            return spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"));
-        }
+    let mut command = command(program, args, &job.env)?;
+    command.stdin(stdin);
+    let not_started = |error: io::Error| {
+        let program = String::from_utf8_lossy(program);
+        spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"))
     };
-    forward(child.stdout.take(), child.stderr.take(), emit)
-        .map_err(|error| format!("cannot read the command's output: {error}"))?;
+    let output_error = |error| format!("cannot read the command's output: {error}");
+    if job.provenance {
+        let mut traced = match provenance::spawn(command) {
+            Ok(traced) => traced,
+            Err(error) => return not_started(error),
+        };
+        forward(traced.stdout.take(), traced.stderr.take(), &mut emit).map_err(output_error)?;
+        let (outcome, records) = traced
+            .finish()
+            .map_err(|error| format!("cannot trace the command: {error}"))?;
+        provenance_messages(records).into_iter().for_each(emit);
+        return Ok(outcome);
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => return not_started(error),
+    };
+    forward(child.stdout.take(), child.stderr.take(), emit).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
 
@@ -172,6 +190,7 @@ fn outcome(status: libc::c_int) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use provm_guest_agent::ProvRecord;
 
     #[test]
     fn wait_statuses_map_to_outcomes() {
@@ -223,17 +242,25 @@ mod tests {
         env: &[&str],
         cwd: &str,
     ) -> (Result<Outcome, String>, Vec<GuestMessage>) {
+        run_job_on_host(&host_job(argv, env, cwd))
+    }
+
+    fn host_job(argv: &[&str], env: &[&str], cwd: &str) -> Job {
         let bytes = |items: &[&str]| items.iter().map(|item| item.as_bytes().to_vec()).collect();
-        let job = Job {
+        Job {
             argv: bytes(argv),
             env: bytes(env),
             cwd: cwd.as_bytes().to_vec(),
             root_device: Vec::new(),
             entropy: Vec::new(),
-        };
+            provenance: false,
+        }
+    }
+
+    fn run_job_on_host(job: &Job) -> (Result<Outcome, String>, Vec<GuestMessage>) {
         let null = File::open("/dev/null").unwrap();
         let mut messages = Vec::new();
-        let result = run(&job, &null, |message| messages.push(message));
+        let result = run(job, &null, |message| messages.push(message));
         (result, messages)
     }
 
@@ -274,5 +301,82 @@ mod tests {
         assert!(reason.contains("/nonexistent"), "{reason}");
         assert!(run_on_host(&[], &[], "/").0.is_err());
         assert!(run_on_host(&["/bin/true"], &["NOVALUE"], "/").0.is_err());
+
+        traced_pipeline_on_host();
+    }
+
+    /// The tracer on the host's own shell and sort: the records name the
+    /// programs and credit each file to the process that wrote it.
+    fn traced_pipeline_on_host() {
+        let dir = std::env::temp_dir().join(format!("provm-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("in.txt"), "pear\napple\n").unwrap();
+        let script = "sort in.txt > mid.txt; wc -l mid.txt > out.txt";
+        let job = Job {
+            provenance: true,
+            ..host_job(
+                &["sh", "-c", script],
+                &["PATH=/bin:/usr/bin"],
+                dir.to_str().unwrap(),
+            )
+        };
+        let (result, messages) = run_job_on_host(&job);
+        assert_eq!(result, Ok(Outcome::Exited(0)));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("out.txt")).unwrap(),
+            "2 mid.txt\n"
+        );
+        let records: Vec<ProvRecord> = messages
+            .into_iter()
+            .flat_map(|message| match message {
+                GuestMessage::Provenance(records) => records,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        let path_of = |id: u32| {
+            records.iter().find_map(|record| match record {
+                ProvRecord::File(file) if file.id == id => Some(file.path.clone()),
+                _ => None,
+            })
+        };
+        let program_of = |id: u32| {
+            records.iter().find_map(|record| match record {
+                ProvRecord::Process(process) if process.id == id => Some(process.argv[0].clone()),
+                _ => None,
+            })
+        };
+        let in_dir = |name: &str| Some(dir.join(name).to_str().unwrap().as_bytes().to_vec());
+        let pairs = |relation: fn(&ProvRecord) -> Option<(u32, u32)>| -> Vec<_> {
+            let pairs = records.iter().filter_map(relation);
+            pairs
+                .map(|(file, process)| (path_of(file), program_of(process)))
+                .collect()
+        };
+        let generated = pairs(|record| match record {
+            ProvRecord::Generated { file, process, .. } => Some((*file, *process)),
+            _ => None,
+        });
+        assert!(
+            generated.contains(&(in_dir("mid.txt"), Some(b"sort".to_vec()))),
+            "{generated:?}"
+        );
+        assert!(
+            generated.contains(&(in_dir("out.txt"), Some(b"wc".to_vec()))),
+            "{generated:?}"
+        );
+        assert_eq!(generated.len(), 2, "{generated:?}");
+        let used = pairs(|record| match record {
+            ProvRecord::Used { file, process, .. } => Some((*file, *process)),
+            _ => None,
+        });
+        assert!(
+            used.contains(&(in_dir("in.txt"), Some(b"sort".to_vec()))),
+            "{used:?}"
+        );
+        assert!(
+            used.contains(&(in_dir("mid.txt"), Some(b"wc".to_vec()))),
+            "{used:?}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -16,6 +16,7 @@
 mod command;
 mod cpu;
 mod entropy;
+mod provenance;
 mod root;
 
 use std::fs::{File, OpenOptions};

@@ -28,6 +28,9 @@ pub struct Job {
     /// reseeded before the command starts: guests restored from one snapshot
     /// must not share their random numbers.
     pub entropy: Vec<u8>,
+    /// Capture the command's provenance: the agent traces its processes and
+    /// file accesses and sends [`GuestMessage::Provenance`] before Finished.
+    pub provenance: bool,
 }
 
 /// How the command ended, as the agent saw it.
@@ -73,10 +76,79 @@ pub enum GuestMessage {
     Stdout(Vec<u8>),
     /// Bytes the command wrote to its standard error.
     Stderr(Vec<u8>),
+    /// Part of the job's provenance (when the job asked for it), in as many
+    /// messages as the records need, all before Finished.
+    Provenance(Vec<ProvRecord>),
     /// The command ended; its output has all been sent.
     Finished(Outcome),
     /// The agent could not run the job (the root would not mount, ...).
     Failed(Vec<u8>),
+}
+
+/// One fact of a job's provenance as the agent observed it. Ids are
+/// numbered by the agent within the job; records refer only to ids defined
+/// by earlier records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProvRecord {
+    /// An environment (`KEY=VALUE` entries), shared by the processes that
+    /// started with it.
+    Environment { id: u32, entries: Vec<Vec<u8>> },
+    /// One version of a file: its content at a moment of the job.
+    File(FileVersion),
+    /// A program a process ran, from its fork or exec to its exit or next
+    /// exec.
+    Process(Process),
+    /// `process` was started by `starter`: forked by it, or (`exec`) the same
+    /// process going on in a new program.
+    Started {
+        process: u32,
+        starter: u32,
+        exec: bool,
+    },
+    /// `process` read (or, with `execute`, ran) `file`; `seq` orders the
+    /// job's file events.
+    Used {
+        process: u32,
+        file: u32,
+        execute: bool,
+        seq: u64,
+    },
+    /// `process` wrote `file`.
+    Generated { file: u32, process: u32, seq: u64 },
+    /// `file` has the content of `from` under another name: `process`
+    /// renamed or linked it.
+    Derived { file: u32, from: u32, process: u32 },
+    /// `process` deleted `file`, or renamed it away.
+    Invalidated { file: u32, process: u32, seq: u64 },
+}
+
+/// A version of a file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileVersion {
+    pub id: u32,
+    /// Absolute path in the image's root.
+    pub path: Vec<u8>,
+    /// SHA-256 of the content; empty when the content is not recorded (not
+    /// a regular file, or a kernel file system such as /proc).
+    pub sha256: Vec<u8>,
+    pub size: u64,
+}
+
+/// A process running one program.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Process {
+    pub id: u32,
+    pub pid: u32,
+    /// The executable, as the kernel resolved it.
+    pub exe: Vec<u8>,
+    pub argv: Vec<Vec<u8>>,
+    /// Its environment's id.
+    pub env: u32,
+    /// Guest wall-clock (CLOCK_REALTIME) nanoseconds.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// How it ended; `None` when it went on in another program (exec).
+    pub outcome: Option<Outcome>,
 }
 
 /// A frame that could not be decoded.
@@ -107,6 +179,18 @@ mod kind {
     pub const STDERR: u8 = 0x83;
     pub const FINISHED: u8 = 0x84;
     pub const FAILED: u8 = 0x85;
+    pub const PROVENANCE: u8 = 0x86;
+}
+
+mod record_tag {
+    pub const ENVIRONMENT: u8 = 0;
+    pub const FILE: u8 = 1;
+    pub const PROCESS: u8 = 2;
+    pub const STARTED: u8 = 3;
+    pub const USED: u8 = 4;
+    pub const GENERATED: u8 = 5;
+    pub const DERIVED: u8 = 6;
+    pub const INVALIDATED: u8 = 7;
 }
 
 mod outcome_tag {
@@ -126,6 +210,7 @@ impl HostMessage {
                 put_bytes(&mut payload, &job.cwd);
                 put_bytes(&mut payload, &job.root_device);
                 put_bytes(&mut payload, &job.entropy);
+                payload.push(job.provenance.into());
                 kind::RUN
             }
             HostMessage::PowerOff => kind::POWER_OFF,
@@ -142,6 +227,7 @@ impl HostMessage {
                 cwd: reader.bytes()?,
                 root_device: reader.bytes()?,
                 entropy: reader.bytes()?,
+                provenance: reader.u8()? != 0,
             }),
             kind::POWER_OFF => HostMessage::PowerOff,
             other => return Err(DecodeError::UnknownKind(other)),
@@ -163,15 +249,14 @@ impl GuestMessage {
                 payload.extend_from_slice(bytes);
                 kind::STDERR
             }
+            GuestMessage::Provenance(records) => {
+                for record in records {
+                    put_record(&mut payload, record);
+                }
+                kind::PROVENANCE
+            }
             GuestMessage::Finished(outcome) => {
-                let (tag, value) = match *outcome {
-                    Outcome::Exited(code) => (outcome_tag::EXITED, code),
-                    Outcome::Signaled(signal) => (outcome_tag::SIGNALED, signal),
-                    Outcome::NotFound => (outcome_tag::NOT_FOUND, 0),
-                    Outcome::NotExecutable => (outcome_tag::NOT_EXECUTABLE, 0),
-                };
-                payload.push(tag);
-                payload.extend_from_slice(&value.to_le_bytes());
+                put_outcome(&mut payload, *outcome);
                 kind::FINISHED
             }
             GuestMessage::Failed(reason) => {
@@ -188,23 +273,45 @@ impl GuestMessage {
             kind::STDOUT => return Ok(GuestMessage::Stdout(payload.to_vec())),
             kind::STDERR => return Ok(GuestMessage::Stderr(payload.to_vec())),
             kind::FAILED => return Ok(GuestMessage::Failed(payload.to_vec())),
+            kind::PROVENANCE => {
+                let mut reader = Reader(payload);
+                let mut records = Vec::new();
+                while !reader.0.is_empty() {
+                    records.push(reader.record()?);
+                }
+                return Ok(GuestMessage::Provenance(records));
+            }
             kind::FINISHED => {
                 let mut reader = Reader(payload);
-                let tag = reader.u8()?;
-                let value = reader.u32()? as i32;
-                let outcome = match tag {
-                    outcome_tag::EXITED => Outcome::Exited(value),
-                    outcome_tag::SIGNALED => Outcome::Signaled(value),
-                    outcome_tag::NOT_FOUND => Outcome::NotFound,
-                    outcome_tag::NOT_EXECUTABLE => Outcome::NotExecutable,
-                    other => return Err(DecodeError::UnknownKind(other)),
-                };
+                let outcome = reader.outcome()?;
                 return reader.finish(GuestMessage::Finished(outcome));
             }
             other => return Err(DecodeError::UnknownKind(other)),
         };
         Reader(payload).finish(message)
     }
+}
+
+/// The records as Provenance messages, each within [`MAX_PAYLOAD`] (a
+/// record larger than that gets a message of its own, which the host
+/// refuses: the agent keeps records far smaller).
+pub fn provenance_messages(records: Vec<ProvRecord>) -> Vec<GuestMessage> {
+    let mut messages = Vec::new();
+    let (mut batch, mut size) = (Vec::new(), 0);
+    for record in records {
+        let mut encoded = Vec::new();
+        put_record(&mut encoded, &record);
+        if size + encoded.len() > MAX_PAYLOAD && !batch.is_empty() {
+            messages.push(GuestMessage::Provenance(std::mem::take(&mut batch)));
+            size = 0;
+        }
+        size += encoded.len();
+        batch.push(record);
+    }
+    if !batch.is_empty() {
+        messages.push(GuestMessage::Provenance(batch));
+    }
+    messages
 }
 
 /// Splits a byte stream into frames; feed it bytes as they arrive.
@@ -251,9 +358,106 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 fn put_list(out: &mut Vec<u8>, items: &[Vec<u8>]) {
-    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    put_u32(out, items.len() as u32);
     for item in items {
         put_bytes(out, item);
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, value: u32) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_outcome(out: &mut Vec<u8>, outcome: Outcome) {
+    let (tag, value) = match outcome {
+        Outcome::Exited(code) => (outcome_tag::EXITED, code),
+        Outcome::Signaled(signal) => (outcome_tag::SIGNALED, signal),
+        Outcome::NotFound => (outcome_tag::NOT_FOUND, 0),
+        Outcome::NotExecutable => (outcome_tag::NOT_EXECUTABLE, 0),
+    };
+    out.push(tag);
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+/// Tag 0xff stands for no outcome (a process that went on with exec).
+const NO_OUTCOME: u8 = 0xff;
+
+fn put_record(out: &mut Vec<u8>, record: &ProvRecord) {
+    match record {
+        ProvRecord::Environment { id, entries } => {
+            out.push(record_tag::ENVIRONMENT);
+            put_u32(out, *id);
+            put_list(out, entries);
+        }
+        ProvRecord::File(file) => {
+            out.push(record_tag::FILE);
+            put_u32(out, file.id);
+            put_bytes(out, &file.path);
+            put_bytes(out, &file.sha256);
+            put_u64(out, file.size);
+        }
+        ProvRecord::Process(process) => {
+            out.push(record_tag::PROCESS);
+            put_u32(out, process.id);
+            put_u32(out, process.pid);
+            put_bytes(out, &process.exe);
+            put_list(out, &process.argv);
+            put_u32(out, process.env);
+            put_u64(out, process.start_ns);
+            put_u64(out, process.end_ns);
+            match process.outcome {
+                Some(outcome) => put_outcome(out, outcome),
+                None => out.push(NO_OUTCOME),
+            }
+        }
+        ProvRecord::Started {
+            process,
+            starter,
+            exec,
+        } => {
+            out.push(record_tag::STARTED);
+            put_u32(out, *process);
+            put_u32(out, *starter);
+            out.push((*exec).into());
+        }
+        ProvRecord::Used {
+            process,
+            file,
+            execute,
+            seq,
+        } => {
+            out.push(record_tag::USED);
+            put_u32(out, *process);
+            put_u32(out, *file);
+            out.push((*execute).into());
+            put_u64(out, *seq);
+        }
+        ProvRecord::Generated { file, process, seq } => {
+            out.push(record_tag::GENERATED);
+            put_u32(out, *file);
+            put_u32(out, *process);
+            put_u64(out, *seq);
+        }
+        ProvRecord::Derived {
+            file,
+            from,
+            process,
+        } => {
+            out.push(record_tag::DERIVED);
+            put_u32(out, *file);
+            put_u32(out, *from);
+            put_u32(out, *process);
+        }
+        ProvRecord::Invalidated { file, process, seq } => {
+            out.push(record_tag::INVALIDATED);
+            put_u32(out, *file);
+            put_u32(out, *process);
+            put_u64(out, *seq);
+        }
     }
 }
 
@@ -277,6 +481,14 @@ impl Reader<'_> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
 
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        Ok(self.u8()? != 0)
+    }
+
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
         let len = self.u32()? as usize;
         Ok(self.take(len)?.to_vec())
@@ -289,6 +501,79 @@ impl Reader<'_> {
             return Err(DecodeError::Truncated);
         }
         (0..count).map(|_| self.bytes()).collect()
+    }
+
+    fn outcome(&mut self) -> Result<Outcome, DecodeError> {
+        self.optional_outcome()?
+            .ok_or(DecodeError::UnknownKind(NO_OUTCOME))
+    }
+
+    /// An outcome, or `None` for [`NO_OUTCOME`].
+    fn optional_outcome(&mut self) -> Result<Option<Outcome>, DecodeError> {
+        let tag = self.u8()?;
+        if tag == NO_OUTCOME {
+            return Ok(None);
+        }
+        let value = self.u32()? as i32;
+        Ok(Some(match tag {
+            outcome_tag::EXITED => Outcome::Exited(value),
+            outcome_tag::SIGNALED => Outcome::Signaled(value),
+            outcome_tag::NOT_FOUND => Outcome::NotFound,
+            outcome_tag::NOT_EXECUTABLE => Outcome::NotExecutable,
+            other => return Err(DecodeError::UnknownKind(other)),
+        }))
+    }
+
+    fn record(&mut self) -> Result<ProvRecord, DecodeError> {
+        Ok(match self.u8()? {
+            record_tag::ENVIRONMENT => ProvRecord::Environment {
+                id: self.u32()?,
+                entries: self.list()?,
+            },
+            record_tag::FILE => ProvRecord::File(FileVersion {
+                id: self.u32()?,
+                path: self.bytes()?,
+                sha256: self.bytes()?,
+                size: self.u64()?,
+            }),
+            record_tag::PROCESS => ProvRecord::Process(Process {
+                id: self.u32()?,
+                pid: self.u32()?,
+                exe: self.bytes()?,
+                argv: self.list()?,
+                env: self.u32()?,
+                start_ns: self.u64()?,
+                end_ns: self.u64()?,
+                outcome: self.optional_outcome()?,
+            }),
+            record_tag::STARTED => ProvRecord::Started {
+                process: self.u32()?,
+                starter: self.u32()?,
+                exec: self.bool()?,
+            },
+            record_tag::USED => ProvRecord::Used {
+                process: self.u32()?,
+                file: self.u32()?,
+                execute: self.bool()?,
+                seq: self.u64()?,
+            },
+            record_tag::GENERATED => ProvRecord::Generated {
+                file: self.u32()?,
+                process: self.u32()?,
+                seq: self.u64()?,
+            },
+            record_tag::DERIVED => ProvRecord::Derived {
+                file: self.u32()?,
+                from: self.u32()?,
+                process: self.u32()?,
+            },
+            record_tag::INVALIDATED => ProvRecord::Invalidated {
+                file: self.u32()?,
+                process: self.u32()?,
+                seq: self.u64()?,
+            },
+            other => return Err(DecodeError::UnknownKind(other)),
+        })
     }
 
     /// Trailing bytes mean the two sides disagree on the format.
@@ -330,6 +615,88 @@ mod tests {
         round_trip_guest(GuestMessage::Failed(b"no root".to_vec()));
     }
 
+    fn sample_records() -> Vec<ProvRecord> {
+        vec![
+            ProvRecord::Environment {
+                id: 0,
+                entries: vec![b"PATH=/bin".to_vec()],
+            },
+            ProvRecord::File(FileVersion {
+                id: 0,
+                path: b"/data/in.txt".to_vec(),
+                sha256: vec![7; 32],
+                size: 15,
+            }),
+            ProvRecord::Process(Process {
+                id: 0,
+                pid: 22,
+                exe: b"/bin/busybox".to_vec(),
+                argv: vec![b"sort".to_vec(), Vec::new()],
+                env: 0,
+                start_ns: 1,
+                end_ns: 2,
+                outcome: None,
+            }),
+            ProvRecord::Process(Process {
+                id: 1,
+                outcome: Some(Outcome::Signaled(9)),
+                ..Process::default()
+            }),
+            ProvRecord::Started {
+                process: 1,
+                starter: 0,
+                exec: true,
+            },
+            ProvRecord::Used {
+                process: 0,
+                file: 0,
+                execute: false,
+                seq: 1,
+            },
+            ProvRecord::Generated {
+                file: 0,
+                process: 1,
+                seq: 2,
+            },
+            ProvRecord::Derived {
+                file: 1,
+                from: 0,
+                process: 1,
+            },
+            ProvRecord::Invalidated {
+                file: 0,
+                process: 1,
+                seq: 3,
+            },
+        ]
+    }
+
+    #[test]
+    fn provenance_records_round_trip_in_bounded_messages() {
+        round_trip_guest(GuestMessage::Provenance(sample_records()));
+        let many: Vec<ProvRecord> = (0..40_000)
+            .map(|id| {
+                ProvRecord::File(FileVersion {
+                    id,
+                    path: vec![b'x'; 40],
+                    ..FileVersion::default()
+                })
+            })
+            .collect();
+        let messages = provenance_messages(many.clone());
+        assert!(messages.len() > 1);
+        let mut received = Vec::new();
+        for message in messages {
+            let bytes = message.encode();
+            assert!(bytes.len() - HEADER_LEN <= MAX_PAYLOAD);
+            let GuestMessage::Provenance(records) = message else {
+                panic!("not provenance");
+            };
+            received.extend(records);
+        }
+        assert_eq!(received, many);
+    }
+
     #[test]
     fn run_job_round_trips() {
         let job = HostMessage::Run(Job {
@@ -338,6 +705,7 @@ mod tests {
             cwd: b"/".to_vec(),
             root_device: b"/dev/vda".to_vec(),
             entropy: vec![7; 32],
+            provenance: true,
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

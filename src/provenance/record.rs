@@ -1,0 +1,54 @@
+//! `provm run --prov FILE`: one job run with capture on, its provenance
+//! written to FILE.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use provm_guest_agent::{Job, Outcome};
+
+use super::{build, file_boundary, save, text_boundary, HashingWriter, VmBoundary};
+use crate::run::RunError;
+use crate::session::GuestSession;
+
+/// Runs `job` (which asks for capture) in `session`, which booted `kernel`
+/// on `image`, and saves its provenance to `path`.
+pub fn run_captured(
+    session: &mut GuestSession,
+    job: Job,
+    (image, kernel): (&Path, &Path),
+    (stdout, stderr): (&mut dyn Write, &mut dyn Write),
+    path: &Path,
+) -> Result<Outcome, RunError> {
+    let start_ns = now_ns();
+    let text = |items: &[Vec<u8>]| {
+        items
+            .iter()
+            .map(|item| String::from_utf8_lossy(item).into_owned())
+            .collect()
+    };
+    let inputs = vec![
+        file_boundary("image", image)?,
+        file_boundary("kernel", kernel)?,
+        text_boundary("command", text(&job.argv)),
+    ];
+    let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));
+    let outcome = session.run(job, &mut out, &mut err)?;
+    let vm = VmBoundary {
+        inputs,
+        outputs: vec![
+            out.boundary("stdout", Vec::new()),
+            err.boundary("stderr", Vec::new()),
+        ],
+        start_ns,
+        end_ns: now_ns(),
+    };
+    save(&build(&session.take_provenance(), &vm), path)?;
+    Ok(outcome)
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}
