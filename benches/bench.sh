@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
-# cached), then boot and command latency against QEMU TCG (benches/boot.rs).
+# cached), boot and command latency against QEMU TCG (benches/boot.rs), then
+# record and replay cost against QEMU TCG's record/replay (benches/replay.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,3 +20,5 @@ start=$(date +%s.%N); $provm kernel build >/dev/null 2>&1; end=$(date +%s.%N)
 printf "| cached | %.3f |\n" "$(echo "$end - $start" | bc)"
 echo
 cargo bench -q --bench boot 2>/dev/null
+echo
+cargo bench -q --bench replay 2>/dev/null

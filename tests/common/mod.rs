@@ -10,6 +10,29 @@ use provm_guest_agent::Job;
 
 pub const MARKER: &str = "provm test image";
 
+/// The workloads provm record/replay is tested and benchmarked on, as
+/// (name, script for the image's /bin/sh -c): each kind of input a guest
+/// receives, from disk, entropy, clock and process scheduling to none at all.
+// Used by benches/replay.rs; the e2e record/replay tests are being written.
+#[allow(dead_code)]
+pub const RECORD_WORKLOADS: &[(&str, &str)] = &[
+    ("shell pipeline", "seq 1 20000 | sort -r | head -n 5"),
+    (
+        "files written then read back",
+        "dd if=/dev/zero of=/tmp/f bs=64k count=32 2>/dev/null; md5sum /tmp/f",
+    ),
+    ("/dev/urandom", "head -c 4096 /dev/urandom | md5sum"),
+    ("time", "date +%s; sleep 1; date +%s"),
+    (
+        "fork/wait with pipes",
+        "for i in $(seq 20); do echo $i | cat | wc -c; done",
+    ),
+    (
+        "CPU-bound loop",
+        "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo $i",
+    ),
+];
+
 /// A job running `script` with the image's /bin/sh, on the test images'
 /// root (the whole disk).
 pub fn shell_job(options: &RunOptions, script: &str) -> Job {
