@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
-provm=target/release/provm
+provm="${CARGO_TARGET_DIR:-target}/release/provm"
 seconds() { local start=$SECONDS; "$@" >/dev/null 2>&1; echo $((SECONDS - start)); }
 echo "| kernel build | seconds |"
 echo "|---|---|"
