@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
-# cached), then boot and command latency against QEMU TCG (benches/boot.rs).
+# cached), boot and command latency against QEMU TCG (benches/boot.rs), then
+# record and replay cost against QEMU TCG's record/replay (benches/replay.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
-provm=target/release/provm
+provm="${CARGO_TARGET_DIR:-target}/release/provm"
 seconds() { local start=$SECONDS; "$@" >/dev/null 2>&1; echo $((SECONDS - start)); }
 echo "| kernel build | seconds |"
 echo "|---|---|"
@@ -21,3 +22,4 @@ echo
 cargo bench -q --bench boot 2>/dev/null
 echo
 cargo bench -q --bench provenance 2>/dev/null
+cargo bench -q --bench replay 2>/dev/null
