@@ -3,8 +3,7 @@
 //! record/replay tests use, same kernel, initramfs and image. Every time is a
 //! whole run, boot included. Run by benches/bench.sh; prints one table.
 
-// The tests' image builder and workloads; the bench needs only part of it.
-#[allow(dead_code)]
+// The tests' image builder and workloads.
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -29,10 +28,10 @@ fn main() {
 
     println!(
         "| workload | provm run s | provm record s | record/run | provm replay s | replay/record \
-         | trace bytes | bytes per guest-second | bytes per event \
+         | trace bytes | event log bytes | log bytes per guest-second | log bytes per event \
          | QEMU TCG record s | QEMU replay s | QEMU rr log bytes |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, script) in common::RECORD_WORKLOADS {
         let ours = measure_provm(&provm, image, script, &dir.path().join("trace.provm"));
         let reference = measure_qemu(
@@ -42,16 +41,17 @@ fn main() {
         );
         let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
         let replay_seconds = ours.replay.map(|r| r.seconds);
-        let trace_bytes = ours.trace_bytes.map(|b| b as f64);
-        let per = |count: fn(&Replayed) -> f64| Some(trace_bytes? / count(ours.replay.as_ref()?));
+        let log_bytes = ours.log_bytes.map(|b| b as f64);
+        let per = |count: fn(&Replayed) -> f64| Some(log_bytes? / count(ours.replay.as_ref()?));
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3}{} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3}{} | {} |",
             cell(ours.run, 3),
             cell(ours.record, 3),
             cell(ratio(ours.record, ours.run), 2),
             cell(replay_seconds, 3),
             cell(ratio(replay_seconds, ours.record), 2),
-            cell(trace_bytes, 0),
+            cell(ours.trace_bytes.map(|b| b as f64), 0),
+            cell(log_bytes, 0),
             cell(per(|r| r.guest_seconds), 0),
             cell(per(|r| r.events as f64), 1),
             reference.record_seconds,
@@ -67,8 +67,10 @@ fn main() {
     println!();
     println!(
         "Times are wall-clock seconds for the whole run, guest boot and power-off \
-         included: provm's from process start to exit, QEMU's from its start to its \
-         exit. n/a: the provm subcommand failed or is not there yet. QEMU: TCG, -M \
+         included: provm's from process start to exit (the guest restored from its \
+         cached snapshot), QEMU's from its start to its exit (a full boot). A trace \
+         also holds the kernel, initramfs and snapshot (about 5 MB); the event log \
+         is what grows with the run. n/a: the provm subcommand failed or is not there yet. QEMU: TCG, -M \
          microvm, -icount shift=auto,rr=record|replay, disk through blkreplay; its \
          record ends with SIGTERM once the guest has halted (microvm without ACPI \
          cannot power off), its replay ends by itself at that logged shutdown and is \
@@ -98,6 +100,8 @@ struct Provm {
     run: Option<f64>,
     record: Option<f64>,
     trace_bytes: Option<u64>,
+    /// The compressed event log's share of the trace.
+    log_bytes: Option<u64>,
     replay: Option<Replayed>,
 }
 
@@ -132,10 +136,14 @@ fn measure_provm(provm: &Path, image: &Path, script: &str, trace: &Path) -> Prov
                 guest_seconds,
             })
         });
+    let log_bytes = trace_bytes
+        .and_then(|_| time(Command::new(provm).arg("inspect").arg(trace)))
+        .and_then(|(_, output)| event_log_bytes(&output));
     Provm {
         run,
         record,
         trace_bytes,
+        log_bytes,
         replay,
     }
 }
@@ -150,6 +158,17 @@ fn time(command: &mut Command) -> Option<(f64, String)> {
         let text = [output.stdout, output.stderr].concat();
         (seconds, String::from_utf8_lossy(&text).into_owned())
     })
+}
+
+/// The events section's size from `provm inspect`'s size table.
+fn event_log_bytes(inspect: &str) -> Option<u64> {
+    let sizes = inspect.split_once("\nsize ")?.1;
+    sizes
+        .lines()
+        .find_map(|line| line.strip_prefix("  events "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// N and M from provm replay's "replay matched: N events, M guest-seconds".

@@ -179,9 +179,10 @@ fn captured_jobs_have_exact_provenance() {
 
 /// The PROV-JSON export passes the W3C PROV-JSON schema, formats included.
 fn check_prov_json(document: &Provenance) {
-    let schema: serde_json::Value =
-        serde_json::from_str(include_str!("data/prov-json-schema.json"))
-            .expect("the vendored schema is JSON");
+    let path = provm::kernel::cache_dir().join("prov-json.schema.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/install-deps fetches it)", path.display()));
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("the schema is JSON");
     let validator = jsonschema::draft4::options()
         .should_validate_formats(true)
         .build(&schema)
