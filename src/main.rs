@@ -47,8 +47,9 @@ enum Command {
         /// The trace (.provm).
         trace: PathBuf,
     },
-    /// Show the provenance of a run recorded with `provm run --prov RUN`:
-    /// which processes read and wrote which files.
+    /// Show the provenance of a run captured with `--prov` (RUN: the file it
+    /// wrote, or the trace of `provm record --prov`): which processes read
+    /// and wrote which files.
     Graph(GraphArgs),
     /// Build or locate the guest kernel.
     Kernel {
@@ -85,7 +86,8 @@ struct RunArgs {
     #[arg(long)]
     kernel: Option<PathBuf>,
     /// Capture the command's provenance (its processes and the files they
-    /// read and wrote) and write it to FILE, for `provm graph FILE`.
+    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
+    /// recording also keeps it in its trace (`provm graph TRACE`).
     #[arg(long = "prov", value_name = "FILE")]
     provenance: Option<PathBuf>,
     /// The disk image: qcow2 or raw.

@@ -138,9 +138,8 @@ pub fn record(
         Vm::restore(config, snapshot).map_err(RunError::from)?,
         deadline,
     );
-    let result = session
-        .run(job, stdout, stderr)
-        .and_then(|outcome| session.power_off().map(|()| outcome));
+    let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
+        .and_then(|ran| Ok(session.power_off().map(|()| ran)?));
     let console_tail = session.console_tail();
     drop(session);
 
@@ -148,12 +147,12 @@ pub fn record(
     let outcome = Outcome {
         complete: result.is_ok(),
         ended: match &result {
-            Ok(outcome) => format!("the command ended: {outcome:?}"),
+            Ok((outcome, _)) => format!("the command ended: {outcome:?}"),
             // The console's tail has a field of its own.
-            Err(SessionError::Guest { error, .. }) => error.to_string(),
+            Err(RunError::Session(SessionError::Guest { error, .. })) => error.to_string(),
             Err(error) => error.to_string(),
         },
-        exit_status: result.as_ref().ok().map(|o| o.shell_status()),
+        exit_status: result.as_ref().ok().map(|(o, _)| o.shell_status()),
         events: totals.events,
         exits: totals.exits,
         event_chunks: totals.chunks,
@@ -169,6 +168,11 @@ pub fn record(
             &serde_json::to_vec_pretty(&outcome).expect("serialises"),
         )
         .map_err(trace_error)?;
+    if let Ok((_, Some(document))) = &result {
+        trace
+            .section(SectionKind::Provenance, &document.to_bytes())
+            .map_err(trace_error)?;
+    }
     if options.embed_image {
         let image = read_to_embed(&options.run.image)?;
         trace
@@ -177,11 +181,8 @@ pub fn record(
     }
     let path = trace.finish().map_err(trace_error)?;
     match result {
-        Ok(outcome) => Ok((outcome, path)),
-        Err(error) => Err(RecordError::CutShort {
-            error: error.into(),
-            trace: path,
-        }),
+        Ok((outcome, _)) => Ok((outcome, path)),
+        Err(error) => Err(RecordError::CutShort { error, trace: path }),
     }
 }
 

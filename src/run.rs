@@ -18,7 +18,7 @@ use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
-use crate::provenance::{self, ProvenanceError};
+use crate::provenance::{self, Provenance, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
 /// The guest kernel's command line (the VM adds its devices).
@@ -252,18 +252,31 @@ pub fn run(
     let prepared = prepare(options)?;
     let job = job(options, &prepared.root_device)?;
     let mut session = start(options, &prepared, deadline)?;
-    let outcome = match &options.provenance {
-        Some(path) => provenance::run_captured(
-            &mut session,
-            job,
-            (&options.image, &prepared.boot.kernel),
-            (stdout, stderr),
-            path,
-        )?,
-        None => session.run(job, stdout, stderr)?,
-    };
+    let (outcome, _) = run_job(&mut session, job, options, &prepared, (stdout, stderr))?;
     session.power_off()?;
     Ok(outcome)
+}
+
+/// Runs `job` in `session`; with `--prov`, captures its provenance, saves it
+/// where asked and returns it too.
+pub fn run_job(
+    session: &mut GuestSession,
+    job: Job,
+    options: &RunOptions,
+    prepared: &Prepared,
+    (stdout, stderr): (&mut dyn Write, &mut dyn Write),
+) -> Result<(Outcome, Option<Provenance>), RunError> {
+    let Some(path) = &options.provenance else {
+        return Ok((session.run(job, stdout, stderr)?, None));
+    };
+    let (outcome, document) = provenance::run_captured(
+        session,
+        job,
+        (&options.image, &prepared.boot.kernel),
+        (stdout, stderr),
+    )?;
+    provenance::save(&document, path)?;
+    Ok((outcome, Some(document)))
 }
 
 #[cfg(test)]

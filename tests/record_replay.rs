@@ -112,6 +112,33 @@ fn damaged_traces_and_other_images_are_refused() {
     );
 }
 
+/// `record --prov` keeps the provenance in the trace, where `provm graph`
+/// finds it, and the capture replays like any other guest work.
+#[test]
+fn a_recording_keeps_its_provenance() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("provenance");
+    let document = images().dir.join("recorded.prov");
+    let script = "cd /tmp; echo pear > in.txt; sort in.txt > out.txt";
+    let recorded = record(&trace, &["--prov", path(&document)], script);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let graph = provm(&["graph", path(&trace), "--inputs-of", "/tmp/out.txt"]);
+    assert_eq!(graph.status, 0, "{}", graph.stderr);
+    assert!(graph.stdout.contains("/tmp/in.txt"), "{}", graph.stdout);
+    assert_replay_matches(&trace);
+
+    let without = trace_path("damage");
+    let refused = provm(&["graph", path(&without)]);
+    if without.exists() {
+        assert_eq!(refused.status, PROVM_FAILED);
+        assert!(
+            refused.stderr.contains("without provenance"),
+            "{}",
+            refused.stderr
+        );
+    }
+}
+
 /// A known hole, detected: user-mode RDTSC reads host time (on PVM), which
 /// reaches the command's output, so the replay reports where it differs.
 #[test]

@@ -43,6 +43,10 @@ pub enum ProvenanceError {
     },
     #[error("the run recorded no processes (did its command start?)")]
     Empty,
+    #[error("{0}")]
+    Trace(String),
+    #[error("the trace {path} was recorded without provenance; record with: provm record --prov FILE IMAGE -- CMD")]
+    NotInTrace { path: PathBuf },
     #[error("the run never touched {path}{}", similar_paths(.similar))]
     NotTouched { path: String, similar: Vec<String> },
     #[error(

@@ -1,5 +1,4 @@
-//! `provm run --prov FILE`: one job run with capture on, its provenance
-//! written to FILE.
+//! `--prov`: one job run with capture on, and its provenance document.
 
 use std::io::Write;
 use std::path::Path;
@@ -7,19 +6,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome};
 
-use super::{build, file_boundary, save, text_boundary, HashingWriter, VmBoundary};
+use super::{build, file_boundary, text_boundary, HashingWriter, Provenance, VmBoundary};
 use crate::run::RunError;
 use crate::session::GuestSession;
 
 /// Runs `job` (which asks for capture) in `session`, which booted `kernel`
-/// on `image`, and saves its provenance to `path`.
+/// on `image`; returns how it ended and its provenance.
 pub fn run_captured(
     session: &mut GuestSession,
     job: Job,
     (image, kernel): (&Path, &Path),
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
-    path: &Path,
-) -> Result<Outcome, RunError> {
+) -> Result<(Outcome, Provenance), RunError> {
     let start_ns = now_ns();
     let text = |items: &[Vec<u8>]| {
         items
@@ -43,8 +41,7 @@ pub fn run_captured(
         start_ns,
         end_ns: now_ns(),
     };
-    save(&build(&session.take_provenance(), &vm), path)?;
-    Ok(outcome)
+    Ok((outcome, build(&session.take_provenance(), &vm)))
 }
 
 fn now_ns() -> u64 {

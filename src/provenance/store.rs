@@ -8,6 +8,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use provm_recorder::trace::Trace;
+
 use super::capture::Boundary;
 use super::model::Provenance;
 use super::ProvenanceError;
@@ -60,13 +62,23 @@ impl Provenance {
     }
 }
 
-/// The provenance stored at `path` (what `provm graph RUN` reads).
+/// The provenance stored at `path` (what `provm graph RUN` reads): a
+/// document `--prov` wrote, or the one inside a trace.
 pub fn load(path: &Path) -> Result<Provenance, ProvenanceError> {
     let bytes = std::fs::read(path).map_err(|source| ProvenanceError::Io {
         path: path.to_owned(),
         source,
     })?;
-    Provenance::from_bytes(&bytes, path)
+    if !bytes.starts_with(provm_recorder::format::MAGIC) {
+        return Provenance::from_bytes(&bytes, path);
+    }
+    let trace = Trace::open(path).map_err(|error| ProvenanceError::Trace(error.to_string()))?;
+    let embedded = trace
+        .provenance
+        .ok_or_else(|| ProvenanceError::NotInTrace {
+            path: path.to_owned(),
+        })?;
+    Provenance::from_bytes(&embedded, path)
 }
 
 pub fn save(document: &Provenance, path: &Path) -> Result<(), ProvenanceError> {
