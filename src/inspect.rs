@@ -6,6 +6,8 @@ use std::path::Path;
 use provm_recorder::format::FormatError;
 use provm_recorder::trace::Trace;
 
+use crate::record::utc_date_time;
+
 pub fn inspect(path: &Path) -> Result<String, FormatError> {
     let trace = Trace::open(path)?;
     let counts = trace.count_events()?;
@@ -29,8 +31,9 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         writeln!(out, "cwd        {}", m.cwd)?;
         writeln!(
             out,
-            "recorded   {} (unix time) by provm {} on {} ({}, Linux {})",
-            m.started_unix, m.provm_version, m.host.hypervisor, m.host.cpu, m.host.kernel
+            "recorded   {} by provm {} on {} ({}, Linux {})",
+            utc_date_time(m.started_unix),
+            m.provm_version, m.host.hypervisor, m.host.cpu, m.host.kernel
         )?;
         writeln!(
             out,

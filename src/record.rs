@@ -252,6 +252,18 @@ pub fn default_output(image: &Path) -> PathBuf {
 
 /// `YYYYmmdd-HHMMSS` in UTC, from seconds since the epoch.
 fn utc_timestamp(seconds: u64) -> String {
+    let (year, month, day, hour, minute, second) = utc_civil(seconds);
+    format!("{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}")
+}
+
+/// `YYYY-mm-dd HH:MM:SS UTC`, from seconds since the epoch.
+pub fn utc_date_time(seconds: u64) -> String {
+    let (year, month, day, hour, minute, second) = utc_civil(seconds);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
+}
+
+/// The UTC calendar date and time of `seconds` since the epoch.
+fn utc_civil(seconds: u64) -> (i64, i64, i64, u64, u64, u64) {
     let days = (seconds / 86_400) as i64;
     let rest = seconds % 86_400;
     // Howard Hinnant's days-to-civil algorithm.
@@ -264,12 +276,7 @@ fn utc_timestamp(seconds: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    (year, month, day, rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
 #[cfg(test)]
@@ -281,5 +288,6 @@ mod tests {
         assert_eq!(utc_timestamp(0), "19700101-000000");
         assert_eq!(utc_timestamp(951_782_400), "20000229-000000");
         assert_eq!(utc_timestamp(1_795_332_180), "20261122-072300");
+        assert_eq!(utc_date_time(1_795_332_180), "2026-11-22 07:23:00 UTC");
     }
 }
