@@ -1,8 +1,6 @@
 //! End-to-end provenance: one real guest runs several captured jobs; each
 //! check builds the run's provenance from what the agent sent.
 
-// The e2e tests' image builder; these checks need only part of it.
-#[allow(dead_code)]
 mod common;
 
 use std::collections::BTreeSet;
