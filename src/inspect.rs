@@ -33,7 +33,10 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
             out,
             "recorded   {} by provm {} on {} ({}, Linux {})",
             utc_date_time(m.started_unix),
-            m.provm_version, m.host.hypervisor, m.host.cpu, m.host.kernel
+            m.provm_version,
+            m.host.hypervisor,
+            m.host.cpu,
+            m.host.kernel
         )?;
         writeln!(
             out,
