@@ -34,8 +34,13 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // The first run of the image boots the guest and caches its snapshot;
     // every timed provm command starts from that snapshot.
-    time(Command::new(&provm).arg("run").arg(image).args(["--", "true"]))
-        .expect("provm run works");
+    time(
+        Command::new(&provm)
+            .arg("run")
+            .arg(image)
+            .args(["--", "true"]),
+    )
+    .expect("provm run works");
     for (name, script) in common::RECORD_WORKLOADS {
         let ours = measure_provm(&provm, image, script, &dir.path().join("trace.provm"));
         let reference = measure_qemu(

@@ -139,7 +139,10 @@ pub fn record(
         deadline,
     );
     let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
-        .and_then(|ran| Ok(session.power_off().map(|()| ran)?));
+        .and_then(|ran| {
+            session.power_off()?;
+            Ok(ran)
+        });
     let console_tail = session.console_tail();
     drop(session);
 
@@ -232,7 +235,7 @@ extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc
 }
 
 fn install_interrupt_handler() {
-    // Without the handler, Ctrl-C kills provm and leaves only a .partial file.
+    // Without the handler, Ctrl-C kills provm and leaves no trace at all.
     if let Err(error) = vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_interrupt) {
         tracing::warn!("Ctrl-C will not end the recording cleanly: {error}");
     }

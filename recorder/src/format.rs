@@ -15,6 +15,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
 /// The format this provm writes; it reads this one only.
@@ -121,20 +122,27 @@ pub enum FormatError {
     Read(io::Error),
 }
 
-/// Writes a trace to `PATH.partial` and renames it to PATH when finished,
-/// so that PATH is either absent or complete.
+/// Writes a trace to a temporary file beside PATH (`.NAME.XXXXXX.partial`,
+/// removed if the writer is dropped unfinished) and renames it to PATH when
+/// finished, so that PATH is either absent or complete, even with several
+/// writers at once.
 pub struct TraceWriter {
-    out: BufWriter<File>,
-    partial: PathBuf,
+    out: BufWriter<NamedTempFile>,
     path: PathBuf,
 }
 
 impl TraceWriter {
     pub fn create(path: &Path) -> Result<Self, FormatError> {
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
-        let file = File::create(&partial).map_err(FormatError::Write)?;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let file = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            .tempfile_in(dir)
+            .map_err(FormatError::Write)?;
         let mut out = BufWriter::new(file);
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(MAGIC);
@@ -142,7 +150,6 @@ impl TraceWriter {
         out.write_all(&header).map_err(FormatError::Write)?;
         Ok(TraceWriter {
             out,
-            partial,
             path: path.to_owned(),
         })
     }
@@ -164,8 +171,9 @@ impl TraceWriter {
             .out
             .into_inner()
             .map_err(|e| FormatError::Write(e.into_error()))?;
-        file.sync_all().map_err(FormatError::Write)?;
-        std::fs::rename(&self.partial, &self.path).map_err(FormatError::Write)?;
+        file.as_file().sync_all().map_err(FormatError::Write)?;
+        file.persist(&self.path)
+            .map_err(|e| FormatError::Write(e.error))?;
         Ok(self.path)
     }
 }
@@ -312,7 +320,7 @@ mod tests {
         for (kind, payload) in sections {
             writer.section(*kind, payload).unwrap();
         }
-        assert!(!path.exists(), "only the .partial file exists until finish");
+        assert!(!path.exists(), "only a .partial file exists until finish");
         writer.finish().unwrap();
         std::fs::read(path).unwrap()
     }
