@@ -10,7 +10,7 @@ use super::model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVI
 /// Something that crossed the VM's boundary, by content.
 #[derive(Clone, Debug)]
 pub struct Boundary {
-    /// `image`, `kernel`, `command`, `stdout`, `stderr`.
+    /// `image`, `kernel`, `command`, `entropy`, `clock`, `stdout`, `stderr`.
     pub name: String,
     pub sha256: String,
     pub size: u64,

@@ -29,6 +29,19 @@ pub fn run_captured(
         file_boundary("image", image)?,
         file_boundary("kernel", kernel)?,
         text_boundary("command", text(&job.argv)),
+        // The seed's digest, not the seed: a graph may be shared.
+        text_boundary(
+            "entropy",
+            vec![format!(
+                "{} bytes from the host, sha256 {}",
+                job.entropy.len(),
+                crate::digest::bytes_sha256(&job.entropy)
+            )],
+        ),
+        text_boundary(
+            "clock",
+            vec!["host time, read by the guest through the PIT and CMOS (logged in the trace when recording)".into()],
+        ),
     ];
     let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));
     let outcome = session.run(job, &mut out, &mut err)?;
