@@ -65,6 +65,14 @@ pub enum ReplayReport {
 pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
     let trace = Trace::open(&options.trace)?;
     let manifest = &trace.manifest;
+    if manifest.provm_version != env!("CARGO_PKG_VERSION") {
+        // The container is versioned; the VM state inside it follows provm's.
+        eprintln!(
+            "provm: this trace was recorded by provm {}; replaying with {}",
+            manifest.provm_version,
+            env!("CARGO_PKG_VERSION")
+        );
+    }
     let (features, _) = vm::probe_cpu()?;
     let missing = cpuid::missing_features(&manifest.cpu.features, &features);
     if !missing.is_empty() {
