@@ -13,6 +13,7 @@ use provm_guest_agent::{Outcome, ProvRecord};
 
 use super::ptrace::{self, Pid};
 use super::recorder::{Image, Recorder};
+use super::stack;
 use super::syscall::{self, Call};
 
 pub struct Tracer {
@@ -226,12 +227,17 @@ fn resume(result: io::Result<()>) -> io::Result<()> {
     }
 }
 
+/// What `pid`, stopped right after its exec, runs.
 fn image(pid: Pid) -> io::Result<Image> {
-    Ok(Image {
-        exe: ptrace::proc_link(pid, "exe")?,
-        argv: ptrace::proc_list(pid, "cmdline")?,
-        env: ptrace::proc_list(pid, "environ")?,
-    })
+    let exe = ptrace::proc_link(pid, "exe")?;
+    let (argv, env) = match stack::exec_lists(pid, ptrace::registers(pid)?.rsp) {
+        Ok(lists) => lists,
+        Err(_) => (
+            ptrace::proc_list(pid, "cmdline")?,
+            ptrace::proc_list(pid, "environ")?,
+        ),
+    };
+    Ok(Image { exe, argv, env })
 }
 
 /// Whether the clone a task stopped in makes a thread (not a process).
