@@ -151,6 +151,27 @@ pub fn open_files(pid: Pid) -> io::Result<Vec<Vec<u8>>> {
     Ok(paths)
 }
 
+/// The files a process can still write: those it has open, and those it
+/// maps shared and writable (a mapping outlives its descriptor's close).
+pub fn writable_files(pid: Pid) -> io::Result<Vec<Vec<u8>>> {
+    let mut paths = open_files(pid)?;
+    let maps = std::fs::read(format!("/proc/{pid}/maps"))?;
+    paths.extend(shared_writable_mappings(&maps));
+    Ok(paths)
+}
+
+/// The paths of /proc/PID/maps lines whose permissions are `?w?s`.
+fn shared_writable_mappings(maps: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    maps.split(|&byte| byte == b'\n').filter_map(|line| {
+        // address perms offset dev inode path (the path may hold spaces).
+        let mut fields = line.splitn(6, |&byte| byte == b' ');
+        let perms = fields.nth(1)?;
+        let path = fields.nth(3)?.trim_ascii_start();
+        (perms.get(1) == Some(&b'w') && perms.get(3) == Some(&b's') && path.starts_with(b"/"))
+            .then(|| path.to_vec())
+    })
+}
+
 /// The guest's wall clock, in nanoseconds since the epoch.
 pub fn now_ns() -> u64 {
     let mut now: libc::timespec = unsafe { std::mem::zeroed() };
@@ -167,6 +188,17 @@ mod tests {
         assert_eq!(nul_separated(b"sh\0-c\0\0"), [&b"sh"[..], b"-c", b""]);
         assert_eq!(nul_separated(b""), Vec::<Vec<u8>>::new());
         assert_eq!(nul_separated(b"unterminated"), [b"unterminated"]);
+    }
+
+    #[test]
+    fn shared_writable_mappings_are_found() {
+        let maps = b"00400000-00401000 r-xp 00000000 fe:00 12 /bin/busybox\n\
+7f00-7f01 rw-s 00000000 fe:00 13                         /data/a b\n\
+7f01-7f02 r--s 00000000 fe:00 14                         /data/ro\n\
+7f02-7f03 rw-s 00000000 00:01 15                         /dev/zero (deleted)\n\
+7f03-7f04 rw-p 00000000 00:00 0 \n";
+        let paths: Vec<Vec<u8>> = shared_writable_mappings(maps).collect();
+        assert_eq!(paths, [&b"/data/a b"[..], b"/dev/zero (deleted)"]);
     }
 
     #[test]

@@ -108,7 +108,27 @@ impl Recorder {
         self.live
             .get(&tgid)
             .is_some_and(|live| !live.reads.is_empty())
-            || !self.files.held_by(tgid).is_empty()
+            || self.holds_written(tgid)
+    }
+
+    /// Whether `tgid` holds files for writing (see [`Recorder::release_closed`]).
+    pub fn holds_written(&self, tgid: Pid) -> bool {
+        !self.files.held_by(tgid).is_empty()
+    }
+
+    /// `tgid` lets go of the files it held for writing that are not in
+    /// `open` (it can no longer write them): each is observed, what
+    /// changed credited to it. Called at exec, and before a fork, so that
+    /// a shell's children do not inherit the files it redirected to and
+    /// closed long ago, each of which every exit would read again.
+    pub fn release_closed(&mut self, tgid: Pid, open: &[Vec<u8>]) {
+        for path in self.files.held_by(tgid) {
+            if !open.contains(&path) {
+                let (_, change) = self.files.observe(&path, Some(tgid));
+                self.record_change(change);
+                self.files.remove_holder(&path, tgid);
+            }
+        }
     }
 
     /// `tgid` exec'd `image`; `open` is what it holds open after the exec
@@ -121,13 +141,7 @@ impl Recorder {
         let open = open.unwrap_or_default();
         // What went to files the exec closed is the old program's; a file
         // still open goes on being written by the new one (`exec cmd > f`).
-        for path in self.files.held_by(tgid) {
-            if !open.contains(&path) {
-                let (_, change) = self.files.observe(&path, Some(tgid));
-                self.record_change(change);
-                self.files.remove_holder(&path, tgid);
-            }
-        }
+        self.release_closed(tgid, &open);
         let process = if execed {
             self.processes[old as usize].end_ns = now_ns();
             let new = self.new_process(tgid, 0);

@@ -128,6 +128,12 @@ impl Tracer {
         if thread {
             self.tasks.insert(child, group);
         } else {
+            if self.recorder.holds_written(group) {
+                // Unlisted, the parent keeps what it holds.
+                if let Ok(open) = ptrace::writable_files(parent) {
+                    self.recorder.release_closed(group, &open);
+                }
+            }
             self.tasks.insert(child, child);
             self.recorder.fork(group, child);
         }
