@@ -29,6 +29,10 @@ struct Live {
     /// Paths it opened for reading, or inherited so: an exec'd program
     /// still holding one reads it (`sort < in.txt`).
     reads: Vec<Vec<u8>>,
+    /// Whether it, or a parent before its fork, opened a file for reading
+    /// and writing: only such a descriptor can be mapped shared and
+    /// writable, and the mapping outlive the descriptor.
+    read_write: bool,
     /// Whether it exec'd since its fork.
     execed: bool,
     /// Whether its program's name is known: it exec'd, or its name was
@@ -57,6 +61,7 @@ impl Recorder {
                 process,
                 cwd,
                 reads: Vec::new(),
+                read_write: false,
                 execed: false,
                 named: false,
             },
@@ -68,7 +73,12 @@ impl Recorder {
         let Some(live) = self.live.get(&parent) else {
             return;
         };
-        let (starter, cwd, reads) = (live.process, live.cwd.clone(), live.reads.clone());
+        let (starter, cwd, reads, read_write) = (
+            live.process,
+            live.cwd.clone(),
+            live.reads.clone(),
+            live.read_write,
+        );
         let parent_record = &self.processes[starter as usize];
         let (exe, argv, env) = (
             parent_record.exe.clone(),
@@ -96,6 +106,7 @@ impl Recorder {
                 process: id,
                 cwd,
                 reads,
+                read_write,
                 execed: false,
                 named: false,
             },
@@ -114,6 +125,11 @@ impl Recorder {
     /// Whether `tgid` holds files for writing (see [`Recorder::release_closed`]).
     pub fn holds_written(&self, tgid: Pid) -> bool {
         !self.files.held_by(tgid).is_empty()
+    }
+
+    /// Whether `tgid` may map a file shared and writable.
+    pub fn may_map_writable(&self, tgid: Pid) -> bool {
+        self.live.get(&tgid).is_some_and(|live| live.read_write)
     }
 
     /// `tgid` lets go of the files it held for writing that are not in
@@ -202,6 +218,7 @@ impl Recorder {
         };
         let process = live.process;
         let access = flags & libc::O_ACCMODE;
+        live.read_write |= access == libc::O_RDWR;
         if access != libc::O_WRONLY && !live.reads.iter().any(|read| read == path) {
             live.reads.push(path.to_vec());
         }

@@ -130,7 +130,8 @@ impl Tracer {
         } else {
             if self.recorder.holds_written(group) {
                 // Unlisted, the parent keeps what it holds.
-                if let Ok(open) = ptrace::writable_files(parent) {
+                let may_map = self.recorder.may_map_writable(group);
+                if let Ok(open) = ptrace::writable_files(parent, may_map) {
                     self.recorder.release_closed(group, &open);
                 }
             }
@@ -159,9 +160,8 @@ impl Tracer {
     fn syscall_entry(&mut self, pid: Pid) -> io::Result<()> {
         let group = self.tasks.get(&pid).copied().unwrap_or(pid);
         if self.recorder.needs_name(group) {
-            if let Ok(comm) = std::fs::read(format!("/proc/{pid}/comm")) {
-                self.recorder
-                    .name(group, comm.strip_suffix(b"\n").unwrap_or(&comm));
+            if let Ok(comm) = ptrace::comm(pid) {
+                self.recorder.name(group, &comm);
             }
         }
         let regs = ptrace::registers(pid)?;
