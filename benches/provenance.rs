@@ -2,8 +2,7 @@
 //! processes and files) run with capture off and on in one booted guest.
 //! Run by benches/bench.sh; prints one table.
 
-// The tests' image builder; the bench needs only part of it.
-#[allow(dead_code)]
+// The tests' image builder (it allows the parts the bench does not use).
 #[path = "../tests/common/mod.rs"]
 mod common;
 

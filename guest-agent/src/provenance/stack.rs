@@ -15,9 +15,12 @@ const FIRST_WINDOW: usize = 16 * 1024;
 /// an 8 MiB stack limit, which is what the guest runs with).
 const LARGEST_WINDOW: usize = 2 * 1024 * 1024;
 
+/// argv and the environment, each item without its NUL.
+type Lists = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// argv and the environment of `pid`, stopped at its exec event with its
 /// stack pointer at `rsp`.
-pub fn exec_lists(pid: Pid, rsp: u64) -> io::Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+pub fn exec_lists(pid: Pid, rsp: u64) -> io::Result<Lists> {
     let mut window = FIRST_WINDOW;
     loop {
         let mut stack = vec![0; window];
@@ -36,7 +39,7 @@ pub fn exec_lists(pid: Pid, rsp: u64) -> io::Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)
 
 /// The two lists in `stack`, the memory at `base` onwards; `None` when
 /// part of them lies beyond it.
-fn parse(stack: &[u8], base: u64) -> Option<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+fn parse(stack: &[u8], base: u64) -> Option<Lists> {
     let word = |index: usize| -> Option<u64> {
         let bytes = stack.get(index * 8..index * 8 + 8)?;
         Some(u64::from_le_bytes(bytes.try_into().ok()?))
