@@ -13,6 +13,7 @@ mod files;
 mod ptrace;
 mod recorder;
 mod seccomp;
+mod stack;
 mod syscall;
 mod tracer;
 

@@ -2,7 +2,7 @@
 //! safe function over one system call.
 
 use std::ffi::CStr;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 
 pub type Pid = libc::pid_t;
@@ -85,11 +85,19 @@ pub fn read_memory(pid: Pid, address: u64, buffer: &mut [u8]) -> io::Result<usiz
 /// The NUL-terminated string at `address` in the tracee (a path: at most
 /// PATH_MAX bytes).
 pub fn read_string(pid: Pid, address: u64) -> io::Result<Vec<u8>> {
-    let mut buffer = vec![0; libc::PATH_MAX as usize];
-    let len = read_memory(pid, address, &mut buffer)?;
-    let string = CStr::from_bytes_until_nul(&buffer[..len])
-        .map_err(|_| io::Error::from_raw_os_error(libc::ENAMETOOLONG))?;
-    Ok(string.to_bytes().to_vec())
+    // Most paths are short: copying a whole PATH_MAX from the tracee costs
+    // guest kernel time for every traced call.
+    for size in [256, libc::PATH_MAX as usize] {
+        let mut buffer = vec![0; size];
+        let len = read_memory(pid, address, &mut buffer)?;
+        if let Ok(string) = CStr::from_bytes_until_nul(&buffer[..len]) {
+            return Ok(string.to_bytes().to_vec());
+        }
+        if len < size {
+            break;
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG))
 }
 
 pub fn read_u64(pid: Pid, address: u64) -> io::Result<u64> {
@@ -119,6 +127,16 @@ pub fn wait_any() -> io::Result<Option<(Pid, libc::c_int)>> {
 pub fn proc_link(pid: Pid, name: &str) -> io::Result<Vec<u8>> {
     let target = std::fs::read_link(format!("/proc/{pid}/{name}"))?;
     Ok(target.as_os_str().as_bytes().to_vec())
+}
+
+/// A task's name (/proc/PID/comm), in one read: three system calls where
+/// `std::fs::read` makes five.
+pub fn comm(pid: Pid) -> io::Result<Vec<u8>> {
+    // The kernel keeps 15 bytes of a name, and ends it with a newline.
+    let mut buffer = [0; 64];
+    let len = std::fs::File::open(format!("/proc/{pid}/comm"))?.read(&mut buffer)?;
+    let comm = &buffer[..len];
+    Ok(comm.strip_suffix(b"\n").unwrap_or(comm).to_vec())
 }
 
 /// A NUL-separated list under /proc/PID (`cmdline`, `environ`).
@@ -151,6 +169,30 @@ pub fn open_files(pid: Pid) -> io::Result<Vec<Vec<u8>>> {
     Ok(paths)
 }
 
+/// The files a process can still write: those it has open, and, if it
+/// `may_map` (see `Recorder::may_map_writable`), those it maps shared and
+/// writable (a mapping outlives its descriptor's close).
+pub fn writable_files(pid: Pid, may_map: bool) -> io::Result<Vec<Vec<u8>>> {
+    let mut paths = open_files(pid)?;
+    if may_map {
+        let maps = std::fs::read(format!("/proc/{pid}/maps"))?;
+        paths.extend(shared_writable_mappings(&maps));
+    }
+    Ok(paths)
+}
+
+/// The paths of /proc/PID/maps lines whose permissions are `?w?s`.
+fn shared_writable_mappings(maps: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    maps.split(|&byte| byte == b'\n').filter_map(|line| {
+        // address perms offset dev inode path (the path may hold spaces).
+        let mut fields = line.splitn(6, |&byte| byte == b' ');
+        let perms = fields.nth(1)?;
+        let path = fields.nth(3)?.trim_ascii_start();
+        (perms.get(1) == Some(&b'w') && perms.get(3) == Some(&b's') && path.starts_with(b"/"))
+            .then(|| path.to_vec())
+    })
+}
+
 /// The guest's wall clock, in nanoseconds since the epoch.
 pub fn now_ns() -> u64 {
     let mut now: libc::timespec = unsafe { std::mem::zeroed() };
@@ -170,10 +212,33 @@ mod tests {
     }
 
     #[test]
+    fn shared_writable_mappings_are_found() {
+        let maps = b"00400000-00401000 r-xp 00000000 fe:00 12 /bin/busybox\n\
+7f00-7f01 rw-s 00000000 fe:00 13                         /data/a b\n\
+7f01-7f02 r--s 00000000 fe:00 14                         /data/ro\n\
+7f02-7f03 rw-s 00000000 00:01 15                         /dev/zero (deleted)\n\
+7f03-7f04 rw-p 00000000 00:00 0 \n";
+        let paths: Vec<Vec<u8>> = shared_writable_mappings(maps).collect();
+        assert_eq!(paths, [&b"/data/a b"[..], b"/dev/zero (deleted)"]);
+    }
+
+    #[test]
+    fn names_are_read_without_their_newline() {
+        let name = std::fs::read(format!("/proc/{}/comm", std::process::id())).unwrap();
+        assert_eq!(
+            comm(std::process::id() as Pid).unwrap(),
+            name.trim_ascii_end()
+        );
+    }
+
+    #[test]
     fn strings_are_read_from_a_process() {
         let text = c"/data/in.txt";
         let pid = std::process::id() as Pid;
         let address = text.as_ptr() as u64;
         assert_eq!(read_string(pid, address).unwrap(), b"/data/in.txt");
+        let long = std::ffi::CString::new(vec![b'a'; 1000]).unwrap();
+        let read = read_string(pid, long.as_ptr() as u64).unwrap();
+        assert_eq!(read, long.as_bytes());
     }
 }

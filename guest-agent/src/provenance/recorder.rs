@@ -29,6 +29,10 @@ struct Live {
     /// Paths it opened for reading, or inherited so: an exec'd program
     /// still holding one reads it (`sort < in.txt`).
     reads: Vec<Vec<u8>>,
+    /// Whether it, or a parent before its fork, opened a file for reading
+    /// and writing: only such a descriptor can be mapped shared and
+    /// writable, and the mapping outlive the descriptor.
+    read_write: bool,
     /// Whether it exec'd since its fork.
     execed: bool,
     /// Whether its program's name is known: it exec'd, or its name was
@@ -57,6 +61,7 @@ impl Recorder {
                 process,
                 cwd,
                 reads: Vec::new(),
+                read_write: false,
                 execed: false,
                 named: false,
             },
@@ -68,7 +73,12 @@ impl Recorder {
         let Some(live) = self.live.get(&parent) else {
             return;
         };
-        let (starter, cwd, reads) = (live.process, live.cwd.clone(), live.reads.clone());
+        let (starter, cwd, reads, read_write) = (
+            live.process,
+            live.cwd.clone(),
+            live.reads.clone(),
+            live.read_write,
+        );
         let parent_record = &self.processes[starter as usize];
         let (exe, argv, env) = (
             parent_record.exe.clone(),
@@ -96,6 +106,7 @@ impl Recorder {
                 process: id,
                 cwd,
                 reads,
+                read_write,
                 execed: false,
                 named: false,
             },
@@ -108,7 +119,32 @@ impl Recorder {
         self.live
             .get(&tgid)
             .is_some_and(|live| !live.reads.is_empty())
-            || !self.files.held_by(tgid).is_empty()
+            || self.holds_written(tgid)
+    }
+
+    /// Whether `tgid` holds files for writing (see [`Recorder::release_closed`]).
+    pub fn holds_written(&self, tgid: Pid) -> bool {
+        !self.files.held_by(tgid).is_empty()
+    }
+
+    /// Whether `tgid` may map a file shared and writable.
+    pub fn may_map_writable(&self, tgid: Pid) -> bool {
+        self.live.get(&tgid).is_some_and(|live| live.read_write)
+    }
+
+    /// `tgid` lets go of the files it held for writing that are not in
+    /// `open` (it can no longer write them): each is observed, what
+    /// changed credited to it. Called at exec, and before a fork, so that
+    /// a shell's children do not inherit the files it redirected to and
+    /// closed long ago, each of which every exit would read again.
+    pub fn release_closed(&mut self, tgid: Pid, open: &[Vec<u8>]) {
+        for path in self.files.held_by(tgid) {
+            if !open.contains(&path) {
+                let (_, change) = self.files.observe(&path, Some(tgid));
+                self.record_change(change);
+                self.files.remove_holder(&path, tgid);
+            }
+        }
     }
 
     /// `tgid` exec'd `image`; `open` is what it holds open after the exec
@@ -121,13 +157,7 @@ impl Recorder {
         let open = open.unwrap_or_default();
         // What went to files the exec closed is the old program's; a file
         // still open goes on being written by the new one (`exec cmd > f`).
-        for path in self.files.held_by(tgid) {
-            if !open.contains(&path) {
-                let (_, change) = self.files.observe(&path, Some(tgid));
-                self.record_change(change);
-                self.files.remove_holder(&path, tgid);
-            }
-        }
+        self.release_closed(tgid, &open);
         let process = if execed {
             self.processes[old as usize].end_ns = now_ns();
             let new = self.new_process(tgid, 0);
@@ -188,6 +218,7 @@ impl Recorder {
         };
         let process = live.process;
         let access = flags & libc::O_ACCMODE;
+        live.read_write |= access == libc::O_RDWR;
         if access != libc::O_WRONLY && !live.reads.iter().any(|read| read == path) {
             live.reads.push(path.to_vec());
         }

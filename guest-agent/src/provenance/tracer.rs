@@ -13,6 +13,7 @@ use provm_guest_agent::{Outcome, ProvRecord};
 
 use super::ptrace::{self, Pid};
 use super::recorder::{Image, Recorder};
+use super::stack;
 use super::syscall::{self, Call};
 
 pub struct Tracer {
@@ -127,6 +128,13 @@ impl Tracer {
         if thread {
             self.tasks.insert(child, group);
         } else {
+            if self.recorder.holds_written(group) {
+                // Unlisted, the parent keeps what it holds.
+                let may_map = self.recorder.may_map_writable(group);
+                if let Ok(open) = ptrace::writable_files(parent, may_map) {
+                    self.recorder.release_closed(group, &open);
+                }
+            }
             self.tasks.insert(child, child);
             self.recorder.fork(group, child);
         }
@@ -152,9 +160,8 @@ impl Tracer {
     fn syscall_entry(&mut self, pid: Pid) -> io::Result<()> {
         let group = self.tasks.get(&pid).copied().unwrap_or(pid);
         if self.recorder.needs_name(group) {
-            if let Ok(comm) = std::fs::read(format!("/proc/{pid}/comm")) {
-                self.recorder
-                    .name(group, comm.strip_suffix(b"\n").unwrap_or(&comm));
+            if let Ok(comm) = ptrace::comm(pid) {
+                self.recorder.name(group, &comm);
             }
         }
         let regs = ptrace::registers(pid)?;
@@ -226,12 +233,17 @@ fn resume(result: io::Result<()>) -> io::Result<()> {
     }
 }
 
+/// What `pid`, stopped right after its exec, runs.
 fn image(pid: Pid) -> io::Result<Image> {
-    Ok(Image {
-        exe: ptrace::proc_link(pid, "exe")?,
-        argv: ptrace::proc_list(pid, "cmdline")?,
-        env: ptrace::proc_list(pid, "environ")?,
-    })
+    let exe = ptrace::proc_link(pid, "exe")?;
+    let (argv, env) = match stack::exec_lists(pid, ptrace::registers(pid)?.rsp) {
+        Ok(lists) => lists,
+        Err(_) => (
+            ptrace::proc_list(pid, "cmdline")?,
+            ptrace::proc_list(pid, "environ")?,
+        ),
+    };
+    Ok(Image { exe, argv, env })
 }
 
 /// Whether the clone a task stopped in makes a thread (not a process).
