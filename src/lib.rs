@@ -10,3 +10,4 @@ pub mod record;
 pub mod replay;
 pub mod run;
 pub mod session;
+pub mod utc;

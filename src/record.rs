@@ -22,6 +22,7 @@ use provm_vmm::vm::{self, Vm};
 use crate::fast_start::{self, Identity};
 use crate::run::{self, overlay_location, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
+use crate::utc::Utc;
 
 /// zstd level for the embedded kernel, initramfs and image: archival, so
 /// smaller beats faster, within a few seconds for a kernel.
@@ -255,31 +256,20 @@ pub fn default_output(image: &Path) -> PathBuf {
 
 /// `YYYYmmdd-HHMMSS` in UTC, from seconds since the epoch.
 fn utc_timestamp(seconds: u64) -> String {
-    let (year, month, day, hour, minute, second) = utc_civil(seconds);
-    format!("{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}")
+    let t = Utc::from_unix_seconds(seconds);
+    format!(
+        "{:04}{:02}{:02}-{:02}{:02}{:02}",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
 }
 
 /// `YYYY-mm-dd HH:MM:SS UTC`, from seconds since the epoch.
 pub fn utc_date_time(seconds: u64) -> String {
-    let (year, month, day, hour, minute, second) = utc_civil(seconds);
-    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
-}
-
-/// The UTC calendar date and time of `seconds` since the epoch.
-fn utc_civil(seconds: u64) -> (i64, i64, i64, u64, u64, u64) {
-    let days = (seconds / 86_400) as i64;
-    let rest = seconds % 86_400;
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day, rest / 3600, rest % 3600 / 60, rest % 60)
+    let t = Utc::from_unix_seconds(seconds);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! for PROV tools. Identifiers are QNames in the `provm` namespace;
 //! relations get blank-node ids.
 
+use crate::utc::Utc;
 use serde_json::{json, Map, Value};
 
 use super::model::{Activity, Entity, EntityKind, Provenance, Relation};
@@ -134,31 +135,11 @@ fn relation_attributes(relation: &Relation) -> (String, Value) {
 
 /// xsd:dateTime (RFC 3339, UTC) of nanoseconds since the epoch.
 pub fn date_time(ns: u64) -> String {
-    let seconds = ns / 1_000_000_000;
-    let (days, second_of_day) = ((seconds / 86_400) as i64, seconds % 86_400);
-    let (year, month, day) = civil_from_days(days);
+    let t = Utc::from_unix_ns(ns);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        second_of_day / 3600,
-        second_of_day / 60 % 60,
-        second_of_day % 60,
-        ns % 1_000_000_000
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:09}Z",
+        t.year, t.month, t.day, t.hour, t.minute, t.second, t.nanosecond
     )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (H. Hinnant's
-/// civil_from_days).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]

@@ -320,6 +320,17 @@ impl Kicker {
         // SAFETY: the timer is ours and alive; spec is a valid itimerspec.
         unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) };
     }
+
+    /// Stops the kicks: outside KVM_RUN they would only interrupt the
+    /// host's own system calls (EINTR).
+    pub fn disarm(&mut self) {
+        let spec = libc::itimerspec {
+            it_interval: timespec(Duration::ZERO),
+            it_value: timespec(Duration::ZERO),
+        };
+        // SAFETY: the timer is ours and alive; spec is a valid itimerspec.
+        unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) };
+    }
 }
 
 impl Drop for Kicker {

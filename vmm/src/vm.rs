@@ -411,7 +411,9 @@ impl Vm {
             Duration::MAX
         };
         self.kicker.arm(kick_after);
-        let exit = match self.vcpu.fd.run() {
+        let result = self.vcpu.fd.run();
+        self.kicker.disarm();
+        let exit = match result {
             Ok(VcpuExit::Intr) => None,
             Ok(exit) => Some(exit),
             Err(error) if error.errno() == libc::EINTR => None,
