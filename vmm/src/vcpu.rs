@@ -312,21 +312,19 @@ impl Kicker {
 
     /// Kicks the vCPU `after` from now (at most `RETRY`), then every `RETRY`.
     pub fn arm(&mut self, after: Duration) {
-        let after = after.clamp(Duration::from_micros(50), RETRY);
-        let spec = libc::itimerspec {
-            it_interval: timespec(RETRY),
-            it_value: timespec(after),
-        };
-        // SAFETY: the timer is ours and alive; spec is a valid itimerspec.
-        unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) };
+        self.set(after.clamp(Duration::from_micros(50), RETRY), RETRY);
     }
 
     /// Stops the kicks: outside KVM_RUN they would only interrupt the
     /// host's own system calls (EINTR).
     pub fn disarm(&mut self) {
+        self.set(Duration::ZERO, Duration::ZERO);
+    }
+
+    fn set(&mut self, first: Duration, every: Duration) {
         let spec = libc::itimerspec {
-            it_interval: timespec(Duration::ZERO),
-            it_value: timespec(Duration::ZERO),
+            it_interval: timespec(every),
+            it_value: timespec(first),
         };
         // SAFETY: the timer is ours and alive; spec is a valid itimerspec.
         unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) };
