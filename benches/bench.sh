@@ -22,4 +22,5 @@ echo
 cargo bench -q --bench boot 2>/dev/null
 echo
 cargo bench -q --bench provenance 2>/dev/null
+echo
 cargo bench -q --bench replay 2>/dev/null

@@ -20,7 +20,7 @@ const PROVM_FAILED: u8 = 125;
 #[command(
     name = "provm",
     version,
-    about = "Run a command inside a Linux VM on provm's own KVM VMM"
+    about = "Run, record and replay a command's whole Linux VM on provm's own KVM VMM"
 )]
 struct Cli {
     /// More detail: -v shows the guest console and VMM events, -vv every exit.
