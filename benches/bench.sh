@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
-# cached), boot and command latency against QEMU TCG (benches/boot.rs), then
-# record and replay cost against QEMU TCG's record/replay (benches/replay.rs).
+# cached), boot and command latency against QEMU TCG (benches/boot.rs), the
+# cost of provenance capture (benches/provenance.rs), then record and replay
+# cost against QEMU TCG's record/replay (benches/replay.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
