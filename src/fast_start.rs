@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use provm_recorder::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_vmm::cpuid::FeatureWord;
 use provm_vmm::disk::image::{ImageError, OverlayLocation};
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
@@ -54,11 +55,15 @@ impl BootedSnapshot {
     }
 }
 
-/// The digests a run depends on, computed once per run.
+/// What a run's machine is, computed once per run: the digests of its
+/// inputs and the CPU model its guest gets here.
 pub struct Identity {
     pub kernel_sha256: String,
     pub initramfs_sha256: String,
     pub image_sha256: String,
+    pub cpu_features: Vec<FeatureWord>,
+    /// Hidden features KVM left visible, which the guest kernel ignores.
+    pub ignored_by_kernel: Vec<&'static str>,
 }
 
 impl Identity {
@@ -69,10 +74,13 @@ impl Identity {
                 source,
             })
         };
+        let (cpu_features, ignored_by_kernel) = vm::probe_cpu()?;
         Ok(Identity {
             kernel_sha256: file(&prepared.boot.kernel)?,
             initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
             image_sha256: file(prepared.base.path())?,
+            cpu_features,
+            ignored_by_kernel,
         })
     }
 }
@@ -84,7 +92,6 @@ pub fn booted(
     identity: &Identity,
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
-    let (features, unenforced) = vm::probe_cpu()?;
     let key = format!(
         "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {}",
         env!("CARGO_PKG_VERSION"),
@@ -92,26 +99,37 @@ pub fn booted(
         identity.initramfs_sha256,
         prepared.boot.cmdline,
         prepared.memory_mib,
-        features,
-        unenforced,
+        identity.cpu_features,
+        identity.ignored_by_kernel,
         identity.image_sha256,
     );
     let path = cache_dir()
         .join("snapshots")
         .join(format!("{}.snap", &bytes_sha256(key.as_bytes())[..32]));
-    match read_cached(&path) {
-        Ok(Some(bytes)) => {
-            return Ok(BootedSnapshot {
-                sha256: bytes_sha256(&bytes),
-                bytes,
-            })
-        }
-        Ok(None) => {}
-        Err(error) => tracing::warn!(
+    let cached = read_cached(&path).unwrap_or_else(|error| {
+        tracing::warn!(
             "ignoring the unreadable cached snapshot {}: {error}",
             path.display()
-        ),
-    }
+        );
+        None
+    });
+    let bytes = match cached {
+        Some(bytes) => bytes,
+        None => boot_and_cache(prepared, &path, deadline)?,
+    };
+    Ok(BootedSnapshot {
+        sha256: bytes_sha256(&bytes),
+        bytes,
+    })
+}
+
+/// Boots the guest, snapshots it once its agent is ready, and caches the
+/// snapshot at `path`.
+fn boot_and_cache(
+    prepared: &Prepared,
+    path: &Path,
+    deadline: Instant,
+) -> Result<Vec<u8>, FastStartError> {
     eprintln!("provm: booting the guest (first run of this kernel, image and machine; later runs start from its snapshot)");
     let start = Instant::now();
     let config = prepared.vm_config(
@@ -126,11 +144,8 @@ pub fn booted(
         start.elapsed().as_secs_f64(),
         bytes.len() >> 20
     );
-    write_cache(&path, &bytes).map_err(FastStartError::Cache)?;
-    Ok(BootedSnapshot {
-        sha256: bytes_sha256(&bytes),
-        bytes,
-    })
+    write_cache(path, &bytes).map_err(FastStartError::Cache)?;
+    Ok(bytes)
 }
 
 fn write_cache(path: &Path, bytes: &[u8]) -> Result<(), FormatError> {

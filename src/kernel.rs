@@ -66,12 +66,7 @@ fn digest(source_version: &str) -> String {
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(bytes);
     }
-    hasher
-        .finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    provm_recorder::hex(&hasher.finalize()[..8])
 }
 
 fn build_dir() -> Result<PathBuf, KernelError> {

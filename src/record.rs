@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use provm_guest_agent::Outcome as CommandOutcome;
+use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_recorder::format::{FormatError, SectionKind, TraceWriter};
 use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
 use provm_recorder::recorder::Recorder;
-use provm_vmm::vm::{self, Vm};
+use provm_vmm::vm::Vm;
 
 use crate::fast_start::{self, Identity};
-use crate::run::{self, overlay_location, RunError, RunOptions};
+use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
 use crate::utc::Utc;
 
@@ -70,42 +70,12 @@ pub fn record(
     let identity = Identity::of(&prepared).map_err(RunError::from)?;
     let booted = fast_start::booted(&prepared, &identity, deadline).map_err(RunError::from)?;
     let snapshot = booted.decode(prepared.memory_mib).map_err(RunError::from)?;
-    let (features, ignored) = vm::probe_cpu().map_err(RunError::from)?;
 
     let trace_error = |source| RecordError::Trace {
         path: options.output.clone(),
         source,
     };
-    let manifest = Manifest {
-        provm_version: env!("CARGO_PKG_VERSION").into(),
-        started_unix: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        argv: lossy(&options.run.command),
-        env: job
-            .env
-            .iter()
-            .map(|e| String::from_utf8_lossy(e).into_owned())
-            .collect(),
-        cwd: options.run.cwd.clone(),
-        root_device: prepared.root_device.clone(),
-        image: ImageIdentity {
-            path: options.run.image.display().to_string(),
-            size: file_size(&options.run.image),
-            sha256: identity.image_sha256.clone(),
-        },
-        kernel_sha256: identity.kernel_sha256.clone(),
-        initramfs_sha256: identity.initramfs_sha256.clone(),
-        snapshot_sha256: booted.sha256.clone(),
-        kernel_cmdline: prepared.boot.cmdline.clone(),
-        memory_mib: prepared.memory_mib,
-        cpu: CpuModel {
-            features,
-            ignored_by_kernel: ignored.iter().map(|s| s.to_string()).collect(),
-        },
-        host: host_description(),
-        exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
-    };
+    let manifest = manifest(options, &prepared, &identity, &booted.sha256, &job);
     let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
     trace
         .section(
@@ -187,6 +157,50 @@ pub fn record(
     match result {
         Ok((outcome, _)) => Ok((outcome, path)),
         Err(error) => Err(RecordError::CutShort { error, trace: path }),
+    }
+}
+
+/// What the trace says about the run before it starts.
+fn manifest(
+    options: &RecordOptions,
+    prepared: &Prepared,
+    identity: &Identity,
+    snapshot_sha256: &str,
+    job: &Job,
+) -> Manifest {
+    Manifest {
+        provm_version: env!("CARGO_PKG_VERSION").into(),
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        argv: lossy(&options.run.command),
+        env: job
+            .env
+            .iter()
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect(),
+        cwd: options.run.cwd.clone(),
+        root_device: prepared.root_device.clone(),
+        image: ImageIdentity {
+            path: options.run.image.display().to_string(),
+            size: file_size(&options.run.image),
+            sha256: identity.image_sha256.clone(),
+        },
+        kernel_sha256: identity.kernel_sha256.clone(),
+        initramfs_sha256: identity.initramfs_sha256.clone(),
+        snapshot_sha256: snapshot_sha256.to_owned(),
+        kernel_cmdline: prepared.boot.cmdline.clone(),
+        memory_mib: prepared.memory_mib,
+        cpu: CpuModel {
+            features: identity.cpu_features.clone(),
+            ignored_by_kernel: identity
+                .ignored_by_kernel
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        },
+        host: host_description(),
+        exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
     }
 }
 

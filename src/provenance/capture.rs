@@ -43,10 +43,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 pub fn describe(outcome: Outcome) -> String {
     match outcome {
         Outcome::Exited(code) => format!("exit {code}"),
@@ -76,7 +72,7 @@ pub fn build(records: &[ProvRecord], vm: &VmBoundary) -> Provenance {
                 id: file_id(file.id),
                 kind: EntityKind::File,
                 name: text(&file.path),
-                sha256: (!file.sha256.is_empty()).then(|| hex(&file.sha256)),
+                sha256: (!file.sha256.is_empty()).then(|| provm_recorder::hex(&file.sha256)),
                 size: file.size,
                 content: Vec::new(),
             }),

@@ -129,12 +129,7 @@ impl<W: Write> HashingWriter<W> {
     pub fn boundary(self, name: &str, content: Vec<String>) -> Boundary {
         Boundary {
             name: name.into(),
-            sha256: self
-                .hasher
-                .finalize()
-                .iter()
-                .map(|byte| format!("{byte:02x}"))
-                .collect(),
+            sha256: provm_recorder::hex(&self.hasher.finalize()),
             size: self.size,
             content,
         }

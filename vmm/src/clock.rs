@@ -18,10 +18,6 @@ pub struct HostClock {
 }
 
 impl HostClock {
-    pub fn new() -> Self {
-        Self::starting_at(0)
-    }
-
     /// A clock that reads `start_ns` now: a restored snapshot carries on from
     /// the virtual time it was taken at.
     pub fn starting_at(start_ns: u64) -> Self {
@@ -35,12 +31,6 @@ impl HostClock {
     pub fn sleep_until(&self, ns: u64, limit: Instant) {
         let wait = Duration::from_nanos(ns.saturating_sub(self.monotonic_ns()));
         std::thread::sleep(wait.min(limit.saturating_duration_since(Instant::now())));
-    }
-}
-
-impl Default for HostClock {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

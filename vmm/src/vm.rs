@@ -319,17 +319,6 @@ impl Vm {
         })
     }
 
-    /// The CPUID feature words the guest sees.
-    pub fn cpu_features(&self) -> &[FeatureWord] {
-        &self.vcpu.features
-    }
-
-    /// The CPU features hidden from the guest that this host's KVM left
-    /// visible, by Linux name: part of the machine a snapshot belongs to.
-    pub fn unenforced_features(&self) -> Vec<&'static str> {
-        self.unenforced.iter().map(|f| f.name).collect()
-    }
-
     /// The last lines the guest wrote to its serial console.
     pub fn console_tail(&self, lines: usize) -> String {
         self.console_tail.last_lines(lines)
@@ -374,7 +363,8 @@ impl Vm {
     }
 
     /// Raises the timer line for due ticks, then injects the PIC's highest
-    /// request if the guest can take it, or asks KVM for an exit when it can.
+    /// request if the guest can take it, or (preemptive VMs only) asks KVM
+    /// for an exit when it can.
     fn deliver_interrupts(&mut self) -> Result<(), VmError> {
         let now = self.seam.monotonic_ns();
         if self.pit.lock().unwrap().poll(now) {
