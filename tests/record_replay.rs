@@ -96,6 +96,13 @@ fn damaged_traces_and_other_images_are_refused() {
     future[8] = 99;
     damaged("future", &future, "use a newer provm");
 
+    let missing = images().dir.join("no-such.provm");
+    for command in ["replay", "inspect"] {
+        let refused = provm(&[command, path(&missing)]);
+        assert_eq!(refused.status, PROVM_FAILED);
+        assert!(refused.stderr.contains("cannot read"), "{}", refused.stderr);
+    }
+
     let mut other = fs::read(&images().tiny_qcow2).unwrap();
     let last = other.len() - 1;
     other[last] ^= 1;
