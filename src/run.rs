@@ -208,6 +208,8 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         cwd: options.cwd.clone().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
         entropy: fresh_entropy()?,
+        // Stamped when the job is sent (GuestSession::run).
+        wall_clock_ns: 0,
         provenance: options.provenance.is_some(),
     })
 }

@@ -1,7 +1,7 @@
 //! A booted guest and its agent: the host side of the agent protocol.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{
     DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
@@ -85,10 +85,15 @@ impl GuestSession {
     /// Runs one command, streaming its output, and returns how it ended.
     pub fn run(
         &mut self,
-        job: Job,
+        mut job: Job,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<Outcome, SessionError> {
+        // The host's time as the job leaves: part of the job's bytes, so a
+        // recording logs it and a replay sends the same.
+        job.wall_clock_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
         self.vm.send_to_agent(&HostMessage::Run(job).encode());
         loop {
             match self.next_message()? {

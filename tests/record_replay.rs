@@ -9,38 +9,17 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{images, one_guest_at_a_time, path, provm, Finished, PROVM_FAILED, RECORD_WORKLOADS};
+use common::{
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, Finished,
+    PROVM_FAILED, RECORD_WORKLOADS,
+};
 
 fn record(trace: &Path, extra: &[&str], script: &str) -> Finished {
-    let image = path(&images().tiny_qcow2);
-    let mut args = vec!["record", "-o", path(trace)];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&[image, "--", "/bin/sh", "-c", script]);
-    provm(&args)
+    record_shell(&images().tiny_qcow2, trace, extra, script)
 }
 
 fn trace_path(name: &str) -> PathBuf {
-    images()
-        .dir
-        .join(format!("{}.provm", name.replace(['/', ' '], "-")))
-}
-
-fn assert_replay_matches(trace: &Path) -> String {
-    let replay = provm(&["replay", path(trace)]);
-    assert_eq!(
-        replay.status,
-        0,
-        "{}: {}{}",
-        trace.display(),
-        replay.stdout,
-        replay.stderr
-    );
-    assert!(
-        replay.stdout.starts_with("replay matched: "),
-        "{}",
-        replay.stdout
-    );
-    replay.stdout
+    common::trace_path(&images().dir, name)
 }
 
 #[test]

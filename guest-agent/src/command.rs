@@ -253,6 +253,7 @@ mod tests {
             cwd: cwd.as_bytes().to_vec(),
             root_device: Vec::new(),
             entropy: Vec::new(),
+            wall_clock_ns: 0,
             provenance: false,
         }
     }

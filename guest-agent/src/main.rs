@@ -16,6 +16,7 @@
 mod command;
 mod cpu;
 mod entropy;
+mod network;
 mod provenance;
 mod root;
 
@@ -69,6 +70,9 @@ impl Agent {
         open_standard_fds();
         if let Err(reason) = mounted {
             log(&reason);
+        }
+        if let Err(error) = network::bring_up_loopback() {
+            log(&format!("cannot bring up the loopback interface: {error}"));
         }
         let channel = open_channel().unwrap_or_else(|error| {
             log(&format!("cannot set up {CHANNEL}: {error}"));
@@ -133,6 +137,7 @@ impl Agent {
             job
         };
         let outcome = entropy::seed(&job.entropy)
+            .and_then(|()| set_wall_clock(job.wall_clock_ns))
             .and_then(|()| self.enter_root(&job.root_device))
             .and_then(|()| command::run(job, &self.null, |message| self.send(&message)));
         match outcome {
@@ -234,6 +239,21 @@ fn open_channel() -> io::Result<File> {
         return Err(io::Error::last_os_error());
     }
     Ok(channel)
+}
+
+/// Sets the guest's wall clock (CLOCK_REALTIME) to the host's, sent with
+/// the job.
+fn set_wall_clock(ns: u64) -> Result<(), String> {
+    let now = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `now` is a valid timespec for the duration of the call.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &now) } != 0 {
+        let error = io::Error::last_os_error();
+        return Err(format!("cannot set the guest's clock: {error}"));
+    }
+    Ok(())
 }
 
 /// Ends every other process, syncs, unmounts the image's root and powers

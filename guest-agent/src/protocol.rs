@@ -28,6 +28,10 @@ pub struct Job {
     /// reseeded before the command starts: guests restored from one snapshot
     /// must not share their random numbers.
     pub entropy: Vec<u8>,
+    /// The wall-clock time to set before the command starts, in nanoseconds
+    /// since the Unix epoch: a guest restored from a snapshot would
+    /// otherwise tell the time the snapshot was taken.
+    pub wall_clock_ns: u64,
     /// Capture the command's provenance: the agent traces its processes and
     /// file accesses and sends [`GuestMessage::Provenance`] before Finished.
     pub provenance: bool,
@@ -210,6 +214,7 @@ impl HostMessage {
                 put_bytes(&mut payload, &job.cwd);
                 put_bytes(&mut payload, &job.root_device);
                 put_bytes(&mut payload, &job.entropy);
+                put_u64(&mut payload, job.wall_clock_ns);
                 payload.push(job.provenance.into());
                 kind::RUN
             }
@@ -227,6 +232,7 @@ impl HostMessage {
                 cwd: reader.bytes()?,
                 root_device: reader.bytes()?,
                 entropy: reader.bytes()?,
+                wall_clock_ns: reader.u64()?,
                 provenance: reader.u8()? != 0,
             }),
             kind::POWER_OFF => HostMessage::PowerOff,
@@ -705,6 +711,7 @@ mod tests {
             cwd: b"/".to_vec(),
             root_device: b"/dev/vda".to_vec(),
             entropy: vec![7; 32],
+            wall_clock_ns: 1_700_000_000_123_456_789,
             provenance: true,
         });
         let mut reader = FrameReader::default();

@@ -11,21 +11,59 @@ use std::{env, ptr};
 /// Where the image's root is mounted in the initramfs.
 const MOUNT_POINT: &str = "/mnt/root";
 
-/// The kernel's file systems every root gets: (type, mount point).
-const API_FILESYSTEMS: [(&str, &str); 3] =
-    [("devtmpfs", "/dev"), ("proc", "/proc"), ("sysfs", "/sys")];
+/// A kernel file system every root gets.
+struct ApiFilesystem {
+    fstype: &'static str,
+    target: &'static str,
+    /// Mount options, as mount(8)'s -o takes them.
+    options: &'static str,
+    /// Whether the mount point is made when missing: those under /dev are
+    /// ours (devtmpfs); the rest are the image's, never created in it.
+    create: bool,
+}
 
-/// Mounts devtmpfs, proc and sysfs on `under`/dev, /proc and /sys. With
-/// `create`, missing mount points are made; without, they are skipped (an
-/// image need not have a /sys).
-pub fn mount_api_filesystems(under: &str, create: bool) -> Result<(), String> {
-    for (fstype, dir) in API_FILESYSTEMS {
-        let target = format!("{under}{dir}");
-        if create {
+/// What a container runtime mounts, in order (/dev before what goes in it):
+/// shared memory and POSIX semaphores (/dev/shm: Python's multiprocessing),
+/// pseudo-terminals, POSIX message queues, and a tmpfs /run.
+const API_FILESYSTEMS: [ApiFilesystem; 7] = [
+    api("devtmpfs", "/dev", "", true),
+    api("proc", "/proc", "", true),
+    api("sysfs", "/sys", "", true),
+    api("tmpfs", "/dev/shm", "mode=1777", true),
+    api("devpts", "/dev/pts", "mode=0620,ptmxmode=0666", true),
+    api("mqueue", "/dev/mqueue", "", true),
+    api("tmpfs", "/run", "mode=0755", false),
+];
+
+const fn api(
+    fstype: &'static str,
+    target: &'static str,
+    options: &'static str,
+    create: bool,
+) -> ApiFilesystem {
+    ApiFilesystem {
+        fstype,
+        target,
+        options,
+        create,
+    }
+}
+
+/// Mounts the kernel's file systems under `under` (the initramfs's root
+/// is ""). With `create_all`, every missing mount point is made; without,
+/// those in the image are skipped when missing (an image need not have a
+/// /sys or a /run).
+pub fn mount_api_filesystems(under: &str, create_all: bool) -> Result<(), String> {
+    for filesystem in API_FILESYSTEMS {
+        let target = format!("{under}{}", filesystem.target);
+        if create_all || filesystem.create {
             // An existing directory is fine; a real problem shows in mount().
             let _ = fs::create_dir(&target);
         }
-        match mount(fstype.as_bytes(), &target, fstype) {
+        let ApiFilesystem {
+            fstype, options, ..
+        } = filesystem;
+        match mount(fstype.as_bytes(), &target, fstype, options) {
             Err(error) if matches!(error.raw_os_error(), Some(libc::ENOENT | libc::EBUSY)) => {}
             result => {
                 result.map_err(|error| format!("cannot mount {fstype} on {target}: {error}"))?
@@ -51,7 +89,7 @@ impl Root {
             File::open("/").map_err(|error| format!("cannot open the initramfs root: {error}"))?;
         fs::create_dir_all(MOUNT_POINT)
             .map_err(|error| format!("cannot create {MOUNT_POINT}: {error}"))?;
-        mount(device, MOUNT_POINT, "ext4").map_err(|error| {
+        mount(device, MOUNT_POINT, "ext4", "").map_err(|error| {
             let device = String::from_utf8_lossy(device);
             format!("cannot mount {device} (ext4) on {MOUNT_POINT}: {error}")
         })?;
@@ -87,14 +125,19 @@ impl Root {
     }
 }
 
-fn mount(source: &[u8], target: &str, fstype: &str) -> io::Result<()> {
-    let (source, target, fstype) = (
+fn mount(source: &[u8], target: &str, fstype: &str, options: &str) -> io::Result<()> {
+    let (source, target, fstype, options) = (
         CString::new(source)?,
         CString::new(target)?,
         CString::new(fstype)?,
+        CString::new(options)?,
     );
     let flags = 0;
-    let data = ptr::null();
+    let data = if options.is_empty() {
+        ptr::null()
+    } else {
+        options.as_ptr().cast()
+    };
     let result = unsafe {
         libc::mount(
             source.as_ptr(),

@@ -72,6 +72,54 @@ pub fn provm_with_env(args: &[&str], env: &[(&str, &Path)]) -> Finished {
     }
 }
 
+/// `provm record -o TRACE EXTRA... IMAGE -- /bin/sh -c SCRIPT`.
+pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) -> Finished {
+    let mut args = vec!["record", "-o", path(trace)];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[path(image), "--", "/bin/sh", "-c", script]);
+    provm(&args)
+}
+
+/// Where a test keeps the trace it calls `name`.
+pub fn trace_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{}.provm", name.replace(['/', ' '], "-")))
+}
+
+/// Replays `trace`, asserts it matched to its end, and returns what replay
+/// printed.
+pub fn assert_replay_matches(trace: &Path) -> String {
+    let replay = provm(&["replay", path(trace)]);
+    assert_eq!(
+        replay.status,
+        0,
+        "{}: {}{}",
+        trace.display(),
+        replay.stdout,
+        replay.stderr
+    );
+    assert!(
+        replay.stdout.starts_with("replay matched: "),
+        "{}",
+        replay.stdout
+    );
+    replay.stdout
+}
+
+/// The Debian 12 image with python3 that scripts/debian-image builds (once,
+/// cached like the demo's).
+pub fn debian_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/debian-image");
+        let output = Command::new(&script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        assert!(output.status.success(), "scripts/debian-image failed");
+        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim_end())
+    })
+}
+
 pub fn path(path: &Path) -> &str {
     path.to_str().unwrap()
 }
@@ -168,7 +216,7 @@ fn populate_busybox_root(root: &Path) {
         }
     }
     std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
-    for program in ["vector_copy", "host_tsc"] {
+    for program in ["vector_copy", "host_tsc", "sysv_shm", "tcp_echo"] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")
             .args(["-O2", "-static", "-o"])
