@@ -1,5 +1,6 @@
 //! provm: runs a command inside a Linux VM on its own KVM VMM.
 
+pub mod cpu_model;
 pub mod digest;
 pub mod fast_start;
 pub mod initramfs;
@@ -10,4 +11,5 @@ pub mod record;
 pub mod replay;
 pub mod run;
 pub mod session;
+pub mod snapshot;
 pub mod utc;

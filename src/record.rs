@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_recorder::format::{FormatError, SectionKind, TraceWriter};
-use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
-use provm_recorder::recorder::Recorder;
+use provm_recorder::Recorder;
+use provm_trace::format::{FormatError, SectionKind, TraceWriter};
+use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 use provm_vmm::vm::Vm;
 
+use crate::cpu_model;
 use crate::fast_start::{self, Identity};
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
@@ -191,14 +192,7 @@ fn manifest(
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),
         memory_mib: prepared.memory_mib,
-        cpu: CpuModel {
-            features: identity.cpu_features.clone(),
-            ignored_by_kernel: identity
-                .ignored_by_kernel
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        },
+        cpu: cpu_model::recorded(&identity.cpu_features, &identity.ignored_by_kernel),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
     }

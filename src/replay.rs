@@ -5,14 +5,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use provm_recorder::format::FormatError;
-use provm_recorder::trace::Trace;
 use provm_replayer::{ReplayEnd, Replayer};
-use provm_vmm::cpuid;
+use provm_trace::format::FormatError;
+use provm_trace::reader::Trace;
+use provm_trace::snapshot::SnapshotError;
 use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
 use provm_vmm::vm::{self, Vm, VmConfig, VmError};
 
+use crate::cpu_model;
 use crate::digest::file_sha256;
+use crate::snapshot;
 
 pub struct ReplayOptions {
     pub trace: PathBuf,
@@ -46,7 +48,7 @@ pub enum ReplayError {
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error("the trace's snapshot cannot be restored: {0}")]
-    Snapshot(String),
+    Snapshot(#[from] SnapshotError),
 }
 
 /// What a replay found.
@@ -74,7 +76,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         );
     }
     let (features, _) = vm::probe_cpu()?;
-    let missing = cpuid::missing_features(&manifest.cpu.features, &features);
+    let missing = cpu_model::missing_here(&manifest.cpu, &features);
     if !missing.is_empty() {
         return Err(ReplayError::CpuLacks(missing));
     }
@@ -93,8 +95,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         });
     }
 
-    let snapshot = provm_recorder::snapshot::decode(&trace.snapshot, manifest.memory_mib << 20)
-        .map_err(ReplayError::Snapshot)?;
+    let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
     let start_ns = snapshot.state.clock_ns;
     let replayer = Arc::new(Replayer::new(trace.events()?, start_ns));
     let base = BaseImage::open(&image)?;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use provm_vmm::seam::Exit;
+use sha2::{Digest, Sha256};
 
 use crate::hex;
 
@@ -48,20 +48,13 @@ pub enum Event {
 }
 
 impl Event {
-    pub fn from_exit(exit: Exit<'_>) -> Event {
-        match exit {
-            Exit::PioRead { port, len } => Event::PioRead { port, len },
-            Exit::PioWrite { port, data } => Event::PioWrite {
-                port,
-                data: data.to_vec(),
-            },
-            Exit::MmioRead { address, len } => Event::MmioRead { address, len },
-            Exit::MmioWrite { address, data } => Event::MmioWrite {
-                address,
-                data: data.to_vec(),
-            },
-            Exit::Halt => Event::Halt,
-            Exit::InterruptWindow => Event::InterruptWindow,
+    /// The event of a disk write of `data` at byte `offset`.
+    pub fn disk_write(offset: u64, data: &[u8]) -> Event {
+        let digest = Sha256::digest(data);
+        Event::DiskWrite {
+            offset,
+            len: data.len() as u32,
+            digest: u64::from_le_bytes(digest[..8].try_into().unwrap()),
         }
     }
 
@@ -211,7 +204,8 @@ impl Encoder {
                 put_bytes(out, data)
             }
             Event::Clock(ns) => {
-                // The clock never goes backwards; a replayed log is checked.
+                // The monotonic clock never goes backwards, so the difference
+                // is small; the decoder refuses one that would wrap.
                 put_varint(out, ns.wrapping_sub(self.last_clock));
                 self.last_clock = *ns;
             }
@@ -294,7 +288,11 @@ impl Decoder {
             EventKind::InterruptWindow => Event::InterruptWindow,
             EventKind::ReadResult => Event::ReadResult(input.bytes()?),
             EventKind::Clock => {
-                self.last_clock = self.last_clock.wrapping_add(input.varint()?);
+                let delta = input.varint()?;
+                self.last_clock = self
+                    .last_clock
+                    .checked_add(delta)
+                    .ok_or(input.error("clock reading past 2^64 ns"))?;
                 Event::Clock(self.last_clock)
             }
             EventKind::Wall => Event::Wall(input.varint()?),

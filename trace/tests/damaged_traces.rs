@@ -6,11 +6,11 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use provm_recorder::events::{Encoder, Event};
-use provm_recorder::format::{SectionKind, TraceWriter};
-use provm_recorder::hex;
-use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
-use provm_recorder::trace::Trace;
+use provm_trace::events::{Encoder, Event};
+use provm_trace::format::{SectionKind, TraceWriter};
+use provm_trace::hex;
+use provm_trace::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_trace::reader::Trace;
 use sha2::{Digest, Sha256};
 
 fn sha(bytes: &[u8]) -> String {
