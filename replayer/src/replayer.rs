@@ -103,6 +103,11 @@ impl Replayer {
         }
     }
 
+    /// The first divergence, once there is one.
+    pub fn divergence(&self) -> Option<Divergence> {
+        self.state.lock().unwrap().divergence.clone()
+    }
+
     fn at_end_of_log(&self) -> bool {
         let mut state = self.state.lock().unwrap();
         state.divergence.is_none() && matches!(state.events.peek(), Ok(None))
