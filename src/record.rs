@@ -119,6 +119,17 @@ pub fn record(
     drop(session);
 
     let (mut trace, totals) = recorder.finish().map_err(trace_error)?;
+    let provenance = match &result {
+        Ok((_, Some(document))) => Some(document.to_bytes()),
+        _ => None,
+    };
+    let sections_after: Vec<SectionKind> = [
+        provenance.as_ref().map(|_| SectionKind::Provenance),
+        options.embed_image.then_some(SectionKind::Image),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let outcome = Outcome {
         complete: result.is_ok(),
         ended: match &result {
@@ -136,6 +147,12 @@ pub fn record(
         disk_writes_sha256: totals.disk_writes_sha256,
         host_seconds: recording_start.elapsed().as_secs_f64(),
         console_tail,
+        sections_after: Some(
+            sections_after
+                .iter()
+                .map(|kind| kind.name().into())
+                .collect(),
+        ),
     };
     trace
         .section(
@@ -143,9 +160,9 @@ pub fn record(
             &serde_json::to_vec_pretty(&outcome).expect("serialises"),
         )
         .map_err(trace_error)?;
-    if let Ok((_, Some(document))) = &result {
+    if let Some(document) = &provenance {
         trace
-            .section(SectionKind::Provenance, &document.to_bytes())
+            .section(SectionKind::Provenance, document)
             .map_err(trace_error)?;
     }
     if options.embed_image {

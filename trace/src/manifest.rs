@@ -87,4 +87,9 @@ pub struct Outcome {
     pub host_seconds: f64,
     /// The last lines of the guest's serial console.
     pub console_tail: String,
+    /// The kinds of the sections written after the outcome, in order
+    /// (provenance, image), so that a trace cut short after its outcome is
+    /// noticed. Absent from traces of older provm versions.
+    #[serde(default)]
+    pub sections_after: Option<Vec<String>>,
 }

@@ -52,13 +52,14 @@ impl Trace {
         *stored_bytes.entry(first.kind).or_default() += first.payload.len() as u64;
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
         let (mut chunks, mut has_image) = (0u32, false);
+        let mut after_outcome = Vec::new();
         while let Some(header) = reader.next_header()? {
             *stored_bytes.entry(header.kind).or_default() += header.length;
-            if outcome.is_some()
-                && header.kind != SectionKind::Provenance
-                && header.kind != SectionKind::Image
-            {
-                return Err(structure(path, "sections follow the outcome"));
+            if outcome.is_some() {
+                if header.kind != SectionKind::Provenance && header.kind != SectionKind::Image {
+                    return Err(structure(path, "sections follow the outcome"));
+                }
+                after_outcome.push(header.kind.name().to_owned());
             }
             match header.kind {
                 SectionKind::Manifest => return Err(structure(path, "a second manifest")),
@@ -90,6 +91,14 @@ impl Trace {
         let outcome = outcome.ok_or_else(|| {
             structure(path, "no outcome section: the recording process was killed before it could finish the trace")
         })?;
+        if let Some(promised) = outcome.sections_after.as_ref() {
+            if *promised != after_outcome {
+                return Err(structure(
+                    path,
+                    format!("the outcome promises the sections {promised:?} after it, the trace holds {after_outcome:?}: it was cut short or altered"),
+                ));
+            }
+        }
         if outcome.event_chunks != chunks {
             return Err(structure(
                 path,

@@ -1,119 +1,60 @@
 //! Property tests of the trace reader against damaged traces: a small but
 //! complete trace (every section kind, several event chunks) is damaged at
 //! random, and reading it must fail with an error, never panic and never
-//! pass. Run with PROPTEST_CASES=N for more cases than the default.
+//! pass (1000 cases per property). `below_checksums.rs` damages what the
+//! checksums cover.
+
+mod common;
 
 use std::path::Path;
 
 use proptest::prelude::*;
-use provm_trace::events::{Encoder, Event};
-use provm_trace::format::{SectionKind, TraceWriter};
-use provm_trace::hex;
-use provm_trace::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
-use provm_trace::reader::Trace;
-use sha2::{Digest, Sha256};
+use provm_trace::format::SectionKind;
 
-fn sha(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
+use common::{read_everything, sample_sections, write_trace, EVENTS_PER_CHUNK, EVENT_CHUNKS};
 
-/// A complete trace of three event chunks, as bytes.
+/// A complete trace of several event chunks, as bytes.
 fn sample_trace(dir: &Path) -> Vec<u8> {
-    let (kernel, initramfs, snapshot) =
-        (b"vmlinux".repeat(100), b"cpio".repeat(50), vec![3u8; 300]);
-    let manifest = Manifest {
-        provm_version: "test".into(),
-        started_unix: 0,
-        argv: vec!["true".into()],
-        env: Vec::new(),
-        cwd: "/".into(),
-        root_device: "/dev/vda".into(),
-        image: ImageIdentity {
-            path: "image.qcow2".into(),
-            size: 0,
-            sha256: sha(b""),
-        },
-        kernel_sha256: sha(&kernel),
-        initramfs_sha256: sha(&initramfs),
-        snapshot_sha256: sha(&snapshot),
-        kernel_cmdline: String::new(),
-        memory_mib: 128,
-        cpu: CpuModel {
-            features: Vec::new(),
-            ignored_by_kernel: Vec::new(),
-        },
-        host: HostDescription {
-            kernel: String::new(),
-            cpu: String::new(),
-            hypervisor: String::new(),
-        },
-        exitless_limit_seconds: None,
-    };
-    let path = dir.join("sample.provm");
-    let mut trace = TraceWriter::create(&path).unwrap();
-    let compress = |bytes: &[u8]| zstd::bulk::compress(bytes, 1).unwrap();
-    trace
-        .section(
-            SectionKind::Manifest,
-            &serde_json::to_vec(&manifest).unwrap(),
-        )
-        .unwrap();
-    trace
-        .section(SectionKind::Kernel, &compress(&kernel))
-        .unwrap();
-    trace
-        .section(SectionKind::Initramfs, &compress(&initramfs))
-        .unwrap();
-    trace.section(SectionKind::Snapshot, &snapshot).unwrap();
-    let mut encoder = Encoder::default();
-    for chunk in 0u32..3 {
-        let mut events = Vec::new();
-        for i in 0..20 {
-            let event = match i % 3 {
-                0 => Event::PioWrite {
-                    port: 0x20,
-                    data: vec![0x20],
-                },
-                1 => Event::Clock(u64::from(chunk * 100 + i)),
-                _ => Event::ReadResult(vec![i as u8]),
-            };
-            encoder.encode(&event, &mut events);
-        }
-        let mut payload = chunk.to_le_bytes().to_vec();
-        payload.extend(compress(&events));
-        trace.section(SectionKind::Events, &payload).unwrap();
-    }
-    let outcome = Outcome {
-        complete: true,
-        events: 60,
-        event_chunks: 3,
-        ..Outcome::default()
-    };
-    trace
-        .section(SectionKind::Outcome, &serde_json::to_vec(&outcome).unwrap())
-        .unwrap();
-    trace.finish().unwrap();
-    std::fs::read(path).unwrap()
+    write_trace(&dir.join("sample.provm"), &sample_sections())
 }
 
-/// Opens the trace and reads its whole event log.
-fn read(dir: &Path, bytes: &[u8]) -> Result<usize, String> {
+/// Opens the trace, decodes its snapshot and reads its whole event log.
+fn read(dir: &Path, bytes: &[u8]) -> Result<u64, String> {
     let path = dir.join("damaged.provm");
     std::fs::write(&path, bytes).unwrap();
-    let trace = Trace::open(&path).map_err(|e| e.to_string())?;
-    let mut events = trace.events().map_err(|e| e.to_string())?;
-    let mut count = 0;
-    while events.next_event().map_err(|e| e.to_string())?.is_some() {
-        count += 1;
-    }
-    Ok(count)
+    read_everything(&path)
 }
 
 #[test]
 fn the_sample_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = sample_trace(dir.path());
-    assert_eq!(read(dir.path(), &bytes), Ok(60));
+    assert_eq!(
+        read(dir.path(), &bytes),
+        Ok(u64::from(EVENT_CHUNKS * EVENTS_PER_CHUNK))
+    );
+}
+
+#[test]
+fn a_trace_cut_after_its_outcome_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.provm");
+    let mut sections = sample_sections();
+    assert_eq!(sections.pop().unwrap().0, SectionKind::Image);
+    write_trace(&path, &sections);
+    let error = read_everything(&path).unwrap_err();
+    assert!(error.contains("cut short"), "{error}");
+
+    // A trace of an older provm promises nothing after its outcome.
+    let outcome = sections
+        .iter_mut()
+        .find(|(kind, _)| *kind == SectionKind::Outcome);
+    let outcome = &mut outcome.unwrap().1;
+    let mut older: serde_json::Value = serde_json::from_slice(outcome).unwrap();
+    older.as_object_mut().unwrap().remove("sections_after");
+    *outcome = serde_json::to_vec(&older).unwrap();
+    write_trace(&path, &sections);
+    assert!(read_everything(&path).is_ok());
 }
 
 proptest! {
