@@ -6,6 +6,7 @@ pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;
+pub mod machine;
 pub mod provenance;
 pub mod record;
 pub mod replay;

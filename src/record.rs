@@ -10,14 +10,12 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_recorder::Recorder;
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
-use provm_vmm::vm::Vm;
 
 use crate::cpu_model;
 use crate::fast_start::{self, Identity};
@@ -96,20 +94,15 @@ pub fn record(
         .map_err(trace_error)?;
 
     install_interrupt_handler();
-    let recorder = Arc::new(Recorder::new(trace, snapshot.state.clock_ns, &INTERRUPTED));
     let recording_start = Instant::now();
-    let config = prepared
-        .vm_config(
-            recorder.clone(),
-            overlay_location(&options.run),
-            options.exitless_limit,
-        )
-        .map_err(RunError::from)?;
     let guest_start_ns = snapshot.state.clock_ns;
-    let mut session = GuestSession::resume(
-        Vm::restore(config, snapshot).map_err(RunError::from)?,
-        deadline,
-    );
+    let (vm, recorder) = prepared
+        .machine(overlay_location(&options.run), options.exitless_limit)
+        .restore(snapshot, |start_ns| {
+            Recorder::new(trace, start_ns, &INTERRUPTED)
+        })
+        .map_err(RunError::from)?;
+    let mut session = GuestSession::resume(vm, deadline);
     let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
         .and_then(|ran| {
             session.power_off()?;
