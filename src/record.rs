@@ -212,6 +212,10 @@ fn compress(bytes: &[u8]) -> Vec<u8> {
     zstd::bulk::compress(bytes, EMBED_LEVEL).expect("compressing to memory cannot fail")
 }
 
+/// The whole file, in memory. An embedded image is held twice (raw and
+/// compressed): a section's header carries its length and digest before
+/// its payload, so streaming it into the trace would need a second pass
+/// over a temporary file. Reading it back is streamed (`extract_image`).
 fn read_to_embed(path: &Path) -> Result<Vec<u8>, RecordError> {
     let mut bytes = Vec::new();
     File::open(path)
