@@ -349,6 +349,10 @@ impl Input<'_> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte()?;
+            // The tenth byte holds bit 63 only: more would be dropped.
+            if shift == 63 && byte & 0x7e != 0 {
+                return Err(self.error("varint longer than 64 bits"));
+            }
             value |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Ok(value);
@@ -413,6 +417,27 @@ mod tests {
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
         assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 6);
+    }
+
+    #[test]
+    fn a_varint_past_64_bits_is_refused_not_truncated() {
+        let mut max = Vec::new();
+        put_varint(&mut max, u64::MAX);
+        assert_eq!(max.len(), 10);
+        let mut wall = vec![EventKind::Wall as u8];
+        wall.extend_from_slice(&max);
+        assert_eq!(
+            Decoder::default().decode_all(&wall),
+            Ok(vec![Event::Wall(u64::MAX)])
+        );
+        *wall.last_mut().unwrap() = 0x02;
+        assert_eq!(
+            Decoder::default().decode_all(&wall),
+            Err(DecodeError {
+                offset: 11,
+                what: "varint longer than 64 bits"
+            })
+        );
     }
 
     proptest! {
