@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::kernel::cache_dir;
 
 pub fn bytes_sha256(bytes: &[u8]) -> String {
-    provm_recorder::hex(&Sha256::digest(bytes))
+    provm_trace::hex(&Sha256::digest(bytes))
 }
 
 /// The file's SHA-256, from the cache when the file has not changed.
@@ -36,7 +36,7 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
     }
     let mut hash = Sha256::new();
     io::copy(&mut File::open(path)?, &mut hash)?;
-    let digest = provm_recorder::hex(&hash.finalize());
+    let digest = provm_trace::hex(&hash.finalize());
     // A cache that cannot be written only costs the next run a re-read.
     let _ = write_atomically(&cached, digest.as_bytes());
     Ok(digest)

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use provm_recorder::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpuid::FeatureWord;
 use provm_vmm::disk::image::{ImageError, OverlayLocation};
 use provm_vmm::seam::LiveSeam;
@@ -22,6 +23,7 @@ use crate::digest::{bytes_sha256, file_sha256};
 use crate::kernel::cache_dir;
 use crate::run::Prepared;
 use crate::session::{GuestSession, SessionError};
+use crate::snapshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FastStartError {
@@ -39,10 +41,10 @@ pub enum FastStartError {
     #[error("cannot cache the booted guest's snapshot: {0}")]
     Cache(FormatError),
     #[error("the snapshot cannot be restored: {0}")]
-    Decode(String),
+    Decode(SnapshotError),
 }
 
-/// The encoded snapshot (see `provm_recorder::snapshot`) and its digest.
+/// The encoded snapshot (see `crate::snapshot`) and its digest.
 pub struct BootedSnapshot {
     pub bytes: Vec<u8>,
     pub sha256: String,
@@ -50,8 +52,7 @@ pub struct BootedSnapshot {
 
 impl BootedSnapshot {
     pub fn decode(&self, memory_mib: u64) -> Result<VmSnapshot, FastStartError> {
-        provm_recorder::snapshot::decode(&self.bytes, memory_mib << 20)
-            .map_err(FastStartError::Decode)
+        snapshot::decode(&self.bytes, memory_mib).map_err(FastStartError::Decode)
     }
 }
 
@@ -138,7 +139,7 @@ fn boot_and_cache(
         None,
     )?;
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;
-    let bytes = provm_recorder::snapshot::encode(&session.snapshot()?);
+    let bytes = snapshot::encode(&session.snapshot()?);
     eprintln!(
         "provm: booted in {:.1} s; snapshot cached ({} MiB)",
         start.elapsed().as_secs_f64(),

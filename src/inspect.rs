@@ -3,8 +3,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use provm_recorder::format::FormatError;
-use provm_recorder::trace::Trace;
+use provm_trace::format::FormatError;
+use provm_trace::reader::Trace;
 
 use crate::record::utc_date_time;
 

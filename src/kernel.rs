@@ -66,7 +66,7 @@ fn digest(source_version: &str) -> String {
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(bytes);
     }
-    provm_recorder::hex(&hasher.finalize()[..8])
+    provm_trace::hex(&hasher.finalize()[..8])
 }
 
 fn build_dir() -> Result<PathBuf, KernelError> {

@@ -1,13 +1,16 @@
 //! provm: runs a command inside a Linux VM on its own KVM VMM.
 
+pub mod cpu_model;
 pub mod digest;
 pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;
+pub mod machine;
 pub mod provenance;
 pub mod record;
 pub mod replay;
 pub mod run;
 pub mod session;
+pub mod snapshot;
 pub mod utc;

@@ -10,15 +10,14 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_recorder::format::{FormatError, SectionKind, TraceWriter};
-use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
-use provm_recorder::recorder::Recorder;
-use provm_vmm::vm::Vm;
+use provm_recorder::Recorder;
+use provm_trace::format::{FormatError, SectionKind, TraceWriter};
+use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 
+use crate::cpu_model;
 use crate::fast_start::{self, Identity};
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
@@ -95,20 +94,15 @@ pub fn record(
         .map_err(trace_error)?;
 
     install_interrupt_handler();
-    let recorder = Arc::new(Recorder::new(trace, snapshot.state.clock_ns, &INTERRUPTED));
     let recording_start = Instant::now();
-    let config = prepared
-        .vm_config(
-            recorder.clone(),
-            overlay_location(&options.run),
-            options.exitless_limit,
-        )
-        .map_err(RunError::from)?;
     let guest_start_ns = snapshot.state.clock_ns;
-    let mut session = GuestSession::resume(
-        Vm::restore(config, snapshot).map_err(RunError::from)?,
-        deadline,
-    );
+    let (vm, recorder) = prepared
+        .machine(overlay_location(&options.run), options.exitless_limit)
+        .restore(snapshot, |start_ns| {
+            Recorder::new(trace, start_ns, &INTERRUPTED)
+        })
+        .map_err(RunError::from)?;
+    let mut session = GuestSession::resume(vm, deadline);
     let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
         .and_then(|ran| {
             session.power_off()?;
@@ -118,6 +112,17 @@ pub fn record(
     drop(session);
 
     let (mut trace, totals) = recorder.finish().map_err(trace_error)?;
+    let provenance = match &result {
+        Ok((_, Some(document))) => Some(document.to_bytes()),
+        _ => None,
+    };
+    let sections_after: Vec<SectionKind> = [
+        provenance.as_ref().map(|_| SectionKind::Provenance),
+        options.embed_image.then_some(SectionKind::Image),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let outcome = Outcome {
         complete: result.is_ok(),
         ended: match &result {
@@ -135,6 +140,12 @@ pub fn record(
         disk_writes_sha256: totals.disk_writes_sha256,
         host_seconds: recording_start.elapsed().as_secs_f64(),
         console_tail,
+        sections_after: Some(
+            sections_after
+                .iter()
+                .map(|kind| kind.name().into())
+                .collect(),
+        ),
     };
     trace
         .section(
@@ -142,9 +153,9 @@ pub fn record(
             &serde_json::to_vec_pretty(&outcome).expect("serialises"),
         )
         .map_err(trace_error)?;
-    if let Ok((_, Some(document))) = &result {
+    if let Some(document) = &provenance {
         trace
-            .section(SectionKind::Provenance, &document.to_bytes())
+            .section(SectionKind::Provenance, document)
             .map_err(trace_error)?;
     }
     if options.embed_image {
@@ -191,14 +202,7 @@ fn manifest(
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),
         memory_mib: prepared.memory_mib,
-        cpu: CpuModel {
-            features: identity.cpu_features.clone(),
-            ignored_by_kernel: identity
-                .ignored_by_kernel
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        },
+        cpu: cpu_model::recorded(&identity.cpu_features, &identity.ignored_by_kernel),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
     }
@@ -208,6 +212,10 @@ fn compress(bytes: &[u8]) -> Vec<u8> {
     zstd::bulk::compress(bytes, EMBED_LEVEL).expect("compressing to memory cannot fail")
 }
 
+/// The whole file, in memory. An embedded image is held twice (raw and
+/// compressed): a section's header carries its length and digest before
+/// its payload, so streaming it into the trace would need a second pass
+/// over a temporary file. Reading it back is streamed (`extract_image`).
 fn read_to_embed(path: &Path) -> Result<Vec<u8>, RecordError> {
     let mut bytes = Vec::new();
     File::open(path)

@@ -2,17 +2,19 @@
 //! the logged inputs and checking every output against the log.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use provm_recorder::format::FormatError;
-use provm_recorder::trace::Trace;
 use provm_replayer::{ReplayEnd, Replayer};
-use provm_vmm::cpuid;
-use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
-use provm_vmm::vm::{self, Vm, VmConfig, VmError};
+use provm_trace::format::FormatError;
+use provm_trace::reader::Trace;
+use provm_trace::snapshot::SnapshotError;
+use provm_vmm::disk::image::{BaseImage, ImageError, OverlayLocation};
+use provm_vmm::vm::{self, VmError};
 
+use crate::cpu_model;
 use crate::digest::file_sha256;
+use crate::machine::{Machine, MachineError};
+use crate::snapshot;
 
 pub struct ReplayOptions {
     pub trace: PathBuf,
@@ -45,8 +47,10 @@ pub enum ReplayError {
     Image(#[from] ImageError),
     #[error(transparent)]
     Vm(#[from] VmError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
     #[error("the trace's snapshot cannot be restored: {0}")]
-    Snapshot(String),
+    Snapshot(#[from] SnapshotError),
 }
 
 /// What a replay found.
@@ -74,7 +78,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         );
     }
     let (features, _) = vm::probe_cpu()?;
-    let missing = cpuid::missing_features(&manifest.cpu.features, &features);
+    let missing = cpu_model::missing_here(&manifest.cpu, &features);
     if !missing.is_empty() {
         return Err(ReplayError::CpuLacks(missing));
     }
@@ -93,22 +97,19 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         });
     }
 
-    let snapshot = provm_recorder::snapshot::decode(&trace.snapshot, manifest.memory_mib << 20)
-        .map_err(ReplayError::Snapshot)?;
+    let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
     let start_ns = snapshot.state.clock_ns;
-    let replayer = Arc::new(Replayer::new(trace.events()?, start_ns));
+    let events = trace.events()?;
     let base = BaseImage::open(&image)?;
-    let config = VmConfig {
+    let machine = Machine {
+        base: &base,
         memory_mib: manifest.memory_mib,
-        disk: Box::new(Overlay::create(
-            &base,
-            OverlayLocation::TempIn(std::env::temp_dir()),
-        )?),
         echo_console: options.echo_console,
-        seam: replayer.clone(),
+        overlay: OverlayLocation::TempIn(std::env::temp_dir()),
         exitless_limit: None,
     };
-    let mut vm = Vm::restore(config, snapshot)?;
+    let (mut vm, replayer) =
+        machine.restore(snapshot, |start_ns| Replayer::new(events, start_ns))?;
     let report = match replayer.replay(&mut vm, Instant::now() + options.timeout)? {
         ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
             events,

@@ -10,14 +10,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
+use provm_vmm::disk::image::{BaseImage, ImageError, OverlayLocation};
 use provm_vmm::disk::partition::{self, PartitionError};
 use provm_vmm::seam::{LiveSeam, Seam};
-use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError};
+use provm_vmm::vm::{BootSource, VmConfig, VmError};
 
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
+use crate::machine::{Machine, MachineError};
 use crate::provenance::{self, Provenance, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
@@ -107,6 +108,8 @@ pub enum RunError {
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error(transparent)]
     Session(#[from] SessionError),
     #[error(transparent)]
     FastStart(#[from] FastStartError),
@@ -126,6 +129,21 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The machine to run the guest in, its overlay at `overlay`.
+    pub fn machine(
+        &self,
+        overlay: OverlayLocation,
+        exitless_limit: Option<Duration>,
+    ) -> Machine<'_> {
+        Machine {
+            base: &self.base,
+            memory_mib: self.memory_mib,
+            echo_console: self.echo_console,
+            overlay,
+            exitless_limit,
+        }
+    }
+
     /// A machine on a fresh overlay of the image, at `location`.
     pub fn vm_config(
         &self,
@@ -133,13 +151,7 @@ impl Prepared {
         location: OverlayLocation,
         exitless_limit: Option<Duration>,
     ) -> Result<VmConfig, ImageError> {
-        Ok(VmConfig {
-            memory_mib: self.memory_mib,
-            disk: Box::new(Overlay::create(&self.base, location)?),
-            echo_console: self.echo_console,
-            seam,
-            exitless_limit,
-        })
+        self.machine(location, exitless_limit).config(seam)
     }
 }
 
@@ -235,12 +247,10 @@ pub fn start(
     let identity = Identity::of(prepared)?;
     let snapshot =
         fast_start::booted(prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
-    let seam = Arc::new(LiveSeam::starting_at(snapshot.state.clock_ns));
-    let config = prepared.vm_config(seam, overlay_location(options), None)?;
-    Ok(GuestSession::resume(
-        Vm::restore(config, snapshot)?,
-        deadline,
-    ))
+    let (vm, _) = prepared
+        .machine(overlay_location(options), None)
+        .restore(snapshot, LiveSeam::starting_at)?;
+    Ok(GuestSession::resume(vm, deadline))
 }
 
 /// Starts the guest, runs the command with its output streamed to `stdout`

@@ -1,14 +1,6 @@
-//! provm's trace: the container format, the event log, snapshots, and the
-//! recorder that writes them at the VMM's seam while the guest runs.
+//! provm's recorder: the VMM's seam at record time, appending every crossing
+//! to a trace's event log (the format is `provm_trace`'s).
 
-pub mod events;
-pub mod format;
-pub mod manifest;
-pub mod recorder;
-pub mod snapshot;
-pub mod trace;
+mod recorder;
 
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use recorder::{exit_event, Recorder};

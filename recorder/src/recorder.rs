@@ -6,29 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use provm_trace::event_log::{EventLogWriter, LogTotals};
+use provm_trace::events::Event;
+use provm_trace::format::{FormatError, TraceWriter};
 use provm_vmm::clock::{Clock, HostClock};
 use provm_vmm::seam::{Exit, Seam};
-use sha2::{Digest, Sha256};
-
-use crate::events::{Encoder, Event};
-use crate::format::{FormatError, SectionKind, TraceWriter};
-use crate::hex;
-
-/// Encoded events are compressed and written once this many bytes gather:
-/// the recorder's memory stays bounded whatever the run's length.
-const CHUNK_BYTES: usize = 256 * 1024;
-const ZSTD_LEVEL: i32 = 3;
-
-/// What the log holds when the recording ends.
-pub struct LogTotals {
-    pub events: u64,
-    pub exits: u64,
-    pub chunks: u32,
-    pub disk_writes: u64,
-    pub disk_writes_sha256: String,
-    /// The guest's last clock reading: how far its virtual time got.
-    pub last_clock_ns: u64,
-}
 
 pub struct Recorder {
     clock: HostClock,
@@ -38,17 +20,19 @@ pub struct Recorder {
 }
 
 struct Log {
-    trace: Option<TraceWriter>,
-    encoder: Encoder,
-    pending: Vec<u8>,
-    events: u64,
-    exits: u64,
-    chunks: u32,
-    disk_writes: u64,
-    disk_hash: Sha256,
-    last_clock_ns: u64,
+    /// `None` once finished.
+    writer: Option<EventLogWriter>,
     /// The first failure to write the trace; it stops the run.
     error: Option<String>,
+}
+
+impl Log {
+    fn record(&mut self, append: impl FnOnce(&mut EventLogWriter) -> Result<(), FormatError>) {
+        let writer = self.writer.as_mut().expect("the log is open until finish");
+        if let Err(error) = append(writer) {
+            self.error.get_or_insert(error.to_string());
+        }
+    }
 }
 
 impl Recorder {
@@ -58,15 +42,7 @@ impl Recorder {
         Recorder {
             clock: HostClock::starting_at(start_ns),
             log: Mutex::new(Log {
-                trace: Some(trace),
-                encoder: Encoder::default(),
-                pending: Vec::with_capacity(CHUNK_BYTES * 2),
-                events: 0,
-                exits: 0,
-                chunks: 0,
-                disk_writes: 0,
-                disk_hash: Sha256::new(),
-                last_clock_ns: start_ns,
+                writer: Some(EventLogWriter::new(trace, start_ns)),
                 error: None,
             }),
             interrupted,
@@ -74,57 +50,35 @@ impl Recorder {
     }
 
     fn log(&self, event: Event) {
-        let mut log = self.log.lock().unwrap();
-        log.append(&event);
+        self.log.lock().unwrap().record(|log| log.append(&event));
     }
 
     /// Writes the last chunk and hands the trace back for the sections that
     /// follow the log.
     pub fn finish(&self) -> Result<(TraceWriter, LogTotals), FormatError> {
         let mut log = self.log.lock().unwrap();
-        log.flush()?;
-        let trace = log.trace.take().expect("a recorder finishes once");
-        let totals = LogTotals {
-            events: log.events,
-            exits: log.exits,
-            chunks: log.chunks,
-            disk_writes: log.disk_writes,
-            disk_writes_sha256: hex(&log.disk_hash.clone().finalize()),
-            last_clock_ns: log.last_clock_ns,
-        };
-        Ok((trace, totals))
+        log.writer
+            .take()
+            .expect("a recorder finishes once")
+            .finish()
     }
 }
 
-impl Log {
-    fn append(&mut self, event: &Event) {
-        if let Event::Clock(ns) = event {
-            self.last_clock_ns = *ns;
-        }
-        self.events += 1;
-        self.exits += u64::from(event.is_exit());
-        self.encoder.encode(event, &mut self.pending);
-        if self.pending.len() >= CHUNK_BYTES {
-            if let Err(error) = self.flush() {
-                self.error.get_or_insert(error.to_string());
-            }
-        }
-    }
-
-    /// Compresses and writes the pending events as one chunk: its index,
-    /// then the zstd frame.
-    fn flush(&mut self) -> Result<(), FormatError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let mut payload = self.chunks.to_le_bytes().to_vec();
-        payload
-            .extend(zstd::bulk::compress(&self.pending, ZSTD_LEVEL).map_err(FormatError::Write)?);
-        let trace = self.trace.as_mut().expect("the log is open until finish");
-        trace.section(SectionKind::Events, &payload)?;
-        self.chunks += 1;
-        self.pending.clear();
-        Ok(())
+/// The event that logs `exit`.
+pub fn exit_event(exit: Exit<'_>) -> Event {
+    match exit {
+        Exit::PioRead { port, len } => Event::PioRead { port, len },
+        Exit::PioWrite { port, data } => Event::PioWrite {
+            port,
+            data: data.to_vec(),
+        },
+        Exit::MmioRead { address, len } => Event::MmioRead { address, len },
+        Exit::MmioWrite { address, data } => Event::MmioWrite {
+            address,
+            data: data.to_vec(),
+        },
+        Exit::Halt => Event::Halt,
+        Exit::InterruptWindow => Event::InterruptWindow,
     }
 }
 
@@ -152,7 +106,7 @@ impl Seam for Recorder {
     }
 
     fn exit(&self, exit: Exit<'_>) {
-        self.log(Event::from_exit(exit));
+        self.log(exit_event(exit));
     }
 
     fn read_result(&self, data: &[u8]) {
@@ -172,17 +126,10 @@ impl Seam for Recorder {
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
-        let mut log = self.log.lock().unwrap();
-        log.disk_writes += 1;
-        log.disk_hash.update(offset.to_le_bytes());
-        log.disk_hash.update((data.len() as u64).to_le_bytes());
-        log.disk_hash.update(data);
-        let event = Event::DiskWrite {
-            offset,
-            len: data.len() as u32,
-            digest: write_digest(data),
-        };
-        log.append(&event);
+        self.log
+            .lock()
+            .unwrap()
+            .record(|log| log.append_disk_write(offset, data));
     }
 
     fn stop_reason(&self) -> Option<String> {
@@ -191,10 +138,4 @@ impl Seam for Recorder {
         }
         self.log.lock().unwrap().error.clone()
     }
-}
-
-/// The 64-bit digest of one disk write that the log keeps.
-pub fn write_digest(data: &[u8]) -> u64 {
-    let digest = Sha256::digest(data);
-    u64::from_le_bytes(digest[..8].try_into().unwrap())
 }

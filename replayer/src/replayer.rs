@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use provm_recorder::events::Event;
-use provm_recorder::recorder::write_digest;
-use provm_recorder::trace::EventStream;
+use provm_recorder::exit_event;
+use provm_trace::event_log::EventStream;
+use provm_trace::events::Event;
 use provm_vmm::clock::Clock;
 use provm_vmm::seam::{Exit, Seam};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
@@ -101,6 +101,11 @@ impl Replayer {
             Ok(Some(Event::AgentInput(bytes))) => Some(bytes.clone()),
             _ => None,
         }
+    }
+
+    /// The first divergence, once there is one.
+    pub fn divergence(&self) -> Option<Divergence> {
+        self.state.lock().unwrap().divergence.clone()
     }
 
     fn at_end_of_log(&self) -> bool {
@@ -245,7 +250,7 @@ impl Seam for Replayer {
     fn wait_until(&self, _: u64, _: Instant) {}
 
     fn exit(&self, exit: Exit<'_>) {
-        let actual = Event::from_exit(exit);
+        let actual = exit_event(exit);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 
@@ -270,11 +275,7 @@ impl Seam for Replayer {
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
-        let actual = Event::DiskWrite {
-            offset,
-            len: data.len() as u32,
-            digest: write_digest(data),
-        };
+        let actual = Event::disk_write(offset, data);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 

@@ -72,7 +72,7 @@ pub fn build(records: &[ProvRecord], vm: &VmBoundary) -> Provenance {
                 id: file_id(file.id),
                 kind: EntityKind::File,
                 name: text(&file.path),
-                sha256: (!file.sha256.is_empty()).then(|| provm_recorder::hex(&file.sha256)),
+                sha256: (!file.sha256.is_empty()).then(|| provm_trace::hex(&file.sha256)),
                 size: file.size,
                 content: Vec::new(),
             }),

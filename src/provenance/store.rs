@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use provm_recorder::trace::Trace;
+use provm_trace::reader::Trace;
 
 use super::capture::Boundary;
 use super::model::Provenance;
@@ -69,7 +69,7 @@ pub fn load(path: &Path) -> Result<Provenance, ProvenanceError> {
         path: path.to_owned(),
         source,
     })?;
-    if !bytes.starts_with(provm_recorder::format::MAGIC) {
+    if !bytes.starts_with(provm_trace::format::MAGIC) {
         return Provenance::from_bytes(&bytes, path);
     }
     let trace = Trace::open(path).map_err(|error| ProvenanceError::Trace(error.to_string()))?;
@@ -129,7 +129,7 @@ impl<W: Write> HashingWriter<W> {
     pub fn boundary(self, name: &str, content: Vec<String>) -> Boundary {
         Boundary {
             name: name.into(),
-            sha256: provm_recorder::hex(&self.hasher.finalize()),
+            sha256: provm_trace::hex(&self.hasher.finalize()),
             size: self.size,
             content,
         }

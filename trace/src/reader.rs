@@ -1,14 +1,15 @@
 //! Reading a trace: `Trace::open` verifies every section and keeps what
-//! replay and inspection need; the event log is streamed chunk by chunk.
+//! replay and inspection need; the event log is streamed chunk by chunk
+//! (see `event_log`).
 
-use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
-use std::io::{BufReader, Write};
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::events::{Decoder, Event, EventKind};
+use crate::event_log::{chunk_frame, EventStream};
+use crate::events::EventKind;
 use crate::format::{FormatError, Section, SectionKind, TraceReader};
 use crate::hex;
 use crate::manifest::{Manifest, Outcome};
@@ -35,8 +36,9 @@ fn structure(path: &Path, what: impl std::fmt::Display) -> FormatError {
 
 impl Trace {
     /// Reads the whole trace, verifying every section's checksum, the order
-    /// of the sections, the event chunks' sequence, and the embedded kernel
-    /// and initramfs against the manifest's digests.
+    /// of the sections, the event chunks' sequence, and the embedded kernel,
+    /// initramfs and snapshot against the manifest's digests. The event log
+    /// and an embedded image are verified, not kept.
     pub fn open(path: &Path) -> Result<Trace, FormatError> {
         let mut reader = TraceReader::open(path)?;
         let first = reader
@@ -50,40 +52,53 @@ impl Trace {
         *stored_bytes.entry(first.kind).or_default() += first.payload.len() as u64;
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
         let (mut chunks, mut has_image) = (0u32, false);
-        while let Some(section) = reader.next_section()? {
-            *stored_bytes.entry(section.kind).or_default() += section.payload.len() as u64;
-            if outcome.is_some()
-                && section.kind != SectionKind::Provenance
-                && section.kind != SectionKind::Image
-            {
-                return Err(structure(path, "sections follow the outcome"));
+        let mut after_outcome = Vec::new();
+        while let Some(header) = reader.next_header()? {
+            *stored_bytes.entry(header.kind).or_default() += header.length;
+            if outcome.is_some() {
+                if header.kind != SectionKind::Provenance && header.kind != SectionKind::Image {
+                    return Err(structure(path, "sections follow the outcome"));
+                }
+                after_outcome.push(header.kind.name().to_owned());
             }
-            match section.kind {
+            match header.kind {
                 SectionKind::Manifest => return Err(structure(path, "a second manifest")),
-                SectionKind::Kernel => check_digest(&section, &manifest.kernel_sha256)?,
-                SectionKind::Initramfs => check_digest(&section, &manifest.initramfs_sha256)?,
+                SectionKind::Kernel => {
+                    check_digest(&reader.read_payload(header)?, &manifest.kernel_sha256)?
+                }
+                SectionKind::Initramfs => {
+                    check_digest(&reader.read_payload(header)?, &manifest.initramfs_sha256)?
+                }
                 SectionKind::Snapshot => {
+                    let section = reader.read_payload(header)?;
                     if hex(&Sha256::digest(&section.payload)) != manifest.snapshot_sha256 {
                         return Err(section.decode_error("does not match the manifest's digest"));
                     }
                     snapshot = Some(section.payload);
                 }
                 SectionKind::Events => {
-                    if chunk_index(&section)? != chunks {
-                        return Err(section.decode_error(format!(
-                            "event chunk out of sequence (expected chunk {chunks}): chunks are missing or reordered"
-                        )));
-                    }
+                    chunk_frame(&reader.read_payload(header)?, chunks)?;
                     chunks += 1;
                 }
-                SectionKind::Outcome => outcome = Some(json::<Outcome>(&section)?),
-                SectionKind::Provenance => provenance = Some(section.payload),
+                SectionKind::Outcome => {
+                    outcome = Some(json::<Outcome>(&reader.read_payload(header)?)?)
+                }
+                SectionKind::Provenance => provenance = Some(reader.read_payload(header)?.payload),
+                // Verified, not kept: reading the next header skips it.
                 SectionKind::Image => has_image = true,
             }
         }
         let outcome = outcome.ok_or_else(|| {
             structure(path, "no outcome section: the recording process was killed before it could finish the trace")
         })?;
+        if let Some(promised) = outcome.sections_after.as_ref() {
+            if *promised != after_outcome {
+                return Err(structure(
+                    path,
+                    format!("the outcome promises the sections {promised:?} after it, the trace holds {after_outcome:?}: it was cut short or altered"),
+                ));
+            }
+        }
         if outcome.event_chunks != chunks {
             return Err(structure(
                 path,
@@ -107,11 +122,7 @@ impl Trace {
 
     /// The event log, from its first event.
     pub fn events(&self) -> Result<EventStream, FormatError> {
-        Ok(EventStream {
-            reader: TraceReader::open(&self.path)?,
-            decoder: Decoder::default(),
-            buffered: VecDeque::new(),
-        })
+        EventStream::open(&self.path)
     }
 
     /// Counts the log's events by kind (reads the whole log).
@@ -124,14 +135,23 @@ impl Trace {
         Ok(counts)
     }
 
-    /// Writes the embedded base image to `out`, decompressed.
+    /// Writes the embedded base image to `out`, decompressed, as it is read
+    /// (an image can be larger than memory). Its checksum is verified at
+    /// its end: on an error, `out` holds garbage.
     pub fn extract_image(&self, out: &mut impl Write) -> Result<(), FormatError> {
         let mut reader = TraceReader::open(&self.path)?;
-        while let Some(section) = reader.next_section()? {
-            if section.kind == SectionKind::Image {
-                return zstd::stream::copy_decode(&section.payload[..], out)
-                    .map_err(|e| section.decode_error(e));
+        while let Some(header) = reader.next_header()? {
+            if header.kind != SectionKind::Image {
+                continue;
             }
+            let output_error = |source| FormatError::Output {
+                index: header.index,
+                kind: header.kind.name(),
+                source,
+            };
+            let mut decoder = zstd::stream::write::Decoder::new(out).map_err(output_error)?;
+            reader.copy_payload(&mut decoder)?;
+            return decoder.flush().map_err(output_error);
         }
         Err(structure(&self.path, "no embedded image"))
     }
@@ -151,52 +171,3 @@ fn check_digest(section: &Section, expected: &str) -> Result<(), FormatError> {
     }
     Ok(())
 }
-
-fn chunk_index(section: &Section) -> Result<u32, FormatError> {
-    let index = section
-        .payload
-        .first_chunk::<4>()
-        .ok_or_else(|| section.decode_error("too short for an event chunk"))?;
-    Ok(u32::from_le_bytes(*index))
-}
-
-/// The event log, decoded a chunk at a time.
-pub struct EventStream {
-    reader: TraceReader<BufReader<File>>,
-    decoder: Decoder,
-    buffered: VecDeque<Event>,
-}
-
-impl EventStream {
-    pub fn next_event(&mut self) -> Result<Option<Event>, FormatError> {
-        self.fill()?;
-        Ok(self.buffered.pop_front())
-    }
-
-    pub fn peek(&mut self) -> Result<Option<&Event>, FormatError> {
-        self.fill()?;
-        Ok(self.buffered.front())
-    }
-
-    fn fill(&mut self) -> Result<(), FormatError> {
-        while self.buffered.is_empty() {
-            let Some(section) = self.reader.next_section()? else {
-                return Ok(());
-            };
-            if section.kind != SectionKind::Events {
-                continue;
-            }
-            let chunk = zstd::bulk::decompress(&section.payload[4..], MAX_CHUNK)
-                .map_err(|e| section.decode_error(e))?;
-            let events = self
-                .decoder
-                .decode_all(&chunk)
-                .map_err(|e| section.decode_error(e))?;
-            self.buffered.extend(events);
-        }
-        Ok(())
-    }
-}
-
-/// No chunk decompresses to more than this (the recorder writes ~256 KiB).
-const MAX_CHUNK: usize = 64 << 20;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use provm_vmm::seam::Exit;
+use sha2::{Digest, Sha256};
 
 use crate::hex;
 
@@ -48,20 +48,13 @@ pub enum Event {
 }
 
 impl Event {
-    pub fn from_exit(exit: Exit<'_>) -> Event {
-        match exit {
-            Exit::PioRead { port, len } => Event::PioRead { port, len },
-            Exit::PioWrite { port, data } => Event::PioWrite {
-                port,
-                data: data.to_vec(),
-            },
-            Exit::MmioRead { address, len } => Event::MmioRead { address, len },
-            Exit::MmioWrite { address, data } => Event::MmioWrite {
-                address,
-                data: data.to_vec(),
-            },
-            Exit::Halt => Event::Halt,
-            Exit::InterruptWindow => Event::InterruptWindow,
+    /// The event of a disk write of `data` at byte `offset`.
+    pub fn disk_write(offset: u64, data: &[u8]) -> Event {
+        let digest = Sha256::digest(data);
+        Event::DiskWrite {
+            offset,
+            len: data.len() as u32,
+            digest: u64::from_le_bytes(digest[..8].try_into().unwrap()),
         }
     }
 
@@ -211,7 +204,8 @@ impl Encoder {
                 put_bytes(out, data)
             }
             Event::Clock(ns) => {
-                // The clock never goes backwards; a replayed log is checked.
+                // The monotonic clock never goes backwards, so the difference
+                // is small; the decoder refuses one that would wrap.
                 put_varint(out, ns.wrapping_sub(self.last_clock));
                 self.last_clock = *ns;
             }
@@ -294,7 +288,11 @@ impl Decoder {
             EventKind::InterruptWindow => Event::InterruptWindow,
             EventKind::ReadResult => Event::ReadResult(input.bytes()?),
             EventKind::Clock => {
-                self.last_clock = self.last_clock.wrapping_add(input.varint()?);
+                let delta = input.varint()?;
+                self.last_clock = self
+                    .last_clock
+                    .checked_add(delta)
+                    .ok_or(input.error("clock reading past 2^64 ns"))?;
                 Event::Clock(self.last_clock)
             }
             EventKind::Wall => Event::Wall(input.varint()?),
@@ -351,6 +349,10 @@ impl Input<'_> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte()?;
+            // The tenth byte holds bit 63 only: more would be dropped.
+            if shift == 63 && byte & 0x7e != 0 {
+                return Err(self.error("varint longer than 64 bits"));
+            }
             value |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Ok(value);
@@ -415,6 +417,27 @@ mod tests {
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
         assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 6);
+    }
+
+    #[test]
+    fn a_varint_past_64_bits_is_refused_not_truncated() {
+        let mut max = Vec::new();
+        put_varint(&mut max, u64::MAX);
+        assert_eq!(max.len(), 10);
+        let mut wall = vec![EventKind::Wall as u8];
+        wall.extend_from_slice(&max);
+        assert_eq!(
+            Decoder::default().decode_all(&wall),
+            Ok(vec![Event::Wall(u64::MAX)])
+        );
+        *wall.last_mut().unwrap() = 0x02;
+        assert_eq!(
+            Decoder::default().decode_all(&wall),
+            Err(DecodeError {
+                offset: 11,
+                what: "varint longer than 64 bits"
+            })
+        );
     }
 
     proptest! {

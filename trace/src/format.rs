@@ -23,6 +23,8 @@ pub const FORMAT_VERSION: u16 = 1;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;
+/// Payloads are verified and copied in pieces of this size.
+const COPY_BUFFER: usize = 64 * 1024;
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,6 +118,12 @@ pub enum FormatError {
         kind: &'static str,
         reason: String,
     },
+    #[error("cannot write out section {index} ({kind}): {source}")]
+    Output {
+        index: usize,
+        kind: &'static str,
+        source: io::Error,
+    },
     #[error("cannot write the trace: {0}")]
     Write(io::Error),
     #[error("cannot read the trace: {0}")]
@@ -186,7 +194,7 @@ fn section_digest(tag: [u8; 4], length: [u8; 8], payload: &[u8]) -> [u8; 32] {
     hash.finalize().into()
 }
 
-/// One verified section.
+/// One verified section, read whole.
 pub struct Section {
     pub index: usize,
     pub kind: SectionKind,
@@ -204,10 +212,25 @@ impl Section {
     }
 }
 
+/// A section whose header has been read and whose payload is next.
+#[derive(Clone, Copy, Debug)]
+pub struct SectionHeader {
+    pub index: usize,
+    pub kind: SectionKind,
+    pub length: u64,
+    length_bytes: [u8; 8],
+    digest: [u8; 32],
+}
+
 /// Reads a trace section by section, verifying each.
+///
+/// `next_section` reads a payload whole; `next_header` then
+/// `copy_payload` streams one (an embedded image can be larger than
+/// memory). A payload left unread is verified and skipped by the next call.
 pub struct TraceReader<R> {
     input: R,
     next_index: usize,
+    unread: Option<SectionHeader>,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -242,21 +265,48 @@ impl<R: Read> TraceReader<R> {
         Ok(TraceReader {
             input,
             next_index: 0,
+            unread: None,
         })
     }
 
-    /// The next section, verified; `None` at a clean end of file.
+    /// The next section, verified and in memory; `None` at a clean end of
+    /// file.
     pub fn next_section(&mut self) -> Result<Option<Section>, FormatError> {
+        match self.next_header()? {
+            Some(header) => self.read_payload(header).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The payload of the section whose header was just read, verified and
+    /// in memory.
+    pub fn read_payload(&mut self, header: SectionHeader) -> Result<Section, FormatError> {
+        let mut payload = Vec::new();
+        self.copy_payload(&mut payload)?;
+        Ok(Section {
+            index: header.index,
+            kind: header.kind,
+            payload,
+        })
+    }
+
+    /// The next section's header; `None` at a clean end of file. The
+    /// previous section's payload, if unread, is verified and skipped.
+    pub fn next_header(&mut self) -> Result<Option<SectionHeader>, FormatError> {
+        if self.unread.is_some() {
+            self.copy_payload(&mut io::sink())?;
+        }
         let index = self.next_index;
-        let truncated = |what: &str| FormatError::Truncated {
-            index,
-            what: what.into(),
-        };
         let mut head = [0u8; 44];
         match read_full(&mut self.input, &mut head).map_err(FormatError::Read)? {
             0 => return Ok(None),
             44 => {}
-            _ => return Err(truncated("its header")),
+            _ => {
+                return Err(FormatError::Truncated {
+                    index,
+                    what: "its header".into(),
+                })
+            }
         }
         let tag: [u8; 4] = head[..4].try_into().unwrap();
         let kind = SectionKind::from_tag(tag).ok_or_else(|| FormatError::UnknownSection {
@@ -272,26 +322,59 @@ impl<R: Read> TraceReader<R> {
                 length,
             });
         }
-        let mut payload = Vec::new();
-        (&mut self.input)
-            .take(length)
-            .read_to_end(&mut payload)
-            .map_err(FormatError::Read)?;
-        if payload.len() as u64 != length {
-            return Err(truncated(kind.name()));
-        }
-        if section_digest(tag, length_bytes, &payload)[..] != head[12..44] {
-            return Err(FormatError::Checksum {
-                index,
-                kind: kind.name(),
-            });
-        }
-        self.next_index += 1;
-        Ok(Some(Section {
+        let header = SectionHeader {
             index,
             kind,
-            payload,
-        }))
+            length,
+            length_bytes,
+            digest: head[12..44].try_into().unwrap(),
+        };
+        self.next_index += 1;
+        self.unread = Some(header);
+        Ok(Some(header))
+    }
+
+    /// Copies the payload of the section whose header was just read to
+    /// `out` as it is read, and verifies it at its end: on an error, what
+    /// reached `out` must be discarded.
+    pub fn copy_payload(&mut self, out: &mut impl Write) -> Result<(), FormatError> {
+        let header = self
+            .unread
+            .take()
+            .expect("copy_payload follows next_header");
+        let mut hash = Sha256::new();
+        hash.update(header.kind.tag());
+        hash.update(header.length_bytes);
+        let mut payload = (&mut self.input).take(header.length);
+        let mut buf = vec![0u8; COPY_BUFFER];
+        let mut copied = 0u64;
+        loop {
+            let n = read_full(&mut payload, &mut buf).map_err(FormatError::Read)?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .map_err(|source| FormatError::Output {
+                    index: header.index,
+                    kind: header.kind.name(),
+                    source,
+                })?;
+            copied += n as u64;
+        }
+        if copied != header.length {
+            return Err(FormatError::Truncated {
+                index: header.index,
+                what: header.kind.name().into(),
+            });
+        }
+        if hash.finalize()[..] != header.digest {
+            return Err(FormatError::Checksum {
+                index: header.index,
+                kind: header.kind.name(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -345,6 +428,49 @@ mod tests {
                 (SectionKind::Events, Vec::new())
             ]
         );
+    }
+
+    #[test]
+    fn a_streamed_payload_is_verified_at_its_end() {
+        let bytes = written(&[(SectionKind::Image, b"image bytes")]);
+        let mut reader = TraceReader::new(&bytes[..], Path::new("t.provm")).unwrap();
+        reader.next_header().unwrap().unwrap();
+        let mut out = Vec::new();
+        reader.copy_payload(&mut out).unwrap();
+        assert_eq!(out, b"image bytes");
+
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let mut reader = TraceReader::new(&flipped[..], Path::new("t.provm")).unwrap();
+        reader.next_header().unwrap().unwrap();
+        assert!(matches!(
+            reader.copy_payload(&mut Vec::new()),
+            Err(FormatError::Checksum { index: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_payload_left_unread_is_verified_when_skipped() {
+        let bytes = written(&[
+            (SectionKind::Image, b"image"),
+            (SectionKind::Outcome, b"{}"),
+        ]);
+        let mut flipped = bytes.clone();
+        flipped[HEADER_LEN + 44] ^= 1;
+        let mut reader = TraceReader::new(&flipped[..], Path::new("t.provm")).unwrap();
+        assert_eq!(
+            reader.next_header().unwrap().unwrap().kind,
+            SectionKind::Image
+        );
+        assert!(matches!(
+            reader.next_header(),
+            Err(FormatError::Checksum { index: 0, .. })
+        ));
+        let mut reader = TraceReader::new(&bytes[..], Path::new("t.provm")).unwrap();
+        reader.next_header().unwrap();
+        let outcome = reader.next_section().unwrap().unwrap();
+        assert_eq!((outcome.index, &outcome.payload[..]), (1, &b"{}"[..]));
+        assert!(reader.next_header().unwrap().is_none());
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! What a trace says about its run: the manifest, written first (what ran,
 //! where, from which inputs), and the outcome, written last (how it ended).
 
-use provm_vmm::cpuid::FeatureWord;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -42,6 +41,24 @@ pub struct CpuModel {
     pub ignored_by_kernel: Vec<String>,
 }
 
+/// One 32-bit word of CPUID feature flags, as the manifest stores it
+/// (the VMM's own type converts to and from it).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FeatureWord {
+    pub leaf: u32,
+    pub subleaf: u32,
+    pub register: CpuidRegister,
+    pub value: u32,
+}
+
+/// The CPUID output register a feature word comes from.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum CpuidRegister {
+    Ebx,
+    Ecx,
+    Edx,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostDescription {
     pub kernel: String,
@@ -70,4 +87,9 @@ pub struct Outcome {
     pub host_seconds: f64,
     /// The last lines of the guest's serial console.
     pub console_tail: String,
+    /// The kinds of the sections written after the outcome, in order
+    /// (provenance, image), so that a trace cut short after its outcome is
+    /// noticed. Absent from traces of older provm versions.
+    #[serde(default)]
+    pub sections_after: Option<Vec<String>>,
 }

@@ -1,0 +1,54 @@
+//! The machine a guest is restored into, the same for a run, a recording
+//! and a replay: a disk overlaying the base image, the RAM, the console,
+//! and the seam that drives it from the snapshot's virtual time on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
+use provm_vmm::seam::Seam;
+use provm_vmm::vm::{Vm, VmConfig, VmError, VmSnapshot};
+
+pub struct Machine<'a> {
+    pub base: &'a BaseImage,
+    pub memory_mib: u64,
+    pub echo_console: bool,
+    /// Where the overlay that takes the guest's writes goes.
+    pub overlay: OverlayLocation,
+    /// See `VmConfig::exitless_limit`.
+    pub exitless_limit: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+}
+
+impl Machine<'_> {
+    /// The VM's configuration, with a fresh overlay and `seam`.
+    pub fn config(self, seam: Arc<dyn Seam>) -> Result<VmConfig, ImageError> {
+        Ok(VmConfig {
+            memory_mib: self.memory_mib,
+            disk: Box::new(Overlay::create(self.base, self.overlay)?),
+            echo_console: self.echo_console,
+            seam,
+            exitless_limit: self.exitless_limit,
+        })
+    }
+
+    /// A VM restored from `snapshot`, driven by the seam that `seam_at`
+    /// makes for the snapshot's virtual time (its clock must go on from
+    /// there); returns the seam too.
+    pub fn restore<S: Seam + 'static>(
+        self,
+        snapshot: VmSnapshot,
+        seam_at: impl FnOnce(u64) -> S,
+    ) -> Result<(Vm, Arc<S>), MachineError> {
+        let seam = Arc::new(seam_at(snapshot.state.clock_ns));
+        let config = self.config(seam.clone())?;
+        Ok((Vm::restore(config, snapshot)?, seam))
+    }
+}

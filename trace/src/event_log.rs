@@ -1,0 +1,191 @@
+//! The event log as a trace stores it: chunks of encoded events, each an
+//! `Events` section holding the chunk's index (u32 LE) and a zstd frame,
+//! written as the run goes and read back a chunk at a time, so that neither
+//! side holds more than a chunk whatever the run's length.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::events::{Decoder, Encoder, Event};
+use crate::format::{FormatError, Section, SectionKind, TraceReader, TraceWriter};
+use crate::hex;
+
+/// Encoded events are compressed and written once this many bytes gather.
+const CHUNK_BYTES: usize = 256 * 1024;
+const ZSTD_LEVEL: i32 = 3;
+/// No chunk decompresses to more than this (the writer makes ~256 KiB).
+const MAX_CHUNK: usize = 64 << 20;
+
+/// What the log holds when the recording ends.
+#[derive(Debug)]
+pub struct LogTotals {
+    pub events: u64,
+    pub exits: u64,
+    pub chunks: u32,
+    pub disk_writes: u64,
+    /// SHA-256 over every disk write in order: offset, length, bytes.
+    pub disk_writes_sha256: String,
+    /// The guest's last clock reading: how far its virtual time got.
+    pub last_clock_ns: u64,
+}
+
+/// Appends events to a trace in chunks.
+pub struct EventLogWriter {
+    trace: TraceWriter,
+    encoder: Encoder,
+    pending: Vec<u8>,
+    events: u64,
+    exits: u64,
+    chunks: u32,
+    disk_writes: u64,
+    disk_hash: Sha256,
+    last_clock_ns: u64,
+}
+
+impl EventLogWriter {
+    /// A log appended to `trace`, for a guest whose clock starts at
+    /// `start_ns`.
+    pub fn new(trace: TraceWriter, start_ns: u64) -> Self {
+        EventLogWriter {
+            trace,
+            encoder: Encoder::default(),
+            pending: Vec::with_capacity(CHUNK_BYTES * 2),
+            events: 0,
+            exits: 0,
+            chunks: 0,
+            disk_writes: 0,
+            disk_hash: Sha256::new(),
+            last_clock_ns: start_ns,
+        }
+    }
+
+    /// Appends `event`; writes a chunk when enough events have gathered.
+    /// After an error the event is kept, and writing is retried later.
+    pub fn append(&mut self, event: &Event) -> Result<(), FormatError> {
+        if let Event::Clock(ns) = event {
+            self.last_clock_ns = *ns;
+        }
+        self.events += 1;
+        self.exits += u64::from(event.is_exit());
+        self.encoder.encode(event, &mut self.pending);
+        if self.pending.len() >= CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Appends the event of a disk write and adds its bytes to the digest
+    /// of all writes.
+    pub fn append_disk_write(&mut self, offset: u64, data: &[u8]) -> Result<(), FormatError> {
+        self.disk_writes += 1;
+        self.disk_hash.update(offset.to_le_bytes());
+        self.disk_hash.update((data.len() as u64).to_le_bytes());
+        self.disk_hash.update(data);
+        self.append(&Event::disk_write(offset, data))
+    }
+
+    /// Writes the last chunk and hands the trace back for the sections that
+    /// follow the log.
+    pub fn finish(mut self) -> Result<(TraceWriter, LogTotals), FormatError> {
+        self.flush()?;
+        let totals = LogTotals {
+            events: self.events,
+            exits: self.exits,
+            chunks: self.chunks,
+            disk_writes: self.disk_writes,
+            disk_writes_sha256: hex(&self.disk_hash.finalize()),
+            last_clock_ns: self.last_clock_ns,
+        };
+        Ok((self.trace, totals))
+    }
+
+    fn flush(&mut self) -> Result<(), FormatError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let payload = encode_chunk(self.chunks, &self.pending).map_err(FormatError::Write)?;
+        self.trace.section(SectionKind::Events, &payload)?;
+        self.chunks += 1;
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// The payload of chunk `index` holding the encoded events `events`.
+pub fn encode_chunk(index: u32, events: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut payload = index.to_le_bytes().to_vec();
+    payload.extend(zstd::bulk::compress(events, ZSTD_LEVEL)?);
+    Ok(payload)
+}
+
+/// Checks that `section` is event chunk `expected`; returns its zstd frame.
+pub fn chunk_frame(section: &Section, expected: u32) -> Result<&[u8], FormatError> {
+    let (index, frame) = section
+        .payload
+        .split_first_chunk::<4>()
+        .ok_or_else(|| section.decode_error("too short for an event chunk"))?;
+    if u32::from_le_bytes(*index) != expected {
+        return Err(section.decode_error(format!(
+            "event chunk out of sequence (expected chunk {expected}): chunks are missing or reordered"
+        )));
+    }
+    Ok(frame)
+}
+
+/// The event log of a trace file, decoded a chunk at a time. Every section
+/// is verified as it is read.
+pub struct EventStream {
+    reader: TraceReader<BufReader<File>>,
+    decoder: Decoder,
+    next_chunk: u32,
+    buffered: VecDeque<Event>,
+}
+
+impl EventStream {
+    /// The log of the trace at `path`, from its first event.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        Ok(EventStream {
+            reader: TraceReader::open(path)?,
+            decoder: Decoder::default(),
+            next_chunk: 0,
+            buffered: VecDeque::new(),
+        })
+    }
+
+    pub fn next_event(&mut self) -> Result<Option<Event>, FormatError> {
+        self.fill()?;
+        Ok(self.buffered.pop_front())
+    }
+
+    pub fn peek(&mut self) -> Result<Option<&Event>, FormatError> {
+        self.fill()?;
+        Ok(self.buffered.front())
+    }
+
+    fn fill(&mut self) -> Result<(), FormatError> {
+        while self.buffered.is_empty() {
+            let Some(header) = self.reader.next_header()? else {
+                return Ok(());
+            };
+            // Other sections are verified and skipped by the next call.
+            if header.kind != SectionKind::Events {
+                continue;
+            }
+            let section = self.reader.read_payload(header)?;
+            let frame = chunk_frame(&section, self.next_chunk)?;
+            let chunk =
+                zstd::bulk::decompress(frame, MAX_CHUNK).map_err(|e| section.decode_error(e))?;
+            self.next_chunk += 1;
+            let events = self
+                .decoder
+                .decode_all(&chunk)
+                .map_err(|e| section.decode_error(e))?;
+            self.buffered.extend(events);
+        }
+        Ok(())
+    }
+}

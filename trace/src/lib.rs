@@ -1,0 +1,15 @@
+//! provm's trace: the container format, the event log, the manifest and
+//! outcome, the snapshot encoding, and the reader. It links no KVM crate, so
+//! every reader and analysis of a trace can run where KVM is not.
+
+pub mod event_log;
+pub mod events;
+pub mod format;
+pub mod manifest;
+pub mod reader;
+pub mod snapshot;
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,169 @@
+//! A small but complete sample trace, and the helpers the property tests
+//! of the reader share: taking a trace apart into its sections, putting it
+//! back together with fresh checksums, and reading all of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use provm_trace::event_log::encode_chunk;
+use provm_trace::events::{Encoder, Event};
+use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::hex;
+use provm_trace::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_trace::reader::Trace;
+use provm_trace::snapshot;
+use sha2::{Digest, Sha256};
+
+/// The sample guest's RAM.
+pub const MEMORY_MIB: u64 = 1;
+pub const EVENT_CHUNKS: u32 = 3;
+pub const EVENTS_PER_CHUNK: u32 = 20;
+
+pub type Sections = Vec<(SectionKind, Vec<u8>)>;
+
+pub fn sha(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+pub fn compress(bytes: &[u8]) -> Vec<u8> {
+    zstd::bulk::compress(bytes, 1).unwrap()
+}
+
+/// The encoded events of each chunk of the sample's log.
+pub fn sample_chunks() -> Vec<Vec<u8>> {
+    let mut encoder = Encoder::default();
+    (0..EVENT_CHUNKS)
+        .map(|chunk| {
+            let mut events = Vec::new();
+            for i in 0..EVENTS_PER_CHUNK {
+                let event = match i % 4 {
+                    0 => Event::PioWrite {
+                        port: 0x20,
+                        data: vec![0x20],
+                    },
+                    1 => Event::Clock(u64::from(chunk * 100 + i)),
+                    2 => Event::AgentOutput(vec![i as u8; 3]),
+                    _ => Event::ReadResult(vec![i as u8]),
+                };
+                encoder.encode(&event, &mut events);
+            }
+            events
+        })
+        .collect()
+}
+
+/// A snapshot of a guest of `MEMORY_MIB`, with two runs of memory.
+pub fn sample_snapshot() -> Vec<u8> {
+    let state = serde_json::json!({"clock_ns": 1000, "vcpu": {"rip": 4096}});
+    snapshot::encode(&state, &[(0, vec![1; 4096]), (65536, vec![2; 8192])])
+}
+
+/// A complete trace: every section kind, several event chunks.
+pub fn sample_sections() -> Sections {
+    let (kernel, initramfs, snapshot) = (
+        b"vmlinux".repeat(100),
+        b"cpio".repeat(50),
+        sample_snapshot(),
+    );
+    let manifest = Manifest {
+        provm_version: "test".into(),
+        started_unix: 0,
+        argv: vec!["true".into()],
+        env: Vec::new(),
+        cwd: "/".into(),
+        root_device: "/dev/vda".into(),
+        image: ImageIdentity {
+            path: "image.qcow2".into(),
+            size: 0,
+            sha256: sha(b""),
+        },
+        kernel_sha256: sha(&kernel),
+        initramfs_sha256: sha(&initramfs),
+        snapshot_sha256: sha(&snapshot),
+        kernel_cmdline: String::new(),
+        memory_mib: MEMORY_MIB,
+        cpu: CpuModel {
+            features: Vec::new(),
+            ignored_by_kernel: Vec::new(),
+        },
+        host: HostDescription {
+            kernel: String::new(),
+            cpu: String::new(),
+            hypervisor: String::new(),
+        },
+        exitless_limit_seconds: None,
+    };
+    let outcome = Outcome {
+        complete: true,
+        events: u64::from(EVENT_CHUNKS * EVENTS_PER_CHUNK),
+        event_chunks: EVENT_CHUNKS,
+        sections_after: Some(vec!["provenance".into(), "image".into()]),
+        ..Outcome::default()
+    };
+    let mut sections = vec![
+        (
+            SectionKind::Manifest,
+            serde_json::to_vec(&manifest).unwrap(),
+        ),
+        (SectionKind::Kernel, compress(&kernel)),
+        (SectionKind::Initramfs, compress(&initramfs)),
+        (SectionKind::Snapshot, snapshot),
+    ];
+    for (index, events) in sample_chunks().iter().enumerate() {
+        let payload = encode_chunk(index as u32, events).unwrap();
+        sections.push((SectionKind::Events, payload));
+    }
+    sections.push((SectionKind::Outcome, serde_json::to_vec(&outcome).unwrap()));
+    sections.push((SectionKind::Provenance, b"{}".to_vec()));
+    sections.push((SectionKind::Image, compress(b"a disk image")));
+    sections
+}
+
+/// Writes `sections` as a trace at `path`, each with its checksum computed
+/// afresh, and returns its bytes.
+pub fn write_trace(path: &Path, sections: &[(SectionKind, Vec<u8>)]) -> Vec<u8> {
+    let mut trace = TraceWriter::create(path).unwrap();
+    for (kind, payload) in sections {
+        trace.section(*kind, payload).unwrap();
+    }
+    trace.finish().unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// The sections of the trace at `path`.
+pub fn read_sections(path: &Path) -> Sections {
+    let mut reader = TraceReader::open(path).unwrap();
+    let mut sections = Vec::new();
+    while let Some(section) = reader.next_section().unwrap() {
+        sections.push((section.kind, section.payload));
+    }
+    sections
+}
+
+/// What a replay reads of a trace: the verified trace, its snapshot decoded
+/// for the manifest's memory size, its embedded image and its whole event
+/// log. Returns the
+/// number of events, or the error in words.
+pub fn read_everything(path: &Path) -> Result<u64, String> {
+    let trace = Trace::open(path).map_err(|e| e.to_string())?;
+    let decoded = snapshot::decode::<serde_json::Value>(&trace.snapshot, trace.manifest.memory_mib)
+        .map_err(|e| e.to_string())?;
+    let limit = trace.manifest.memory_mib << 20;
+    for (address, bytes) in &decoded.runs {
+        assert!(
+            address + bytes.len() as u64 <= limit,
+            "a run outside RAM was accepted"
+        );
+    }
+    if trace.has_image {
+        trace
+            .extract_image(&mut std::io::sink())
+            .map_err(|e| e.to_string())?;
+    }
+    let mut events = trace.events().map_err(|e| e.to_string())?;
+    let mut count = 0;
+    while events.next_event().map_err(|e| e.to_string())?.is_some() {
+        count += 1;
+    }
+    Ok(count)
+}

@@ -1,0 +1,102 @@
+//! Property tests of the trace reader against damaged traces: a small but
+//! complete trace (every section kind, several event chunks) is damaged at
+//! random, and reading it must fail with an error, never panic and never
+//! pass (1000 cases per property). `below_checksums.rs` damages what the
+//! checksums cover.
+
+mod common;
+
+use std::path::Path;
+
+use proptest::prelude::*;
+use provm_trace::format::SectionKind;
+
+use common::{read_everything, sample_sections, write_trace, EVENTS_PER_CHUNK, EVENT_CHUNKS};
+
+/// A complete trace of several event chunks, as bytes.
+fn sample_trace(dir: &Path) -> Vec<u8> {
+    write_trace(&dir.join("sample.provm"), &sample_sections())
+}
+
+/// Opens the trace, decodes its snapshot and reads its whole event log.
+fn read(dir: &Path, bytes: &[u8]) -> Result<u64, String> {
+    let path = dir.join("damaged.provm");
+    std::fs::write(&path, bytes).unwrap();
+    read_everything(&path)
+}
+
+#[test]
+fn the_sample_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = sample_trace(dir.path());
+    assert_eq!(
+        read(dir.path(), &bytes),
+        Ok(u64::from(EVENT_CHUNKS * EVENTS_PER_CHUNK))
+    );
+}
+
+#[test]
+fn a_trace_cut_after_its_outcome_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.provm");
+    let mut sections = sample_sections();
+    assert_eq!(sections.pop().unwrap().0, SectionKind::Image);
+    write_trace(&path, &sections);
+    let error = read_everything(&path).unwrap_err();
+    assert!(error.contains("cut short"), "{error}");
+
+    // A trace of an older provm promises nothing after its outcome.
+    let outcome = sections
+        .iter_mut()
+        .find(|(kind, _)| *kind == SectionKind::Outcome);
+    let outcome = &mut outcome.unwrap().1;
+    let mut older: serde_json::Value = serde_json::from_slice(outcome).unwrap();
+    older.as_object_mut().unwrap().remove("sections_after");
+    *outcome = serde_json::to_vec(&older).unwrap();
+    write_trace(&path, &sections);
+    assert!(read_everything(&path).is_ok());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// Any one flipped byte is caught: by the header checks, or by the
+    /// checksum over the section holding it.
+    #[test]
+    fn every_flipped_byte_is_detected(at in any::<prop::sample::Index>(), bits in 1u8..=255) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = sample_trace(dir.path());
+        let at = at.index(bytes.len());
+        bytes[at] ^= bits;
+        prop_assert!(read(dir.path(), &bytes).is_err(), "flip at {} went unnoticed", at);
+    }
+
+    /// Any truncation is caught.
+    #[test]
+    fn every_truncation_is_detected(len in any::<prop::sample::Index>()) {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = sample_trace(dir.path());
+        let len = len.index(bytes.len());
+        prop_assert!(read(dir.path(), &bytes[..len]).is_err());
+    }
+
+    /// Several mutations at once (overwrites, insertions, deletions) end in
+    /// an error, never a panic.
+    #[test]
+    fn mixed_damage_never_panics(edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = sample_trace(dir.path());
+        let original = bytes.clone();
+        for (at, value, op) in edits {
+            let at = at.index(bytes.len());
+            match op {
+                0 => bytes[at] = value,
+                1 => bytes.insert(at, value),
+                _ => { bytes.remove(at); }
+            }
+        }
+        if bytes != original {
+            prop_assert!(read(dir.path(), &bytes).is_err());
+        }
+    }
+}
