@@ -21,13 +21,14 @@ use crate::bus::{Bus, BusError};
 use crate::cpuid::{self, FeatureWord, HiddenFeature};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
+use crate::devices::persist::{InvalidState, Persist};
 use crate::devices::pic::{self, Pic, PicIrqLine};
 use crate::devices::pit::{Pit, PitState, PIT_PORT, PIT_PORT_LEN};
 use crate::devices::serial::{
     ConsoleTail, SerialPort, SerialPortState, COM1_BASE, COM1_IRQ, UART_REGISTERS,
 };
 use crate::devices::virtio::block::VirtioBlock;
-use crate::devices::virtio::console::VirtioConsole;
+use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
 use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
@@ -84,8 +85,8 @@ pub struct VmState {
     cmos: CmosState,
     serial: SerialPortState,
     i8042: I8042,
-    block: TransportState,
-    console: TransportState,
+    block: TransportState<()>,
+    console: TransportState<ConsoleState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,10 @@ pub enum VmError {
     Bus(#[from] BusError),
     #[error("virtio device: {0}")]
     Virtio(#[from] crate::devices::virtio::mmio::Error),
+    /// Boxed: a snapshot's refusal is rare, and would otherwise double the
+    /// size of every `VmError`.
+    #[error(transparent)]
+    DeviceState(Box<InvalidState>),
     #[error("the guest triple-faulted (KVM shutdown exit) at RIP {rip:#x}")]
     TripleFault { rip: u64 },
     #[error("KVM internal error (suberror {suberror}) at RIP {rip:#x}, code bytes: {code}")]
@@ -134,6 +139,12 @@ pub enum VmError {
 
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
+}
+
+impl From<InvalidState> for VmError {
+    fn from(error: InvalidState) -> Self {
+        VmError::DeviceState(Box::new(error))
+    }
 }
 
 /// Why `Vm::run` returned.
@@ -210,13 +221,13 @@ impl Vm {
         let state = snapshot.state;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&state.vcpu)?;
-        *vm.pic.lock().unwrap() = state.pic;
-        vm.pit.lock().unwrap().restore(state.pit);
-        vm.cmos.lock().unwrap().restore(state.cmos);
-        vm.serial.lock().unwrap().restore(state.serial);
-        *vm.i8042.lock().unwrap() = state.i8042;
-        vm.block.lock().unwrap().restore(state.block)?;
-        vm.console.lock().unwrap().restore(state.console)?;
+        vm.pic.lock().unwrap().restore(&state.pic)?;
+        vm.pit.lock().unwrap().restore(&state.pit)?;
+        vm.cmos.lock().unwrap().restore(&state.cmos)?;
+        vm.serial.lock().unwrap().restore(&state.serial)?;
+        vm.i8042.lock().unwrap().restore(&state.i8042)?;
+        vm.block.lock().unwrap().restore(&state.block)?;
+        vm.console.lock().unwrap().restore(&state.console)?;
         Ok(vm)
     }
 
@@ -226,13 +237,13 @@ impl Vm {
         let state = VmState {
             clock_ns: self.seam.monotonic_ns(),
             vcpu: self.vcpu.save(&self.kvm)?,
-            pic: self.pic.lock().unwrap().clone(),
-            pit: self.pit.lock().unwrap().state(),
-            cmos: self.cmos.lock().unwrap().state(),
-            serial: self.serial.lock().unwrap().state(),
-            i8042: self.i8042.lock().unwrap().clone(),
-            block: self.block.lock().unwrap().state(),
-            console: self.console.lock().unwrap().state(),
+            pic: self.pic.lock().unwrap().save(),
+            pit: self.pit.lock().unwrap().save(),
+            cmos: self.cmos.lock().unwrap().save(),
+            serial: self.serial.lock().unwrap().save(),
+            i8042: self.i8042.lock().unwrap().save(),
+            block: self.block.lock().unwrap().save(),
+            console: self.console.lock().unwrap().save(),
         };
         Ok(VmSnapshot {
             state,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 pub mod cmos;
 pub mod i8042;
+pub mod persist;
 pub mod pic;
 pub mod pit;
 pub mod serial;

@@ -16,6 +16,7 @@ use virtio_queue::{Reader, Writer};
 
 use super::mmio::MmioTransport;
 use super::{DeviceQueues, QueueIo, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::devices::persist::{InvalidState, Persist};
 
 const DEVICE_ID: u32 = 3;
 /// Port 0's queues: no VIRTIO_CONSOLE_F_MULTIPORT, so no control queues.
@@ -74,31 +75,30 @@ impl VirtioConsole {
 }
 
 /// Host bytes waiting for the guest, and guest bytes for the host.
-#[derive(Serialize, Deserialize)]
-struct ConsoleState {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleState {
     to_guest: Vec<u8>,
     from_guest: Vec<u8>,
 }
 
-impl VirtioDevice for VirtioConsole {
-    fn save(&self) -> serde_json::Value {
-        serde_json::to_value(ConsoleState {
+impl Persist for VirtioConsole {
+    type State = ConsoleState;
+
+    fn save(&self) -> ConsoleState {
+        ConsoleState {
             to_guest: self.to_guest.iter().copied().collect(),
             from_guest: self.from_guest.clone(),
-        })
-        .expect("byte buffers serialise")
-    }
-
-    fn restore(&mut self, state: serde_json::Value) {
-        match serde_json::from_value::<ConsoleState>(state) {
-            Ok(state) => {
-                self.to_guest = state.to_guest.into();
-                self.from_guest = state.from_guest;
-            }
-            Err(error) => warn!("virtio-console: ignoring unreadable saved state: {error}"),
         }
     }
 
+    fn restore(&mut self, state: &ConsoleState) -> Result<(), InvalidState> {
+        self.to_guest = state.to_guest.iter().copied().collect();
+        self.from_guest = state.from_guest.clone();
+        Ok(())
+    }
+}
+
+impl VirtioDevice for VirtioConsole {
     fn device_type(&self) -> u32 {
         DEVICE_ID
     }
@@ -262,5 +262,20 @@ mod tests {
         assert!(bus.read(0xd000_0000, &mut magic));
         assert_eq!(&magic, b"virt");
         console.lock().unwrap().send_to_guest(b"queued");
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        t.send_to_guest(b"waiting");
+        mem.write_slice(b"untaken", GuestAddress(DATA)).unwrap();
+        add_chain(&tx, 0, &[(DATA, 7, 0)]);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        let saved = t.save();
+        let (mut restored, _) = transport(VirtioConsole::new(), &mem);
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+        assert_eq!(restored.take_from_guest(), b"untaken");
     }
 }

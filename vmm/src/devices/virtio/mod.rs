@@ -7,6 +7,8 @@
 use virtio_queue::{Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryMmap;
 
+use super::persist::Persist;
+
 pub mod block;
 pub mod console;
 pub mod mmio;
@@ -19,8 +21,9 @@ pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// 1.1 §2.6.5.3); `virtio_queue` walks such chains transparently.
 pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
 
-/// A virtio device behind a transport.
-pub trait VirtioDevice: Send {
+/// A virtio device behind a transport. Its [`Persist`] state is what a
+/// snapshot must carry beyond the transport's.
+pub trait VirtioDevice: Persist + Send {
     /// Device ID (virtio 1.1 §5), e.g. 2 for block, 3 for console.
     fn device_type(&self) -> u32;
 
@@ -46,15 +49,6 @@ pub trait VirtioDevice: Send {
 
     /// The driver has set DRIVER_OK: `queues` are live from now on.
     fn activate(&mut self, _queues: &mut DeviceQueues<'_>) {}
-
-    /// Device state a snapshot must carry beyond the transport's; none by
-    /// default.
-    fn save(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-
-    /// Puts back what `save` returned.
-    fn restore(&mut self, _state: serde_json::Value) {}
 
     /// The driver notified queue `index` (always one of the device's queues,
     /// made ready by the driver, with the device live).
