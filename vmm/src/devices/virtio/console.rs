@@ -16,7 +16,7 @@ use virtio_queue::{Reader, Writer};
 
 use super::mmio::MmioTransport;
 use super::{DeviceQueues, QueueIo, VirtioDevice, VIRTIO_F_VERSION_1};
-use crate::devices::persist::{InvalidState, Persist};
+use crate::devices::persist::{require, InvalidState, Persist};
 
 const DEVICE_ID: u32 = 3;
 /// Port 0's queues: no VIRTIO_CONSOLE_F_MULTIPORT, so no control queues.
@@ -26,6 +26,13 @@ const TRANSMITQ: usize = 1;
 /// probe time, work that costs seconds of boot where ring 0 is emulated. The
 /// channel carries small messages in, and hvc sends one buffer at a time out.
 const QUEUE_SIZES: &[u16] = &[8, 8];
+/// The most one transmit chain may carry. hvc sends at most a page at a
+/// time; a chain of overlapping descriptors can describe 4 GiB, which the
+/// device would otherwise copy into one buffer. A longer chain is dropped.
+pub const MAX_TRANSMIT_CHAIN: usize = 64 * 1024;
+/// The most guest bytes held for the host. While one more chain could pass
+/// it, transmit chains wait in the ring for the driver's next notify.
+pub const MAX_PENDING_OUTPUT: usize = 16 * MAX_TRANSMIT_CHAIN;
 
 /// A single-port virtio console. The host side is driven through
 /// [`MmioTransport::send_to_guest`] and [`MmioTransport::take_from_guest`].
@@ -65,8 +72,24 @@ impl VirtioConsole {
         buffer.bytes_written() as u32
     }
 
+    /// Collects the driver's transmit buffers while the host has room for
+    /// another chain.
+    fn transmit_all(&mut self, transmitq: &mut QueueIo<'_>) {
+        while self.from_guest.len() + MAX_TRANSMIT_CHAIN <= MAX_PENDING_OUTPUT
+            && transmitq.serve_one(|reader, _| self.transmit(reader))
+        {}
+    }
+
     /// Collects one transmit buffer; the device writes nothing back.
     fn transmit(&mut self, mut buffer: Reader<'_>) -> u32 {
+        let len = buffer.available_bytes();
+        if len > MAX_TRANSMIT_CHAIN {
+            warn!(
+                len,
+                "virtio-console: transmit chain over {MAX_TRANSMIT_CHAIN} bytes, dropped"
+            );
+            return 0;
+        }
         if let Err(e) = buffer.read_to_end(&mut self.from_guest) {
             warn!("virtio-console: transmit buffer read failed: {e}");
         }
@@ -92,6 +115,14 @@ impl Persist for VirtioConsole {
     }
 
     fn restore(&mut self, state: &ConsoleState) -> Result<(), InvalidState> {
+        let pending = state.from_guest.len();
+        require(
+            pending <= MAX_PENDING_OUTPUT,
+            "virtio-console",
+            "from_guest",
+            format!("{pending} bytes"),
+            &format!("the device holds at most {MAX_PENDING_OUTPUT}"),
+        )?;
         self.to_guest = state.to_guest.iter().copied().collect();
         self.from_guest = state.from_guest.clone();
         Ok(())
@@ -122,7 +153,7 @@ impl VirtioDevice for VirtioConsole {
     fn process_queue(&mut self, index: usize, queue: &mut QueueIo<'_>) {
         match index {
             RECEIVEQ => self.deliver(queue),
-            TRANSMITQ => while queue.serve_one(|reader, _| self.transmit(reader)) {},
+            TRANSMITQ => self.transmit_all(queue),
             _ => warn!(index, "virtio-console: notify of an unknown queue"),
         }
     }
@@ -277,5 +308,44 @@ mod tests {
         restored.restore(&saved).unwrap();
         assert_eq!(restored.save(), saved);
         assert_eq!(restored.take_from_guest(), b"untaken");
+    }
+
+    #[test]
+    fn restore_refuses_more_output_than_the_device_holds() {
+        let mut console = VirtioConsole::new();
+        let mut state = console.save();
+        state.from_guest = vec![0; MAX_PENDING_OUTPUT + 1];
+        let error = console.restore(&state).unwrap_err();
+        assert_eq!(error.field, "from_guest");
+        assert!(console.from_guest.is_empty(), "left unchanged");
+    }
+
+    #[test]
+    fn transmit_chain_over_the_cap_is_dropped() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        // Overlapping descriptors: more bytes than the memory they cover.
+        let half = (MAX_TRANSMIT_CHAIN / 2 + 1) as u32;
+        add_chain(&tx, 0, &[(DATA, half, 0), (DATA, half, 0)]);
+        add_chain(&tx, 2, &[(DATA, 3, 0)]);
+        mem.write_slice(b"yes", GuestAddress(DATA)).unwrap();
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert_eq!(used(&tx), [(0, 0), (2, 0)]);
+        assert_eq!(t.take_from_guest(), b"yes");
+    }
+
+    #[test]
+    fn transmit_waits_while_the_host_has_no_room() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        let almost_full = MAX_PENDING_OUTPUT - MAX_TRANSMIT_CHAIN + 1;
+        t.with_device(|console, _| console.from_guest = vec![0; almost_full]);
+        add_chain(&tx, 0, &[(DATA, 5, 0)]);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert!(used(&tx).is_empty());
+        assert_eq!(t.take_from_guest().len(), almost_full);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert_eq!(used(&tx), [(0, 0)]);
+        assert_eq!(t.take_from_guest().len(), 5);
     }
 }
