@@ -34,7 +34,7 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::seam::{Exit, ObservedDisk, Seam};
-use crate::vcpu::{Kicker, Vcpu, VcpuError, VcpuState};
+use crate::vcpu::{Kicker, PioExit, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -427,21 +427,8 @@ impl Vm {
         self.last_exit = Instant::now();
         let seam = &*self.seam;
         match exit {
-            VcpuExit::IoIn(port, data) => {
-                seam.exit(Exit::PioRead {
-                    port,
-                    len: data.len() as u8,
-                });
-                if !self.pio.read(port.into(), data) {
-                    // Nothing there: an ISA bus floats high.
-                    data.fill(0xff);
-                }
-                seam.read_result(data);
-            }
-            VcpuExit::IoOut(port, data) => {
-                seam.exit(Exit::PioWrite { port, data });
-                self.pio.write(port.into(), data);
-            }
+            VcpuExit::IoIn(..) => self.port_read()?,
+            VcpuExit::IoOut(..) => self.port_write(),
             VcpuExit::MmioRead(address, data) => {
                 seam.exit(Exit::MmioRead {
                     address,
@@ -467,6 +454,29 @@ impl Vm {
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
         Ok(Some(false))
+    }
+
+    /// A port read: each access of a string instruction reads its own
+    /// element from the device, in order.
+    fn port_read(&mut self) -> Result<(), VmError> {
+        let PioExit { port, size, data } = self.vcpu.pio_exit();
+        let len = u16::try_from(data.len())
+            .map_err(|_| VmError::UnexpectedExit(format!("port read of {} bytes", data.len())))?;
+        self.seam.exit(Exit::PioRead { port, len });
+        if !self.pio.read_elements(port.into(), size, data) {
+            // Nothing there: an ISA bus floats high.
+            data.fill(0xff);
+        }
+        self.seam.read_result(data);
+        Ok(())
+    }
+
+    /// A port write: each access of a string instruction writes its own
+    /// element to the device, in order.
+    fn port_write(&mut self) {
+        let PioExit { port, size, data } = self.vcpu.pio_exit();
+        self.seam.exit(Exit::PioWrite { port, data });
+        self.pio.write_elements(port.into(), size, data);
     }
 
     /// Stops a non-preemptive run whose guest has gone too long without an
