@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 pub mod cmos;
+#[cfg(test)]
+mod fuzz;
 pub mod i8042;
 pub mod persist;
 pub mod pic;

@@ -23,15 +23,15 @@ const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 
 /// Request types (virtio 1.1 §5.2.6).
-const VIRTIO_BLK_T_IN: u32 = 0;
-const VIRTIO_BLK_T_OUT: u32 = 1;
-const VIRTIO_BLK_T_FLUSH: u32 = 4;
-const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub const VIRTIO_BLK_T_IN: u32 = 0;
+pub const VIRTIO_BLK_T_OUT: u32 = 1;
+pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
+pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
 
 /// Status byte values.
-const VIRTIO_BLK_S_OK: u8 = 0;
-const VIRTIO_BLK_S_IOERR: u8 = 1;
-const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+pub const VIRTIO_BLK_S_OK: u8 = 0;
+pub const VIRTIO_BLK_S_IOERR: u8 = 1;
+pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
 
 const SECTOR_SIZE: u64 = 512;
 /// `type`, `reserved`, `sector`: all little-endian.
@@ -41,7 +41,7 @@ const ID_LEN: usize = 20;
 const SERIAL: &[u8] = b"provm";
 /// Data moves between guest and disk through a buffer of this size, so a
 /// request's length never sizes an allocation.
-const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// Why a request failed; all but `Unsupported` answer VIRTIO_BLK_S_IOERR.
 #[derive(Debug, thiserror::Error)]

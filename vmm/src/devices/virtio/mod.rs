@@ -211,6 +211,32 @@ pub(crate) mod testing {
         t: &mut MmioTransport<D>,
         queues: &[&MockSplitQueue<'_, GuestMemoryMmap>],
     ) {
+        let rings: Vec<Rings> = queues
+            .iter()
+            .map(|q| Rings {
+                size: QUEUE_LEN,
+                desc_table: q.desc_table_addr().0,
+                avail: q.avail_addr().0,
+                used: q.used_addr().0,
+            })
+            .collect();
+        initialize_rings(t, &rings);
+        assert_eq!(
+            read_reg(t, mmio::regs::STATUS) & mmio::regs::DEVICE_NEEDS_RESET,
+            0
+        );
+    }
+
+    /// Where a driver put one queue's rings, and its size.
+    pub struct Rings {
+        pub size: u16,
+        pub desc_table: u64,
+        pub avail: u64,
+        pub used: u64,
+    }
+
+    /// `initialize` with rings anywhere, even outside guest memory.
+    pub fn initialize_rings<D: VirtioDevice>(t: &mut MmioTransport<D>, queues: &[Rings]) {
         use mmio::regs::*;
         write_reg(t, STATUS, 0);
         write_reg(t, STATUS, ACKNOWLEDGE);
@@ -225,19 +251,18 @@ pub(crate) mod testing {
         assert_ne!(read_reg(t, STATUS) & FEATURES_OK, 0);
         for (index, queue) in queues.iter().enumerate() {
             write_reg(t, QUEUE_SEL, index as u32);
-            write_reg(t, QUEUE_NUM, u32::from(QUEUE_LEN));
+            write_reg(t, QUEUE_NUM, u32::from(queue.size));
             for (low, addr) in [
-                (QUEUE_DESC_LOW, queue.desc_table_addr()),
-                (QUEUE_DRIVER_LOW, queue.avail_addr()),
-                (QUEUE_DEVICE_LOW, queue.used_addr()),
+                (QUEUE_DESC_LOW, queue.desc_table),
+                (QUEUE_DRIVER_LOW, queue.avail),
+                (QUEUE_DEVICE_LOW, queue.used),
             ] {
-                write_reg(t, low, addr.0 as u32);
-                write_reg(t, low + 4, (addr.0 >> 32) as u32);
+                write_reg(t, low, addr as u32);
+                write_reg(t, low + 4, (addr >> 32) as u32);
             }
             write_reg(t, QUEUE_READY, 1);
         }
         write_reg(t, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
-        assert_eq!(read_reg(t, STATUS) & DEVICE_NEEDS_RESET, 0);
     }
 
     /// `descs` (addr, len, flags) linked into one chain whose first
