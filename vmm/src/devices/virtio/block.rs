@@ -230,6 +230,11 @@ impl VirtioDevice for VirtioBlock {
         &[QUEUE_SIZE]
     }
 
+    /// The header, SEG_MAX data segments and the status, as offered.
+    fn max_chain_descriptors(&self) -> usize {
+        SEG_MAX as usize + 2
+    }
+
     /// `capacity`, `size_max` (0: not offered) and `seg_max` of
     /// `struct virtio_blk_config` (virtio 1.1 §5.2.4); the later fields
     /// depend on features not offered.
@@ -538,5 +543,29 @@ mod tests {
         f.transport.write(regs::QUEUE_NOTIFY, &0u32.to_le_bytes());
         assert_eq!(used(&queue), [(0, 1), (2, 1), (4, 1)]);
         assert_eq!(f.disk.lock().unwrap().flushes, 3);
+    }
+
+    #[test]
+    fn request_over_seg_max_is_returned_unwritten() {
+        let mut f = Fixture::new(false);
+        f.write_header(VIRTIO_BLK_T_IN, 0);
+        let request = |segments: u32| {
+            let data = (0..segments).map(|_| (BUFFER, 512, DESC_F_WRITE));
+            std::iter::once((HEADER, HEADER_LEN as u32, 0))
+                .chain(data)
+                .chain(std::iter::once((STATUS, 1, DESC_F_WRITE)))
+                .collect::<Vec<_>>()
+        };
+        // SEG_MAX sectors, all read into one buffer: allowed.
+        f.disk
+            .lock()
+            .unwrap()
+            .bytes
+            .resize(SEG_MAX as usize * 512, 0);
+        let table = indirect_table(&f.mem, DATA + 0x4000, &request(SEG_MAX));
+        assert_eq!(f.submit(&[table]), (SEG_MAX * 512 + 1, VIRTIO_BLK_S_OK));
+        f.write_header(VIRTIO_BLK_T_IN, 0);
+        let table = indirect_table(&f.mem, DATA + 0x8000, &request(SEG_MAX + 1));
+        assert_eq!(f.submit(&[table]), (0, 0xff));
     }
 }

@@ -297,7 +297,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
         } else {
             &mut []
         };
-        let mut queues = DeviceQueues::new(&self.mem, live_queues);
+        let max_chain_descriptors = self.device.max_chain_descriptors();
+        let mut queues = DeviceQueues::new(&self.mem, live_queues, max_chain_descriptors);
         let result = f(&mut self.device, &mut queues);
         if queues.used() {
             self.raise_interrupt(INT_USED_RING);

@@ -33,6 +33,13 @@ pub trait VirtioDevice: Persist + Send {
     /// Maximum size of each queue, one entry per queue; powers of two.
     fn queue_max_sizes(&self) -> &[u16];
 
+    /// The most descriptors a chain may have; a longer one is returned
+    /// unused. By default the most an indirect table can hold (a direct
+    /// chain has at most the queue's size).
+    fn max_chain_descriptors(&self) -> usize {
+        usize::from(u16::MAX)
+    }
+
     /// Reads device configuration space at `offset`; bytes past its end read 0.
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&[], offset, data);
@@ -70,16 +77,22 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 pub struct DeviceQueues<'a> {
     mem: &'a GuestMemoryMmap,
     queues: &'a mut [Queue],
+    max_chain_descriptors: usize,
     /// Whether any chain went back to the driver (the transport then
     /// raises the used-buffer interrupt).
     used: bool,
 }
 
 impl<'a> DeviceQueues<'a> {
-    pub(crate) fn new(mem: &'a GuestMemoryMmap, queues: &'a mut [Queue]) -> Self {
+    pub(crate) fn new(
+        mem: &'a GuestMemoryMmap,
+        queues: &'a mut [Queue],
+        max_chain_descriptors: usize,
+    ) -> Self {
         Self {
             mem,
             queues,
+            max_chain_descriptors,
             used: false,
         }
     }
@@ -90,6 +103,7 @@ impl<'a> DeviceQueues<'a> {
         Some(QueueIo {
             queue,
             mem: self.mem,
+            max_chain_descriptors: self.max_chain_descriptors,
             used: &mut self.used,
         })
     }
@@ -104,6 +118,7 @@ impl<'a> DeviceQueues<'a> {
 pub struct QueueIo<'a> {
     queue: &'a mut Queue,
     mem: &'a GuestMemoryMmap,
+    max_chain_descriptors: usize,
     used: &'a mut bool,
 }
 
@@ -112,12 +127,20 @@ impl QueueIo<'_> {
     /// device-writable bytes (virtio 1.1 §2.6.4: devices must not depend on
     /// how the driver split them into descriptors) and returns how many bytes
     /// it wrote, the used length. False when the ring has no chain left.
+    /// A chain `serve` cannot take (outside guest memory, too many
+    /// descriptors) goes back with used length 0.
     pub fn serve_one(&mut self, serve: impl FnOnce(Reader<'_>, Writer<'_>) -> u32) -> bool {
         let Some(chain) = self.queue.pop_descriptor_chain(self.mem) else {
             return false;
         };
         let head = chain.head_index();
+        let descriptors = chain.clone().count();
         let len = match (chain.clone().reader(self.mem), chain.writer(self.mem)) {
+            _ if descriptors > self.max_chain_descriptors => {
+                let max = self.max_chain_descriptors;
+                tracing::warn!(head, descriptors, max, "virtio: chain too long");
+                0
+            }
             (Ok(reader), Ok(writer)) => serve(reader, writer),
             _ => {
                 tracing::warn!(head, "virtio: descriptor chain outside guest memory");
