@@ -51,12 +51,15 @@ impl Bus {
         (address - base < *len).then_some((device, address - base))
     }
 
-    /// Reads from the device at `address`; false when no device is there.
+    /// Reads from the device at `address` in one access; false when no
+    /// device is there.
     pub fn read(&self, address: u64, data: &mut [u8]) -> bool {
+        // An element of at least one byte: there are no empty chunks.
         self.read_elements(address, data.len().max(1), data)
     }
 
-    /// Writes to the device at `address`; false when no device is there.
+    /// Writes to the device at `address` in one access; false when no
+    /// device is there.
     pub fn write(&self, address: u64, data: &[u8]) -> bool {
         self.write_elements(address, data.len().max(1), data)
     }
