@@ -21,6 +21,8 @@ pub const MASTER_PORT: u64 = 0x20;
 pub const SLAVE_PORT: u64 = 0xa0;
 pub const ELCR_PORT: u64 = 0x4d0;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "PIC";
 /// The master input the slave's INT output is wired to, as on every PC.
 const CASCADE_IRQ: u8 = 2;
 /// The ELCR bits that exist: IRQ0-2 (timer, keyboard, cascade), IRQ8 (RTC)
@@ -270,14 +272,14 @@ impl Chip {
         let hex = |v: u8| format!("{v:#04x}");
         require(
             self.level_triggered & !elcr_bits == 0,
-            "PIC",
+            STATE_NAME,
             field("level_triggered"),
             hex(self.level_triggered),
             "sets ELCR bits of edge-only lines",
         )?;
         require(
             self.vector_base & 7 == 0,
-            "PIC",
+            STATE_NAME,
             field("vector_base"),
             hex(self.vector_base),
             "ICW2 keeps only bits 7-3",
@@ -305,7 +307,7 @@ impl Persist for Pic {
         ] {
             require(
                 value & cascade == 0,
-                "PIC",
+                STATE_NAME,
                 field,
                 format!("{value:#04x}"),
                 "the cascade line (IRQ 2) is not an input",

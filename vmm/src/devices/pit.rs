@@ -27,6 +27,8 @@ use crate::clock::Clock;
 pub const PIT_PORT: u64 = 0x40;
 pub const PIT_PORT_LEN: u64 = 4;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "PIT";
 const INPUT_HZ: u128 = 1_193_182;
 const NS_PER_S: u128 = 1_000_000_000;
 
@@ -183,14 +185,14 @@ impl Counter {
         let field = |f: &str| format!("counters[{index}].{f}");
         require(
             self.mode <= 5,
-            "PIT",
+            STATE_NAME,
             field("mode"),
             self.mode,
             "the 8254 has modes 0-5",
         )?;
         require(
             self.started_ns.is_none() || !matches!(self.mode, 1 | 5),
-            "PIT",
+            STATE_NAME,
             field("started_ns"),
             format!("{:?}", self.started_ns),
             "gate-triggered modes never start counting here",
@@ -203,7 +205,7 @@ impl Counter {
         });
         require(
             in_time,
-            "PIT",
+            STATE_NAME,
             field("next_edge"),
             edge,
             "no edge of a stopped counter, or past the end of the clock",

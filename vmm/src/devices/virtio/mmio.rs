@@ -56,6 +56,8 @@ pub mod regs {
 
 use regs::*;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "virtio-mmio";
 /// "virt", little-endian.
 const MAGIC: u32 = 0x7472_6976;
 const MMIO_VERSION: u32 = 2;
@@ -130,10 +132,6 @@ fn ring_sizes(size: u16) -> [(&'static str, u64); 3] {
     ]
 }
 
-fn invalid(field: impl Into<String>, value: impl std::fmt::Display, problem: &str) -> InvalidState {
-    InvalidState::new("virtio-mmio", field, value, problem)
-}
-
 impl<D: VirtioDevice> MmioTransport<D> {
     /// Rebuilds saved queue `index`, refusing what the driver could not have
     /// set up: another maximum size, a size the transport refuses, or (for
@@ -148,20 +146,21 @@ impl<D: VirtioDevice> MmioTransport<D> {
         let max_size = self.queues[index].max_size();
         require(
             saved.max_size == max_size,
-            "virtio-mmio",
+            STATE_NAME,
             field("max_size"),
             saved.max_size,
             &format!("the device's queue {index} has {max_size} entries"),
         )?;
         require(
             saved.size.is_power_of_two() && saved.size <= max_size,
-            "virtio-mmio",
+            STATE_NAME,
             field("size"),
             saved.size,
             &format!("not a power of two up to {max_size}"),
         )?;
-        let queue = Queue::try_from(*saved)
-            .map_err(|error| invalid(format!("queues[{index}]"), "(rings)", &error.to_string()))?;
+        let queue = Queue::try_from(*saved).map_err(|error| {
+            InvalidState::new(STATE_NAME, field("rings"), "", error.to_string())
+        })?;
         if live && saved.ready {
             let addresses = [saved.desc_table, saved.avail_ring, saved.used_ring];
             for ((name, len), address) in ring_sizes(saved.size).into_iter().zip(addresses) {
@@ -171,7 +170,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 });
                 require(
                     in_memory,
-                    "virtio-mmio",
+                    STATE_NAME,
                     field(name),
                     format!("{address:#x}"),
                     &format!("{len} bytes there are not all guest memory"),
@@ -186,28 +185,28 @@ impl<D: VirtioDevice> MmioTransport<D> {
         let unknown_interrupts = state.interrupt_status & !(INT_USED_RING | INT_CONFIG);
         require(
             unknown_interrupts == 0,
-            "virtio-mmio",
+            STATE_NAME,
             "interrupt_status",
             format!("{:#x}", state.interrupt_status),
             "only the used-ring and configuration bits exist",
         )?;
         require(
             state.irq_high == (state.interrupt_status != 0),
-            "virtio-mmio",
+            STATE_NAME,
             "irq_high",
             state.irq_high,
             "the line follows InterruptStatus",
         )?;
         require(
             state.status & FEATURES_OK == 0 || self.features_acceptable(state.driver_features),
-            "virtio-mmio",
+            STATE_NAME,
             "driver_features",
             format!("{:#x}", state.driver_features),
             "FEATURES_OK set for features the transport refuses",
         )?;
         require(
             !is_live(state.status) || state.status & FEATURES_OK != 0,
-            "virtio-mmio",
+            STATE_NAME,
             "status",
             format!("{:#x}", state.status),
             "DRIVER_OK without FEATURES_OK makes the device need a reset",
@@ -237,7 +236,7 @@ impl<D: VirtioDevice> Persist for MmioTransport<D> {
     fn restore(&mut self, state: &Self::State) -> Result<(), InvalidState> {
         require(
             state.queues.len() == self.queues.len(),
-            "virtio-mmio",
+            STATE_NAME,
             "queues",
             format!("{} queues", state.queues.len()),
             &format!("the device has {}", self.queues.len()),
@@ -919,6 +918,10 @@ mod tests {
         assert_eq!(refused(&|s| s.irq_high = true), "irq_high");
         assert_eq!(refused(&|s| s.driver_features |= 1 << 5), "driver_features");
         assert_eq!(refused(&|s| s.status &= !FEATURES_OK), "status");
+        assert_eq!(
+            refused(&|s| s.queues[0].0.used_ring += 2),
+            "queues[0].rings"
+        );
     }
 
     #[test]
