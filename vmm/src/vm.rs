@@ -602,3 +602,52 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boot::{EntryPoint, GDT, GDT_START};
+
+    const CODE: u64 = 0x1000;
+    const BUFFER: u64 = 0x2000;
+
+    /// 32-bit code: `rep insw` of two words from port 0x3f8 into BUFFER, HLT.
+    const REP_INSW: &[u8] = &[
+        0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
+        0xb9, 0x02, 0x00, 0x00, 0x00, // mov ecx, 2
+        0xbf, 0x00, 0x20, 0x00, 0x00, // mov edi, BUFFER
+        0xfc, // cld
+        0x66, 0xf3, 0x6d, // rep insw
+        0xf4, // hlt
+    ];
+
+    /// KVM's report of a string instruction, as `Vcpu::pio_exit` reads it:
+    /// the access size and all the accesses' data at one exit.
+    #[test]
+    fn string_port_input_arrives_as_accesses_of_its_size() {
+        let kvm = open_kvm().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        register_memory(&vm, &memory).unwrap();
+        let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
+        memory.write_slice(&gdt, GDT_START).unwrap();
+        memory.write_slice(REP_INSW, GuestAddress(CODE)).unwrap();
+        let (mut vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
+        vcpu.enter_pvh(EntryPoint {
+            entry: GuestAddress(CODE),
+            start_info: GuestAddress(0),
+        })
+        .unwrap();
+
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::IoIn(0x3f8, _))));
+        let PioExit { port, size, data } = vcpu.pio_exit();
+        assert_eq!((port, size, data.len()), (0x3f8, 2, 4));
+        data.copy_from_slice(b"rep!");
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::Hlt)));
+        let mut received = [0u8; 4];
+        memory
+            .read_slice(&mut received, GuestAddress(BUFFER))
+            .unwrap();
+        assert_eq!(&received, b"rep!");
+    }
+}
