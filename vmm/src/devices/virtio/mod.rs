@@ -135,17 +135,17 @@ impl QueueIo<'_> {
         };
         let head = chain.head_index();
         let descriptors = chain.clone().count();
-        let len = match (chain.clone().reader(self.mem), chain.writer(self.mem)) {
-            _ if descriptors > self.max_chain_descriptors => {
-                let max = self.max_chain_descriptors;
-                tracing::warn!(head, descriptors, max, "virtio: chain too long");
-                0
-            }
-            (Ok(reader), Ok(writer)) => serve(reader, writer),
-            _ => {
-                tracing::warn!(head, "virtio: descriptor chain outside guest memory");
-                0
-            }
+        let len = if descriptors > self.max_chain_descriptors {
+            let max = self.max_chain_descriptors;
+            tracing::warn!(head, descriptors, max, "virtio: chain too long");
+            0
+        } else if let (Ok(reader), Ok(writer)) =
+            (chain.clone().reader(self.mem), chain.writer(self.mem))
+        {
+            serve(reader, writer)
+        } else {
+            tracing::warn!(head, "virtio: descriptor chain outside guest memory");
+            0
         };
         match self.queue.add_used(self.mem, head, len) {
             Ok(()) => *self.used = true,
