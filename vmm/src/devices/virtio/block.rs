@@ -23,15 +23,15 @@ const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 
 /// Request types (virtio 1.1 §5.2.6).
-pub const VIRTIO_BLK_T_IN: u32 = 0;
-pub const VIRTIO_BLK_T_OUT: u32 = 1;
-pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
-pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub(crate) const VIRTIO_BLK_T_IN: u32 = 0;
+pub(crate) const VIRTIO_BLK_T_OUT: u32 = 1;
+pub(crate) const VIRTIO_BLK_T_FLUSH: u32 = 4;
+pub(crate) const VIRTIO_BLK_T_GET_ID: u32 = 8;
 
 /// Status byte values.
-pub const VIRTIO_BLK_S_OK: u8 = 0;
-pub const VIRTIO_BLK_S_IOERR: u8 = 1;
-pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+pub(crate) const VIRTIO_BLK_S_OK: u8 = 0;
+pub(crate) const VIRTIO_BLK_S_IOERR: u8 = 1;
+pub(crate) const VIRTIO_BLK_S_UNSUPP: u8 = 2;
 
 const SECTOR_SIZE: u64 = 512;
 /// `type`, `reserved`, `sector`: all little-endian.

@@ -29,10 +29,10 @@ const QUEUE_SIZES: &[u16] = &[8, 8];
 /// The most one transmit chain may carry. hvc sends at most a page at a
 /// time; a chain of overlapping descriptors can describe 4 GiB, which the
 /// device would otherwise copy into one buffer. A longer chain is dropped.
-pub const MAX_TRANSMIT_CHAIN: usize = 64 * 1024;
+pub(crate) const MAX_TRANSMIT_CHAIN: usize = 64 * 1024;
 /// The most guest bytes held for the host. While one more chain could pass
 /// it, transmit chains wait in the ring for the driver's next notify.
-pub const MAX_PENDING_OUTPUT: usize = 16 * MAX_TRANSMIT_CHAIN;
+pub(crate) const MAX_PENDING_OUTPUT: usize = 16 * MAX_TRANSMIT_CHAIN;
 
 /// A single-port virtio console. The host side is driven through
 /// [`MmioTransport::send_to_guest`] and [`MmioTransport::take_from_guest`].
