@@ -13,7 +13,7 @@ use crate::hex;
 pub enum Event {
     PioRead {
         port: u16,
-        len: u8,
+        len: u16,
     },
     PioWrite {
         port: u16,
@@ -185,7 +185,7 @@ impl Encoder {
         match event {
             Event::PioRead { port, len } => {
                 out.extend_from_slice(&port.to_le_bytes());
-                out.push(*len);
+                out.extend_from_slice(&len.to_le_bytes());
             }
             Event::PioWrite { port, data } => {
                 out.extend_from_slice(&port.to_le_bytes());
@@ -270,7 +270,7 @@ impl Decoder {
         Ok(match kind {
             EventKind::PioRead => Event::PioRead {
                 port: input.port()?,
-                len: input.byte()?,
+                len: u16::from_le_bytes(input.array()?),
             },
             EventKind::PioWrite => Event::PioWrite {
                 port: input.port()?,

@@ -19,7 +19,7 @@ use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
 /// The format this provm writes; it reads this one only.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;

@@ -51,26 +51,42 @@ impl Bus {
         (address - base < *len).then_some((device, address - base))
     }
 
-    /// Reads from the device at `address`; false when no device is there.
+    /// Reads from the device at `address` in one access; false when no
+    /// device is there.
     pub fn read(&self, address: u64, data: &mut [u8]) -> bool {
-        match self.resolve(address) {
-            Some((device, offset)) => {
-                device.lock().unwrap().read(offset, data);
-                true
-            }
-            None => false,
-        }
+        // An element of at least one byte: there are no empty chunks.
+        self.read_elements(address, data.len().max(1), data)
     }
 
-    /// Writes to the device at `address`; false when no device is there.
+    /// Writes to the device at `address` in one access; false when no
+    /// device is there.
     pub fn write(&self, address: u64, data: &[u8]) -> bool {
-        match self.resolve(address) {
-            Some((device, offset)) => {
-                device.lock().unwrap().write(offset, data);
-                true
-            }
-            None => false,
-        }
+        self.write_elements(address, data.len().max(1), data)
+    }
+
+    /// Reads `data` as accesses of `size` bytes each at `address`, one
+    /// after the other, as a string instruction (`rep ins`) makes them;
+    /// false when no device is there.
+    pub fn read_elements(&self, address: u64, size: usize, data: &mut [u8]) -> bool {
+        let Some((device, offset)) = self.resolve(address) else {
+            return false;
+        };
+        let mut device = device.lock().unwrap();
+        data.chunks_mut(size)
+            .for_each(|element| device.read(offset, element));
+        true
+    }
+
+    /// Writes `data` as accesses of `size` bytes each at `address`, one
+    /// after the other (`rep outs`); false when no device is there.
+    pub fn write_elements(&self, address: u64, size: usize, data: &[u8]) -> bool {
+        let Some((device, offset)) = self.resolve(address) else {
+            return false;
+        };
+        let mut device = device.lock().unwrap();
+        data.chunks(size)
+            .for_each(|element| device.write(offset, element));
+        true
     }
 }
 
@@ -123,5 +139,37 @@ mod tests {
         assert_eq!(bus.insert(0x50, 0, echo()), Err(BusError::Empty(0x50)));
         bus.insert(0x44, 1, echo()).unwrap();
         bus.insert(0x3c, 4, echo()).unwrap();
+    }
+
+    /// Counts accesses, answering each read with the count so far and
+    /// remembering every write.
+    #[derive(Default)]
+    struct Counter {
+        reads: u8,
+        writes: Vec<Vec<u8>>,
+    }
+
+    impl BusDevice for Counter {
+        fn read(&mut self, _offset: u64, data: &mut [u8]) {
+            self.reads += 1;
+            data.fill(self.reads);
+        }
+        fn write(&mut self, _offset: u64, data: &[u8]) {
+            self.writes.push(data.to_vec());
+        }
+    }
+
+    #[test]
+    fn string_accesses_reach_the_device_one_element_at_a_time() {
+        let counter = Arc::new(Mutex::new(Counter::default()));
+        let mut bus = Bus::default();
+        bus.insert(0x1f0, 8, counter.clone()).unwrap();
+        let mut data = [0u8; 6];
+        assert!(bus.read_elements(0x1f0, 2, &mut data));
+        assert_eq!(data, [1, 1, 2, 2, 3, 3]);
+        assert!(bus.write_elements(0x1f0, 4, &[1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(counter.lock().unwrap().writes, [[1, 2, 3, 4], [5, 6, 7, 8]]);
+        assert!(!bus.read_elements(0x1f8, 1, &mut data));
+        assert!(!bus.write_elements(0x1e0, 1, &data));
     }
 }

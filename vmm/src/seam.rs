@@ -17,10 +17,13 @@ use crate::disk::Disk;
 /// What the guest did to cause a VM exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit<'a> {
+    /// `len` bytes read from `port`: one access, or the several accesses of
+    /// a string instruction (`rep ins`) that KVM handed over at one exit.
     PioRead {
         port: u16,
-        len: u8,
+        len: u16,
     },
+    /// Bytes written to `port`, by one access or a string instruction's.
     PioWrite {
         port: u16,
         data: &'a [u8],

@@ -5,8 +5,8 @@ use std::sync::Once;
 use std::time::Duration;
 
 use kvm_bindings::{
-    kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs,
-    kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES,
+    kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_msr_entry, kvm_regs, kvm_run, kvm_segment,
+    kvm_sregs, kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -249,6 +249,41 @@ impl Vcpu {
     pub fn request_interrupt_window(&mut self, request: bool) {
         self.fd.get_kvm_run().request_interrupt_window = request.into();
     }
+
+    /// The port I/O exit KVM_RUN just returned. kvm-ioctls passes on its
+    /// data as one slice without the access size, which a string instruction
+    /// (`rep ins/outs`: `count` accesses at one exit) needs. Call only after
+    /// a `VcpuExit::IoIn` or `VcpuExit::IoOut`.
+    pub fn pio_exit(&mut self) -> PioExit<'_> {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: the last exit was KVM_EXIT_IO, so `io` is the live member.
+        let io = unsafe { run.__bindgen_anon_1.io };
+        let len = usize::from(io.size) * io.count as usize;
+        // SAFETY: KVM puts the data `data_offset` bytes into the kvm_run
+        // mapping, which kvm-ioctls maps whole for the vCPU's life (the very
+        // slice its `VcpuExit::IoIn/IoOut` carries); the slice borrows the
+        // vCPU, so no KVM_RUN can change it meanwhile.
+        let data = unsafe {
+            let start = (run as *mut kvm_run)
+                .cast::<u8>()
+                .add(io.data_offset as usize);
+            std::slice::from_raw_parts_mut(start, len)
+        };
+        PioExit {
+            port: io.port,
+            // KVM reports 1, 2 or 4; never 0, which no access could split by.
+            size: usize::from(io.size).max(1),
+            data,
+        }
+    }
+}
+
+/// A port I/O exit: accesses of `size` bytes each at `port`, their bytes one
+/// after the other in `data`.
+pub struct PioExit<'a> {
+    pub port: u16,
+    pub size: usize,
+    pub data: &'a mut [u8],
 }
 
 fn segment(gdt_index: u16, type_: u8) -> kvm_segment {

@@ -21,19 +21,20 @@ use crate::bus::{Bus, BusError};
 use crate::cpuid::{self, FeatureWord, HiddenFeature};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
+use crate::devices::persist::{InvalidState, Persist};
 use crate::devices::pic::{self, Pic, PicIrqLine};
 use crate::devices::pit::{Pit, PitState, PIT_PORT, PIT_PORT_LEN};
 use crate::devices::serial::{
     ConsoleTail, SerialPort, SerialPortState, COM1_BASE, COM1_IRQ, UART_REGISTERS,
 };
 use crate::devices::virtio::block::VirtioBlock;
-use crate::devices::virtio::console::VirtioConsole;
+use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
 use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::seam::{Exit, ObservedDisk, Seam};
-use crate::vcpu::{Kicker, Vcpu, VcpuError, VcpuState};
+use crate::vcpu::{Kicker, PioExit, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -84,8 +85,8 @@ pub struct VmState {
     cmos: CmosState,
     serial: SerialPortState,
     i8042: I8042,
-    block: TransportState,
-    console: TransportState,
+    block: TransportState<()>,
+    console: TransportState<ConsoleState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,10 @@ pub enum VmError {
     Bus(#[from] BusError),
     #[error("virtio device: {0}")]
     Virtio(#[from] crate::devices::virtio::mmio::Error),
+    /// Boxed: a snapshot's refusal is rare, and would otherwise double the
+    /// size of every `VmError`.
+    #[error(transparent)]
+    DeviceState(Box<InvalidState>),
     #[error("the guest triple-faulted (KVM shutdown exit) at RIP {rip:#x}")]
     TripleFault { rip: u64 },
     #[error("KVM internal error (suberror {suberror}) at RIP {rip:#x}, code bytes: {code}")]
@@ -134,6 +139,12 @@ pub enum VmError {
 
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
+}
+
+impl From<InvalidState> for VmError {
+    fn from(error: InvalidState) -> Self {
+        VmError::DeviceState(Box::new(error))
+    }
 }
 
 /// Why `Vm::run` returned.
@@ -210,13 +221,13 @@ impl Vm {
         let state = snapshot.state;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&state.vcpu)?;
-        *vm.pic.lock().unwrap() = state.pic;
-        vm.pit.lock().unwrap().restore(state.pit);
-        vm.cmos.lock().unwrap().restore(state.cmos);
-        vm.serial.lock().unwrap().restore(state.serial);
-        *vm.i8042.lock().unwrap() = state.i8042;
-        vm.block.lock().unwrap().restore(state.block)?;
-        vm.console.lock().unwrap().restore(state.console)?;
+        vm.pic.lock().unwrap().restore(&state.pic)?;
+        vm.pit.lock().unwrap().restore(&state.pit)?;
+        vm.cmos.lock().unwrap().restore(&state.cmos)?;
+        vm.serial.lock().unwrap().restore(&state.serial)?;
+        vm.i8042.lock().unwrap().restore(&state.i8042)?;
+        vm.block.lock().unwrap().restore(&state.block)?;
+        vm.console.lock().unwrap().restore(&state.console)?;
         Ok(vm)
     }
 
@@ -226,13 +237,13 @@ impl Vm {
         let state = VmState {
             clock_ns: self.seam.monotonic_ns(),
             vcpu: self.vcpu.save(&self.kvm)?,
-            pic: self.pic.lock().unwrap().clone(),
-            pit: self.pit.lock().unwrap().state(),
-            cmos: self.cmos.lock().unwrap().state(),
-            serial: self.serial.lock().unwrap().state(),
-            i8042: self.i8042.lock().unwrap().clone(),
-            block: self.block.lock().unwrap().state(),
-            console: self.console.lock().unwrap().state(),
+            pic: self.pic.lock().unwrap().save(),
+            pit: self.pit.lock().unwrap().save(),
+            cmos: self.cmos.lock().unwrap().save(),
+            serial: self.serial.lock().unwrap().save(),
+            i8042: self.i8042.lock().unwrap().save(),
+            block: self.block.lock().unwrap().save(),
+            console: self.console.lock().unwrap().save(),
         };
         Ok(VmSnapshot {
             state,
@@ -416,21 +427,8 @@ impl Vm {
         self.last_exit = Instant::now();
         let seam = &*self.seam;
         match exit {
-            VcpuExit::IoIn(port, data) => {
-                seam.exit(Exit::PioRead {
-                    port,
-                    len: data.len() as u8,
-                });
-                if !self.pio.read(port.into(), data) {
-                    // Nothing there: an ISA bus floats high.
-                    data.fill(0xff);
-                }
-                seam.read_result(data);
-            }
-            VcpuExit::IoOut(port, data) => {
-                seam.exit(Exit::PioWrite { port, data });
-                self.pio.write(port.into(), data);
-            }
+            VcpuExit::IoIn(..) => self.port_read()?,
+            VcpuExit::IoOut(..) => self.port_write(),
             VcpuExit::MmioRead(address, data) => {
                 seam.exit(Exit::MmioRead {
                     address,
@@ -456,6 +454,29 @@ impl Vm {
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
         Ok(Some(false))
+    }
+
+    /// A port read: each access of a string instruction reads its own
+    /// element from the device, in order.
+    fn port_read(&mut self) -> Result<(), VmError> {
+        let PioExit { port, size, data } = self.vcpu.pio_exit();
+        let len = u16::try_from(data.len())
+            .map_err(|_| VmError::UnexpectedExit(format!("port read of {} bytes", data.len())))?;
+        self.seam.exit(Exit::PioRead { port, len });
+        if !self.pio.read_elements(port.into(), size, data) {
+            // Nothing there: an ISA bus floats high.
+            data.fill(0xff);
+        }
+        self.seam.read_result(data);
+        Ok(())
+    }
+
+    /// A port write: each access of a string instruction writes its own
+    /// element to the device, in order.
+    fn port_write(&mut self) {
+        let PioExit { port, size, data } = self.vcpu.pio_exit();
+        self.seam.exit(Exit::PioWrite { port, data });
+        self.pio.write_elements(port.into(), size, data);
     }
 
     /// Stops a non-preemptive run whose guest has gone too long without an
@@ -580,4 +601,53 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
         unsafe { vm.set_user_memory_region(region_spec) }.map_err(VmError::Kvm)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boot::{EntryPoint, GDT, GDT_START};
+
+    const CODE: u64 = 0x1000;
+    const BUFFER: u64 = 0x2000;
+
+    /// 32-bit code: `rep insw` of two words from port 0x3f8 into BUFFER, HLT.
+    const REP_INSW: &[u8] = &[
+        0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
+        0xb9, 0x02, 0x00, 0x00, 0x00, // mov ecx, 2
+        0xbf, 0x00, 0x20, 0x00, 0x00, // mov edi, BUFFER
+        0xfc, // cld
+        0x66, 0xf3, 0x6d, // rep insw
+        0xf4, // hlt
+    ];
+
+    /// KVM's report of a string instruction, as `Vcpu::pio_exit` reads it:
+    /// the access size and all the accesses' data at one exit.
+    #[test]
+    fn string_port_input_arrives_as_accesses_of_its_size() {
+        let kvm = open_kvm().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        register_memory(&vm, &memory).unwrap();
+        let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
+        memory.write_slice(&gdt, GDT_START).unwrap();
+        memory.write_slice(REP_INSW, GuestAddress(CODE)).unwrap();
+        let (mut vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
+        vcpu.enter_pvh(EntryPoint {
+            entry: GuestAddress(CODE),
+            start_info: GuestAddress(0),
+        })
+        .unwrap();
+
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::IoIn(0x3f8, _))));
+        let PioExit { port, size, data } = vcpu.pio_exit();
+        assert_eq!((port, size, data.len()), (0x3f8, 2, 4));
+        data.copy_from_slice(b"rep!");
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::Hlt)));
+        let mut received = [0u8; 4];
+        memory
+            .read_slice(&mut received, GuestAddress(BUFFER))
+            .unwrap();
+        assert_eq!(&received, b"rep!");
+    }
 }

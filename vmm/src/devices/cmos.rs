@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use super::persist::{require, InvalidState, Persist};
 use crate::bus::BusDevice;
 use crate::clock::Clock;
 
@@ -40,40 +41,56 @@ const B_24_HOUR: u8 = 0x02;
 const B_BINARY: u8 = 0x04;
 /// Register D: valid RAM and time (the battery is good).
 const D_VRT: u8 = 0x80;
+/// Registers and RAM behind the index port, which keeps 7 bits (bit 7 masks
+/// NMIs on a PC).
+const CMOS_BYTES: usize = 128;
+const INDEX_MASK: u8 = 0x7f;
 
 pub struct Cmos {
     clock: Arc<dyn Clock>,
     /// Register selected through port 0x70.
     index: u8,
     /// Backing store for everything that is not computed.
-    ram: [u8; 128],
+    ram: [u8; CMOS_BYTES],
 }
 
 /// The selected register and the RAM (the clock registers are computed).
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CmosState {
     index: u8,
     ram: Vec<u8>,
 }
 
-impl Cmos {
-    pub fn state(&self) -> CmosState {
+impl Persist for Cmos {
+    type State = CmosState;
+
+    fn save(&self) -> CmosState {
         CmosState {
             index: self.index,
             ram: self.ram.to_vec(),
         }
     }
 
-    /// Puts back a saved state; a RAM image of the wrong size is ignored.
-    pub fn restore(&mut self, state: CmosState) {
+    fn restore(&mut self, state: &CmosState) -> Result<(), InvalidState> {
+        require(
+            state.index <= INDEX_MASK,
+            "CMOS",
+            "index",
+            state.index,
+            "the index port selects one of 128 bytes",
+        )?;
+        let ram = state.ram.as_slice().try_into().map_err(|_| {
+            InvalidState::new("CMOS", "ram", state.ram.len(), "the CMOS has 128 bytes")
+        })?;
         self.index = state.index;
-        if let Ok(ram) = state.ram.try_into() {
-            self.ram = ram;
-        }
+        self.ram = ram;
+        Ok(())
     }
+}
 
+impl Cmos {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let mut ram = [0; 128];
+        let mut ram = [0; CMOS_BYTES];
         // 32.768 kHz time base, 1024 Hz periodic rate: what firmware sets.
         ram[usize::from(STATUS_A)] = 0x26;
         ram[usize::from(STATUS_B)] = B_24_HOUR;
@@ -171,7 +188,7 @@ impl BusDevice for Cmos {
         };
         if offset == 0 {
             // Bit 7 of the index port masks NMIs on a PC; there are none.
-            self.index = value & 0x7f;
+            self.index = value & INDEX_MASK;
         } else {
             self.write_register(self.index, value);
         }
@@ -321,5 +338,34 @@ mod tests {
         let mut data = [0xaa];
         cmos.read(0, &mut data);
         assert_eq!(data, [0]);
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let (mut cmos, _) = cmos_at(SUNDAY_MORNING);
+        write(&mut cmos, 0x0b, 0x06);
+        write(&mut cmos, 0x40, 0x99);
+        let saved = cmos.save();
+        let (mut restored, _) = cmos_at(0);
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+        assert_eq!(read(&mut restored, 0x40), 0x99);
+    }
+
+    #[test]
+    fn restore_refuses_an_index_or_ram_out_of_range() {
+        let (cmos, _) = cmos_at(SUNDAY_MORNING);
+        let (mut target, _) = cmos_at(0);
+        let mut state = cmos.save();
+        state.index = 200;
+        let error = target.restore(&state).unwrap_err();
+        assert_eq!(
+            (error.field.as_str(), error.value.as_str()),
+            ("index", "200")
+        );
+        let mut state = cmos.save();
+        state.ram.truncate(100);
+        assert_eq!(target.restore(&state).unwrap_err().field, "ram");
+        assert_eq!(target.save(), cmos_at(0).0.save(), "left unchanged");
     }
 }

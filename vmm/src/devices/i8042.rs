@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
+use super::persist::{InvalidState, Persist};
 use crate::bus::{BusDevice, SharedDevice};
 
 pub const DATA_PORT: u64 = 0x60;
@@ -18,7 +19,7 @@ pub const COMMAND_PORT: u64 = 0x64;
 const PULSE_RESET: u8 = 0xfe;
 
 /// The controller's command/status port, holding the reset line's state.
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct I8042 {
     reset_requested: bool,
 }
@@ -31,6 +32,21 @@ impl I8042 {
     /// Whether the guest has pulsed the reset line since the last call.
     pub fn take_reset_request(&mut self) -> bool {
         std::mem::take(&mut self.reset_requested)
+    }
+}
+
+/// A pending reset request is the whole state: any value is one the guest
+/// can reach.
+impl Persist for I8042 {
+    type State = I8042;
+
+    fn save(&self) -> I8042 {
+        self.clone()
+    }
+
+    fn restore(&mut self, state: &I8042) -> Result<(), InvalidState> {
+        *self = state.clone();
+        Ok(())
     }
 }
 
@@ -112,5 +128,15 @@ mod tests {
         assert!(bus.write(0x64, &[0xaa]));
         assert!(bus.write(0x60, &[0xfe]));
         assert!(!i8042.lock().unwrap().take_reset_request());
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let (bus, i8042) = bus_with_i8042();
+        assert!(bus.write(0x64, &[0xfe]));
+        let saved = i8042.lock().unwrap().save();
+        let mut restored = I8042::new();
+        restored.restore(&saved).unwrap();
+        assert!(restored.take_reset_request());
     }
 }

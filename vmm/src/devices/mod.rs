@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 pub mod cmos;
+#[cfg(test)]
+mod fuzz;
 pub mod i8042;
+pub mod persist;
 pub mod pic;
 pub mod pit;
 pub mod serial;

@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
+use super::persist::{require, InvalidState, Persist};
 use super::IrqLine;
 use crate::bus::{BusDevice, SharedDevice};
 
@@ -20,8 +21,14 @@ pub const MASTER_PORT: u64 = 0x20;
 pub const SLAVE_PORT: u64 = 0xa0;
 pub const ELCR_PORT: u64 = 0x4d0;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "PIC";
 /// The master input the slave's INT output is wired to, as on every PC.
 const CASCADE_IRQ: u8 = 2;
+/// The ELCR bits that exist: IRQ0-2 (timer, keyboard, cascade), IRQ8 (RTC)
+/// and IRQ13 (FPU) are edge-only, their PIIX ELCR bits reserved.
+const MASTER_ELCR_BITS: u8 = 0xf8;
+const SLAVE_ELCR_BITS: u8 = 0xde;
 
 /// Which of the three register blocks a `PicPort` exposes.
 #[derive(Clone, Copy)]
@@ -33,7 +40,7 @@ enum Block {
 }
 
 /// One 8259A.
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Chip {
     /// Interrupt request register, edge-triggered lines only: a bit latched
     /// by a rising edge, cleared by the INTA cycle that services it.
@@ -52,7 +59,7 @@ struct Chip {
     init: Init,
 }
 
-#[derive(Default, Clone, Copy, Serialize, Deserialize)]
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Init {
     #[default]
     Done,
@@ -188,7 +195,7 @@ impl Chip {
 
 /// The master/slave pair. Share it as `Arc<Mutex<Pic>>` between the vCPU
 /// loop, the `PicIrqLine`s and the bus (see `pio_devices`).
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pic {
     master: Chip,
     slave: Chip,
@@ -252,11 +259,62 @@ impl Pic {
         match block {
             Block::Master => self.master.write(offset, value),
             Block::Slave => self.slave.write(offset, value),
-            // IRQ0-2 (timer, keyboard, cascade), IRQ8 (RTC) and IRQ13 (FPU)
-            // are edge-only: the PIIX ELCR bits for them are reserved.
-            Block::Elcr if offset == 0 => self.master.level_triggered = value & 0xf8,
-            Block::Elcr => self.slave.level_triggered = value & 0xde,
+            Block::Elcr if offset == 0 => self.master.level_triggered = value & MASTER_ELCR_BITS,
+            Block::Elcr => self.slave.level_triggered = value & SLAVE_ELCR_BITS,
         }
+    }
+}
+
+impl Chip {
+    /// Refuses what no sequence of port writes and line changes reaches.
+    fn validate(&self, name: &str, elcr_bits: u8) -> Result<(), InvalidState> {
+        let field = |f: &str| format!("{name}.{f}");
+        let hex = |v: u8| format!("{v:#04x}");
+        require(
+            self.level_triggered & !elcr_bits == 0,
+            STATE_NAME,
+            field("level_triggered"),
+            hex(self.level_triggered),
+            "sets ELCR bits of edge-only lines",
+        )?;
+        require(
+            self.vector_base & 7 == 0,
+            STATE_NAME,
+            field("vector_base"),
+            hex(self.vector_base),
+            "ICW2 keeps only bits 7-3",
+        )
+    }
+}
+
+impl Persist for Pic {
+    type State = Pic;
+
+    fn save(&self) -> Pic {
+        self.clone()
+    }
+
+    fn restore(&mut self, state: &Pic) -> Result<(), InvalidState> {
+        state.master.validate("master", MASTER_ELCR_BITS)?;
+        state.slave.validate("slave", SLAVE_ELCR_BITS)?;
+        // The cascade input is the slave's INT output, computed; a request
+        // latched on it would make `acknowledge` look for a slave request
+        // that is not there.
+        let cascade = 1 << CASCADE_IRQ;
+        for (field, value) in [
+            ("master.irr", state.master.irr),
+            ("master.lines", state.master.lines),
+        ] {
+            require(
+                value & cascade == 0,
+                STATE_NAME,
+                field,
+                format!("{value:#04x}"),
+                "the cascade line (IRQ 2) is not an input",
+            )?;
+        }
+        *self = state.clone();
+        Ok(())
     }
 }
 
@@ -580,5 +638,63 @@ mod tests {
     #[should_panic(expected = "not a PIC input")]
     fn cascade_line_is_not_an_input() {
         PicIrqLine::new(Arc::new(Mutex::new(Pic::new())), 2);
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let (bus, pic) = bus_with_pic();
+        init_like_linux(&bus, false);
+        outb(&bus, 0x4d1, 0x02);
+        pulse(&pic, 3);
+        pulse(&pic, 12);
+        let saved = pic.lock().unwrap().save();
+        let mut restored = Pic::new();
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored, saved);
+        assert_eq!(restored.acknowledge(), Some(0x3c));
+    }
+
+    #[test]
+    fn restore_refuses_states_no_guest_reaches() {
+        let (bus, pic) = bus_with_pic();
+        init_like_linux(&bus, true);
+        let good = pic.lock().unwrap().save();
+        let refused = |edit: fn(&mut Pic)| {
+            let mut state = good.clone();
+            edit(&mut state);
+            let mut target = Pic::new();
+            let error = target.restore(&state).unwrap_err();
+            assert_eq!(target, Pic::new(), "left unchanged");
+            error.field
+        };
+        // A request latched on the cascade: `acknowledge` would then look
+        // for a slave request that is not there.
+        assert_eq!(refused(|s| s.master.irr = 0x04), "master.irr");
+        assert_eq!(refused(|s| s.master.lines = 0x04), "master.lines");
+        assert_eq!(
+            refused(|s| s.slave.level_triggered = 0x01),
+            "slave.level_triggered"
+        );
+        assert_eq!(
+            refused(|s| s.master.vector_base = 0x31),
+            "master.vector_base"
+        );
+    }
+
+    #[test]
+    fn restore_accepts_an_interrupt_in_service_under_auto_eoi() {
+        // Found by the fuzzer: an interrupt taken between ICW1 and an ICW4
+        // that selects auto-EOI stays in service.
+        let (bus, pic) = bus_with_pic();
+        outb(&bus, 0x20, 0x11);
+        pulse(&pic, 1);
+        assert_eq!(ack(&pic), Some(0x01));
+        outb(&bus, 0x21, 0x30);
+        outb(&bus, 0x21, 0x04);
+        outb(&bus, 0x21, 0x03);
+        let saved = pic.lock().unwrap().save();
+        let mut restored = Pic::new();
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored, saved);
     }
 }

@@ -20,12 +20,15 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use super::persist::{require, InvalidState, Persist};
 use crate::bus::BusDevice;
 use crate::clock::Clock;
 
 pub const PIT_PORT: u64 = 0x40;
 pub const PIT_PORT_LEN: u64 = 4;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "PIT";
 const INPUT_HZ: u128 = 1_193_182;
 const NS_PER_S: u128 = 1_000_000_000;
 
@@ -42,7 +45,7 @@ fn ns_until(ticks: u64) -> u64 {
 
 /// How the counter's 16 bits travel through the 8-bit port (control word
 /// bits 5-4).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 enum Access {
     Low,
     High,
@@ -50,7 +53,7 @@ enum Access {
     Both,
 }
 
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Counter {
     mode: u8,
     access: Access,
@@ -175,6 +178,40 @@ impl Counter {
         Some(self.started_ns? + ns_until(self.next_edge?))
     }
 
+    /// Refuses what no sequence of port writes reaches: a mode past 5 (6 and
+    /// 7 are stored as 2 and 3), a gate-triggered mode counting, an edge
+    /// without a start, or one too far away to be a time.
+    fn validate(&self, index: usize) -> Result<(), InvalidState> {
+        let field = |f: &str| format!("counters[{index}].{f}");
+        require(
+            self.mode <= 5,
+            STATE_NAME,
+            field("mode"),
+            self.mode,
+            "the 8254 has modes 0-5",
+        )?;
+        require(
+            self.started_ns.is_none() || !matches!(self.mode, 1 | 5),
+            STATE_NAME,
+            field("started_ns"),
+            format!("{:?}", self.started_ns),
+            "gate-triggered modes never start counting here",
+        )?;
+        let Some(edge) = self.next_edge else {
+            return Ok(());
+        };
+        let in_time = self.started_ns.is_some_and(|started| {
+            edge <= ticks_in(u64::MAX) && started.checked_add(ns_until(edge)).is_some()
+        });
+        require(
+            in_time,
+            STATE_NAME,
+            field("next_edge"),
+            edge,
+            "no edge of a stopped counter, or past the end of the clock",
+        )
+    }
+
     /// Whether OUT has risen since the last poll; if so, schedules the next
     /// rise. A periodic counter's next rise is the first one after `now_ns`:
     /// periods missed since the last poll coalesce into the one edge reported
@@ -199,7 +236,7 @@ pub struct Pit {
 }
 
 /// The three counters, with times in the VM's monotonic clock.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PitState {
     counters: [Counter; 3],
 }
@@ -219,20 +256,28 @@ impl Pit {
         self.counters[0].deadline_ns()
     }
 
-    pub fn state(&self) -> PitState {
+    /// Whether IRQ 0 has had a rising edge since the last poll: if so the
+    /// caller pulses IRQ 0 once. `now_ns` is `Clock::monotonic_ns` time.
+    pub fn poll(&mut self, now_ns: u64) -> bool {
+        self.counters[0].poll(now_ns)
+    }
+}
+
+impl Persist for Pit {
+    type State = PitState;
+
+    fn save(&self) -> PitState {
         PitState {
             counters: self.counters.clone(),
         }
     }
 
-    pub fn restore(&mut self, state: PitState) {
-        self.counters = state.counters;
-    }
-
-    /// Whether IRQ 0 has had a rising edge since the last poll: if so the
-    /// caller pulses IRQ 0 once. `now_ns` is `Clock::monotonic_ns` time.
-    pub fn poll(&mut self, now_ns: u64) -> bool {
-        self.counters[0].poll(now_ns)
+    fn restore(&mut self, state: &PitState) -> Result<(), InvalidState> {
+        for (index, counter) in state.counters.iter().enumerate() {
+            counter.validate(index)?;
+        }
+        self.counters = state.counters.clone();
+        Ok(())
     }
 }
 
@@ -522,5 +567,43 @@ mod tests {
         clock.set(ns_until(10));
         assert_eq!(latched_count(&mut pit, 0x42), 990);
         assert_eq!(latched_count(&mut pit, 0x40), 11922);
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let (mut pit, clock) = pit();
+        program_periodic_tick(&mut pit);
+        clock.set(5_000_000);
+        outb(&mut pit, 0x43, 0x00);
+        inb(&mut pit, 0x40);
+        let saved = pit.save();
+        let (mut restored, _) = self::pit();
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+        assert_eq!(restored.next_deadline_ns(), Some(TICK_NS));
+    }
+
+    #[test]
+    fn restore_refuses_states_no_guest_reaches() {
+        let (mut pit, _) = pit();
+        program_periodic_tick(&mut pit);
+        let good = pit.save();
+        let refused = |edit: fn(&mut PitState)| {
+            let mut state = good.clone();
+            edit(&mut state);
+            let (mut target, _) = self::pit();
+            let error = target.restore(&state).unwrap_err();
+            assert_eq!(target.next_deadline_ns(), None, "left unchanged");
+            error
+        };
+        let error = refused(|s| s.counters[0].mode = 7);
+        assert_eq!(error.field, "counters[0].mode");
+        assert_eq!(error.value, "7");
+        let error = refused(|s| s.counters[0].next_edge = Some(u64::MAX));
+        assert_eq!(error.field, "counters[0].next_edge");
+        let error = refused(|s| s.counters[1].next_edge = Some(5));
+        assert_eq!(error.field, "counters[1].next_edge");
+        let error = refused(|s| s.counters[0].mode = 5);
+        assert_eq!(error.field, "counters[0].started_ns");
     }
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use vm_superio::serial::SerialState;
 use vm_superio::{Serial, Trigger};
 
+use super::persist::{InvalidState, Persist};
 use super::SharedIrqLine;
 use crate::bus::BusDevice;
 
@@ -77,7 +78,7 @@ pub struct SerialPort(Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSi
 const RECEIVE_FIFO: usize = 64;
 
 /// The UART's registers and receive buffer.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SerialPortState(#[serde(with = "SerialStateDef")] SerialState);
 
 /// vm-superio's `SerialState` fields, for serde.
@@ -100,19 +101,31 @@ impl SerialPort {
     pub fn new(irq: SharedIrqLine, tail: ConsoleTail, echo: bool) -> Self {
         SerialPort(Serial::new(IrqTrigger(irq), ConsoleSink { tail, echo }))
     }
+}
 
-    pub fn state(&self) -> SerialPortState {
+impl Persist for SerialPort {
+    type State = SerialPortState;
+
+    fn save(&self) -> SerialPortState {
         SerialPortState(self.0.state())
     }
 
     /// Puts back a saved state, keeping the port's wiring.
-    pub fn restore(&mut self, SerialPortState(mut state): SerialPortState) {
-        // vm-superio refuses more than its 64-byte FIFO.
-        state.in_buffer.truncate(RECEIVE_FIFO);
+    fn restore(&mut self, SerialPortState(state): &SerialPortState) -> Result<(), InvalidState> {
         let irq = IrqTrigger(self.0.interrupt_evt().0.clone());
         let sink = self.0.writer().clone();
-        self.0 = Serial::from_state(&state, irq, vm_superio::serial::NoEvents, sink)
-            .expect("the receive buffer fits the FIFO");
+        // The trigger cannot fail, so the only refusal is a receive buffer
+        // larger than the FIFO.
+        self.0 =
+            Serial::from_state(state, irq, vm_superio::serial::NoEvents, sink).map_err(|_| {
+                InvalidState::new(
+                    "serial port",
+                    "in_buffer",
+                    format!("{} bytes", state.in_buffer.len()),
+                    format!("the receive FIFO holds {RECEIVE_FIFO}"),
+                )
+            })?;
+        Ok(())
     }
 }
 
@@ -155,5 +168,33 @@ mod tests {
         let tail = ConsoleTail::default();
         tail.push(&vec![b'x'; TAIL_BYTES * 2]);
         assert_eq!(tail.0.lock().unwrap().len(), TAIL_BYTES);
+    }
+
+    fn port() -> SerialPort {
+        SerialPort::new(Arc::new(NoIrq), ConsoleTail::default(), false)
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let mut original = port();
+        original.write(3, &[0x03]);
+        original.write(7, &[0x5a]);
+        let saved = original.save();
+        let mut restored = port();
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+    }
+
+    #[test]
+    fn restore_refuses_more_than_the_fifo_holds() {
+        let mut state = port().save();
+        state.0.in_buffer = vec![b'x'; RECEIVE_FIFO + 1];
+        let mut target = port();
+        let error = target.restore(&state).unwrap_err();
+        assert_eq!(
+            (error.field.as_str(), error.value.as_str()),
+            ("in_buffer", "65 bytes")
+        );
+        assert_eq!(target.save(), port().save(), "left unchanged");
     }
 }

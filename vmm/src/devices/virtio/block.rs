@@ -9,6 +9,7 @@ use virtio_queue::{Reader, Writer};
 use super::{
     read_config_bytes, QueueIo, VirtioDevice, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
 };
+use crate::devices::persist::{InvalidState, Persist};
 use crate::disk::Disk;
 
 const DEVICE_ID: u32 = 2;
@@ -22,15 +23,15 @@ const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 
 /// Request types (virtio 1.1 §5.2.6).
-const VIRTIO_BLK_T_IN: u32 = 0;
-const VIRTIO_BLK_T_OUT: u32 = 1;
-const VIRTIO_BLK_T_FLUSH: u32 = 4;
-const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub(crate) const VIRTIO_BLK_T_IN: u32 = 0;
+pub(crate) const VIRTIO_BLK_T_OUT: u32 = 1;
+pub(crate) const VIRTIO_BLK_T_FLUSH: u32 = 4;
+pub(crate) const VIRTIO_BLK_T_GET_ID: u32 = 8;
 
 /// Status byte values.
-const VIRTIO_BLK_S_OK: u8 = 0;
-const VIRTIO_BLK_S_IOERR: u8 = 1;
-const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+pub(crate) const VIRTIO_BLK_S_OK: u8 = 0;
+pub(crate) const VIRTIO_BLK_S_IOERR: u8 = 1;
+pub(crate) const VIRTIO_BLK_S_UNSUPP: u8 = 2;
 
 const SECTOR_SIZE: u64 = 512;
 /// `type`, `reserved`, `sector`: all little-endian.
@@ -40,7 +41,7 @@ const ID_LEN: usize = 20;
 const SERIAL: &[u8] = b"provm";
 /// Data moves between guest and disk through a buffer of this size, so a
 /// request's length never sizes an allocation.
-const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// Why a request failed; all but `Unsupported` answer VIRTIO_BLK_S_IOERR.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +200,18 @@ fn no_data(len: usize) -> Result<(), RequestError> {
     }
 }
 
+/// Requests complete at the notify that submits them: nothing is in flight
+/// between exits, so the transport's state is the whole device's.
+impl Persist for VirtioBlock {
+    type State = ();
+
+    fn save(&self) {}
+
+    fn restore(&mut self, _: &()) -> Result<(), InvalidState> {
+        Ok(())
+    }
+}
+
 impl VirtioDevice for VirtioBlock {
     fn device_type(&self) -> u32 {
         DEVICE_ID
@@ -215,6 +228,11 @@ impl VirtioDevice for VirtioBlock {
 
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_SIZE]
+    }
+
+    /// The header, SEG_MAX data segments and the status, as offered.
+    fn max_chain_descriptors(&self) -> usize {
+        SEG_MAX as usize + 2
     }
 
     /// `capacity`, `size_max` (0: not offered) and `seg_max` of
@@ -525,5 +543,29 @@ mod tests {
         f.transport.write(regs::QUEUE_NOTIFY, &0u32.to_le_bytes());
         assert_eq!(used(&queue), [(0, 1), (2, 1), (4, 1)]);
         assert_eq!(f.disk.lock().unwrap().flushes, 3);
+    }
+
+    #[test]
+    fn request_over_seg_max_is_returned_unwritten() {
+        let mut f = Fixture::new(false);
+        f.write_header(VIRTIO_BLK_T_IN, 0);
+        let request = |segments: u32| {
+            let data = (0..segments).map(|_| (BUFFER, 512, DESC_F_WRITE));
+            std::iter::once((HEADER, HEADER_LEN as u32, 0))
+                .chain(data)
+                .chain(std::iter::once((STATUS, 1, DESC_F_WRITE)))
+                .collect::<Vec<_>>()
+        };
+        // SEG_MAX sectors, all read into one buffer: allowed.
+        f.disk
+            .lock()
+            .unwrap()
+            .bytes
+            .resize(SEG_MAX as usize * 512, 0);
+        let table = indirect_table(&f.mem, DATA + 0x4000, &request(SEG_MAX));
+        assert_eq!(f.submit(&[table]), (SEG_MAX * 512 + 1, VIRTIO_BLK_S_OK));
+        f.write_header(VIRTIO_BLK_T_IN, 0);
+        let table = indirect_table(&f.mem, DATA + 0x8000, &request(SEG_MAX + 1));
+        assert_eq!(f.submit(&[table]), (0, 0xff));
     }
 }

@@ -16,6 +16,7 @@ use virtio_queue::{Reader, Writer};
 
 use super::mmio::MmioTransport;
 use super::{DeviceQueues, QueueIo, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::devices::persist::{require, InvalidState, Persist};
 
 const DEVICE_ID: u32 = 3;
 /// Port 0's queues: no VIRTIO_CONSOLE_F_MULTIPORT, so no control queues.
@@ -25,6 +26,13 @@ const TRANSMITQ: usize = 1;
 /// probe time, work that costs seconds of boot where ring 0 is emulated. The
 /// channel carries small messages in, and hvc sends one buffer at a time out.
 const QUEUE_SIZES: &[u16] = &[8, 8];
+/// The most one transmit chain may carry. hvc sends at most a page at a
+/// time; a chain of overlapping descriptors can describe 4 GiB, which the
+/// device would otherwise copy into one buffer. A longer chain is dropped.
+pub(crate) const MAX_TRANSMIT_CHAIN: usize = 64 * 1024;
+/// The most guest bytes held for the host. While one more chain could pass
+/// it, transmit chains wait in the ring for the driver's next notify.
+pub(crate) const MAX_PENDING_OUTPUT: usize = 16 * MAX_TRANSMIT_CHAIN;
 
 /// A single-port virtio console. The host side is driven through
 /// [`MmioTransport::send_to_guest`] and [`MmioTransport::take_from_guest`].
@@ -64,8 +72,24 @@ impl VirtioConsole {
         buffer.bytes_written() as u32
     }
 
+    /// Collects the driver's transmit buffers while the host has room for
+    /// another chain.
+    fn transmit_all(&mut self, transmitq: &mut QueueIo<'_>) {
+        while self.from_guest.len() + MAX_TRANSMIT_CHAIN <= MAX_PENDING_OUTPUT
+            && transmitq.serve_one(|reader, _| self.transmit(reader))
+        {}
+    }
+
     /// Collects one transmit buffer; the device writes nothing back.
     fn transmit(&mut self, mut buffer: Reader<'_>) -> u32 {
+        let len = buffer.available_bytes();
+        if len > MAX_TRANSMIT_CHAIN {
+            warn!(
+                len,
+                "virtio-console: transmit chain over {MAX_TRANSMIT_CHAIN} bytes, dropped"
+            );
+            return 0;
+        }
         if let Err(e) = buffer.read_to_end(&mut self.from_guest) {
             warn!("virtio-console: transmit buffer read failed: {e}");
         }
@@ -74,31 +98,38 @@ impl VirtioConsole {
 }
 
 /// Host bytes waiting for the guest, and guest bytes for the host.
-#[derive(Serialize, Deserialize)]
-struct ConsoleState {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleState {
     to_guest: Vec<u8>,
     from_guest: Vec<u8>,
 }
 
-impl VirtioDevice for VirtioConsole {
-    fn save(&self) -> serde_json::Value {
-        serde_json::to_value(ConsoleState {
+impl Persist for VirtioConsole {
+    type State = ConsoleState;
+
+    fn save(&self) -> ConsoleState {
+        ConsoleState {
             to_guest: self.to_guest.iter().copied().collect(),
             from_guest: self.from_guest.clone(),
-        })
-        .expect("byte buffers serialise")
-    }
-
-    fn restore(&mut self, state: serde_json::Value) {
-        match serde_json::from_value::<ConsoleState>(state) {
-            Ok(state) => {
-                self.to_guest = state.to_guest.into();
-                self.from_guest = state.from_guest;
-            }
-            Err(error) => warn!("virtio-console: ignoring unreadable saved state: {error}"),
         }
     }
 
+    fn restore(&mut self, state: &ConsoleState) -> Result<(), InvalidState> {
+        let pending = state.from_guest.len();
+        require(
+            pending <= MAX_PENDING_OUTPUT,
+            "virtio-console",
+            "from_guest",
+            format!("{pending} bytes"),
+            &format!("the device holds at most {MAX_PENDING_OUTPUT}"),
+        )?;
+        self.to_guest = state.to_guest.iter().copied().collect();
+        self.from_guest = state.from_guest.clone();
+        Ok(())
+    }
+}
+
+impl VirtioDevice for VirtioConsole {
     fn device_type(&self) -> u32 {
         DEVICE_ID
     }
@@ -122,7 +153,7 @@ impl VirtioDevice for VirtioConsole {
     fn process_queue(&mut self, index: usize, queue: &mut QueueIo<'_>) {
         match index {
             RECEIVEQ => self.deliver(queue),
-            TRANSMITQ => while queue.serve_one(|reader, _| self.transmit(reader)) {},
+            TRANSMITQ => self.transmit_all(queue),
             _ => warn!(index, "virtio-console: notify of an unknown queue"),
         }
     }
@@ -262,5 +293,59 @@ mod tests {
         assert!(bus.read(0xd000_0000, &mut magic));
         assert_eq!(&magic, b"virt");
         console.lock().unwrap().send_to_guest(b"queued");
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        t.send_to_guest(b"waiting");
+        mem.write_slice(b"untaken", GuestAddress(DATA)).unwrap();
+        add_chain(&tx, 0, &[(DATA, 7, 0)]);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        let saved = t.save();
+        let (mut restored, _) = transport(VirtioConsole::new(), &mem);
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+        assert_eq!(restored.take_from_guest(), b"untaken");
+    }
+
+    #[test]
+    fn restore_refuses_more_output_than_the_device_holds() {
+        let mut console = VirtioConsole::new();
+        let mut state = console.save();
+        state.from_guest = vec![0; MAX_PENDING_OUTPUT + 1];
+        let error = console.restore(&state).unwrap_err();
+        assert_eq!(error.field, "from_guest");
+        assert!(console.from_guest.is_empty(), "left unchanged");
+    }
+
+    #[test]
+    fn transmit_chain_over_the_cap_is_dropped() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        // Overlapping descriptors: more bytes than the memory they cover.
+        let half = (MAX_TRANSMIT_CHAIN / 2 + 1) as u32;
+        add_chain(&tx, 0, &[(DATA, half, 0), (DATA, half, 0)]);
+        add_chain(&tx, 2, &[(DATA, 3, 0)]);
+        mem.write_slice(b"yes", GuestAddress(DATA)).unwrap();
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert_eq!(used(&tx), [(0, 0), (2, 0)]);
+        assert_eq!(t.take_from_guest(), b"yes");
+    }
+
+    #[test]
+    fn transmit_waits_while_the_host_has_no_room() {
+        let mem = guest_memory();
+        let (mut t, _, [_, tx]) = live_console(&mem);
+        let almost_full = MAX_PENDING_OUTPUT - MAX_TRANSMIT_CHAIN + 1;
+        t.with_device(|console, _| console.from_guest = vec![0; almost_full]);
+        add_chain(&tx, 0, &[(DATA, 5, 0)]);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert!(used(&tx).is_empty());
+        assert_eq!(t.take_from_guest().len(), almost_full);
+        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+        assert_eq!(used(&tx), [(0, 0)]);
+        assert_eq!(t.take_from_guest().len(), 5);
     }
 }

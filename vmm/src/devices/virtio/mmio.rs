@@ -8,10 +8,11 @@
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 use virtio_queue::{Error as QueueError, Queue, QueueState, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use super::{DeviceQueues, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
+use crate::devices::persist::{require, InvalidState, Persist};
 use crate::devices::SharedIrqLine;
 
 /// Register offsets and the device status bits (virtio 1.1 §2.1, §4.2.2).
@@ -55,6 +56,8 @@ pub mod regs {
 
 use regs::*;
 
+/// How a refused saved state names the device.
+const STATE_NAME: &str = "virtio-mmio";
 /// "virt", little-endian.
 const MAGIC: u32 = 0x7472_6976;
 const MMIO_VERSION: u32 = 2;
@@ -65,10 +68,6 @@ const VENDOR: u32 = u32::from_le_bytes(*b"prvm");
 pub enum Error {
     #[error("virtio queue {index}: invalid maximum size {size}")]
     QueueMaxSize { index: usize, size: u16 },
-    #[error("the saved device has {saved} queues, this one {device}")]
-    SavedQueues { saved: usize, device: usize },
-    #[error("saved virtio queue {index} is not a valid queue")]
-    SavedQueue { index: usize },
 }
 
 /// A virtio device on the MMIO bus: the transport's registers and state, the
@@ -89,8 +88,8 @@ pub struct MmioTransport<D: VirtioDevice> {
 }
 
 /// The transport's registers, its queues and its device's own state.
-#[derive(Serialize, Deserialize)]
-pub struct TransportState {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportState<S> {
     status: u32,
     device_features_sel: u32,
     driver_features_sel: u32,
@@ -99,11 +98,11 @@ pub struct TransportState {
     interrupt_status: u32,
     irq_high: bool,
     queues: Vec<SavedQueue>,
-    device: serde_json::Value,
+    device: S,
 }
 
 /// A queue's state; virtio-queue's `QueueState` has no serde support.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct SavedQueue(#[serde(with = "QueueStateDef")] QueueState);
 
 /// `QueueState`'s fields, for serde.
@@ -121,8 +120,104 @@ struct QueueStateDef {
     used_ring: u64,
 }
 
+/// Bytes of a split virtqueue's parts for a queue of `size` entries (virtio
+/// 1.1 §2.6): the descriptor table, and the rings with their index, flags
+/// and event fields.
+fn ring_sizes(size: u16) -> [(&'static str, u64); 3] {
+    let size = u64::from(size);
+    [
+        ("desc_table", 16 * size),
+        ("avail_ring", 6 + 2 * size),
+        ("used_ring", 6 + 8 * size),
+    ]
+}
+
 impl<D: VirtioDevice> MmioTransport<D> {
-    pub fn state(&self) -> TransportState {
+    /// Rebuilds saved queue `index`, refusing what the driver could not have
+    /// set up: another maximum size, a size the transport refuses, or (for
+    /// a ready queue of a `live` device) rings outside guest memory.
+    fn restored_queue(
+        &self,
+        index: usize,
+        saved: &QueueState,
+        live: bool,
+    ) -> Result<Queue, InvalidState> {
+        let field = |f: &str| format!("queues[{index}].{f}");
+        let max_size = self.queues[index].max_size();
+        require(
+            saved.max_size == max_size,
+            STATE_NAME,
+            field("max_size"),
+            saved.max_size,
+            &format!("the device's queue {index} has {max_size} entries"),
+        )?;
+        require(
+            saved.size.is_power_of_two() && saved.size <= max_size,
+            STATE_NAME,
+            field("size"),
+            saved.size,
+            &format!("not a power of two up to {max_size}"),
+        )?;
+        let queue = Queue::try_from(*saved).map_err(|error| {
+            InvalidState::new(STATE_NAME, field("rings"), "", error.to_string())
+        })?;
+        if live && saved.ready {
+            let addresses = [saved.desc_table, saved.avail_ring, saved.used_ring];
+            for ((name, len), address) in ring_sizes(saved.size).into_iter().zip(addresses) {
+                let in_memory = usize::try_from(len).is_ok_and(|len| {
+                    self.mem
+                        .check_range(GuestAddress(address), len, Permissions::ReadWrite)
+                });
+                require(
+                    in_memory,
+                    STATE_NAME,
+                    field(name),
+                    format!("{address:#x}"),
+                    &format!("{len} bytes there are not all guest memory"),
+                )?;
+            }
+        }
+        Ok(queue)
+    }
+
+    /// Refuses register values no driver can produce.
+    fn validate_registers(&self, state: &TransportState<D::State>) -> Result<(), InvalidState> {
+        let unknown_interrupts = state.interrupt_status & !(INT_USED_RING | INT_CONFIG);
+        require(
+            unknown_interrupts == 0,
+            STATE_NAME,
+            "interrupt_status",
+            format!("{:#x}", state.interrupt_status),
+            "only the used-ring and configuration bits exist",
+        )?;
+        require(
+            state.irq_high == (state.interrupt_status != 0),
+            STATE_NAME,
+            "irq_high",
+            state.irq_high,
+            "the line follows InterruptStatus",
+        )?;
+        require(
+            state.status & FEATURES_OK == 0 || self.features_acceptable(state.driver_features),
+            STATE_NAME,
+            "driver_features",
+            format!("{:#x}", state.driver_features),
+            "FEATURES_OK set for features the transport refuses",
+        )?;
+        require(
+            !is_live(state.status) || state.status & FEATURES_OK != 0,
+            STATE_NAME,
+            "status",
+            format!("{:#x}", state.status),
+            "DRIVER_OK without FEATURES_OK makes the device need a reset",
+        )
+    }
+}
+
+impl<D: VirtioDevice> Persist for MmioTransport<D> {
+    type State = TransportState<D::State>;
+
+    fn save(&self) -> Self::State {
         TransportState {
             status: self.status,
             device_features_sel: self.device_features_sel,
@@ -138,16 +233,25 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
     /// Puts back a saved state. The IRQ line's level is part of the
     /// interrupt controller's own state, so it is not driven again here.
-    pub fn restore(&mut self, state: TransportState) -> Result<(), Error> {
-        if state.queues.len() != self.queues.len() {
-            return Err(Error::SavedQueues {
-                saved: state.queues.len(),
-                device: self.queues.len(),
-            });
-        }
-        for (index, (queue, saved)) in self.queues.iter_mut().zip(&state.queues).enumerate() {
-            *queue = Queue::try_from(saved.0).map_err(|_| Error::SavedQueue { index })?;
-        }
+    fn restore(&mut self, state: &Self::State) -> Result<(), InvalidState> {
+        require(
+            state.queues.len() == self.queues.len(),
+            STATE_NAME,
+            "queues",
+            format!("{} queues", state.queues.len()),
+            &format!("the device has {}", self.queues.len()),
+        )?;
+        let live = is_live(state.status);
+        let queues = state
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(index, saved)| self.restored_queue(index, &saved.0, live))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.validate_registers(state)?;
+        // Last: the device leaves itself unchanged if it refuses.
+        self.device.restore(&state.device)?;
+        self.queues = queues;
         self.status = state.status;
         self.device_features_sel = state.device_features_sel;
         self.driver_features_sel = state.driver_features_sel;
@@ -155,10 +259,11 @@ impl<D: VirtioDevice> MmioTransport<D> {
         self.queue_sel = state.queue_sel;
         self.interrupt_status = state.interrupt_status;
         self.irq_high = state.irq_high;
-        self.device.restore(state.device);
         Ok(())
     }
+}
 
+impl<D: VirtioDevice> MmioTransport<D> {
     pub fn new(device: D, mem: GuestMemoryMmap, irq: SharedIrqLine) -> Result<Self, Error> {
         let queues = device
             .queue_max_sizes()
@@ -186,22 +291,18 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// driver notification gets. Raises the used-buffer interrupt if `f`
     /// returned chains to the driver.
     pub fn with_device<R>(&mut self, f: impl FnOnce(&mut D, &mut DeviceQueues<'_>) -> R) -> R {
-        let live_queues: &mut [Queue] = if self.is_live() {
+        let live_queues: &mut [Queue] = if is_live(self.status) {
             &mut self.queues
         } else {
             &mut []
         };
-        let mut queues = DeviceQueues::new(&self.mem, live_queues);
+        let max_chain_descriptors = self.device.max_chain_descriptors();
+        let mut queues = DeviceQueues::new(&self.mem, live_queues, max_chain_descriptors);
         let result = f(&mut self.device, &mut queues);
         if queues.used() {
             self.raise_interrupt(INT_USED_RING);
         }
         result
-    }
-
-    /// The driver has set DRIVER_OK and the device needs no reset.
-    fn is_live(&self) -> bool {
-        self.status & (DRIVER_OK | DEVICE_NEEDS_RESET | FAILED) == DRIVER_OK
     }
 
     fn raise_interrupt(&mut self, bits: u32) {
@@ -358,7 +459,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
         }
         let added = value & !self.status;
         self.status = value;
-        if added & FEATURES_OK != 0 && !self.features_acceptable() {
+        if added & FEATURES_OK != 0 && !self.features_acceptable(self.driver_features) {
             // The driver re-reads the status and sees FEATURES_OK refused.
             warn!(
                 features = self.driver_features,
@@ -372,9 +473,9 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// Only offered features, and VIRTIO_F_VERSION_1 (legacy is not offered).
-    fn features_acceptable(&self) -> bool {
+    fn features_acceptable(&self, features: u64) -> bool {
         let offered = self.device.features();
-        self.driver_features & !offered == 0 && self.driver_features & VIRTIO_F_VERSION_1 != 0
+        features & !offered == 0 && features & VIRTIO_F_VERSION_1 != 0
     }
 
     fn activate(&mut self) {
@@ -396,7 +497,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// QueueNotify: the value is the queue index (virtio 1.1 §4.2.2). The
     /// queue's work is done now, synchronously, before the vCPU resumes.
     fn notify(&mut self, index: u32) {
-        if !self.is_live() {
+        if !is_live(self.status) {
             warn!(index, "virtio-mmio: notify while device not live, ignored");
             return;
         }
@@ -427,6 +528,12 @@ impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
             self.write_register(offset, u32::from_le_bytes(bytes));
         }
     }
+}
+
+/// The driver has set DRIVER_OK and the device needs no reset: its queues
+/// are in use.
+fn is_live(status: u32) -> bool {
+    status & (DRIVER_OK | DEVICE_NEEDS_RESET | FAILED) == DRIVER_OK
 }
 
 /// Registers take aligned 32-bit accesses only (virtio 1.1 §4.2.2.2).
@@ -469,10 +576,37 @@ mod tests {
 
     const FEATURE_BIT_3: u64 = 1 << 3;
 
-    /// Two queues; returns every chain unwritten and remembers notifies.
-    #[derive(Default)]
+    /// Returns every chain unwritten and remembers notifies, its state.
     struct Dummy {
         notified: Vec<usize>,
+        queue_sizes: Vec<u16>,
+    }
+
+    impl Dummy {
+        /// Two queues.
+        fn new() -> Self {
+            Self::with_queues(&[QUEUE_LEN, 2 * QUEUE_LEN])
+        }
+
+        fn with_queues(sizes: &[u16]) -> Self {
+            Self {
+                notified: Vec::new(),
+                queue_sizes: sizes.to_vec(),
+            }
+        }
+    }
+
+    impl Persist for Dummy {
+        type State = Vec<usize>;
+
+        fn save(&self) -> Vec<usize> {
+            self.notified.clone()
+        }
+
+        fn restore(&mut self, state: &Vec<usize>) -> Result<(), InvalidState> {
+            self.notified = state.clone();
+            Ok(())
+        }
     }
 
     impl VirtioDevice for Dummy {
@@ -483,7 +617,7 @@ mod tests {
             VIRTIO_F_VERSION_1 | FEATURE_BIT_3
         }
         fn queue_max_sizes(&self) -> &[u16] {
-            &[QUEUE_LEN, 2 * QUEUE_LEN]
+            &self.queue_sizes
         }
         fn read_config(&self, offset: u64, data: &mut [u8]) {
             super::super::read_config_bytes(&[1, 2, 3, 4, 5, 6], offset, data);
@@ -501,7 +635,7 @@ mod tests {
     #[test]
     fn identification_registers() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         assert_eq!(read_reg(&mut t, MAGIC_VALUE), 0x7472_6976);
         assert_eq!(read_reg(&mut t, VERSION), 2);
         assert_eq!(read_reg(&mut t, DEVICE_ID), 42);
@@ -512,7 +646,7 @@ mod tests {
     #[test]
     fn feature_pages_by_select() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         assert_eq!(read_reg(&mut t, DEVICE_FEATURES), 1 << 3);
         write_reg(&mut t, DEVICE_FEATURES_SEL, 1);
         assert_eq!(read_reg(&mut t, DEVICE_FEATURES), 1);
@@ -523,7 +657,7 @@ mod tests {
     #[test]
     fn queue_sizes_by_select() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         assert_eq!(read_reg(&mut t, QUEUE_NUM_MAX), u32::from(QUEUE_LEN));
         write_reg(&mut t, QUEUE_SEL, 1);
         assert_eq!(read_reg(&mut t, QUEUE_NUM_MAX), 2 * u32::from(QUEUE_LEN));
@@ -537,7 +671,7 @@ mod tests {
     #[test]
     fn config_space_goes_to_the_device() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         let mut data = [0u8; 4];
         t.read(CONFIG + 2, &mut data);
         assert_eq!(data, [3, 4, 5, 6]);
@@ -549,7 +683,7 @@ mod tests {
     #[test]
     fn handshake_notify_and_interrupt_ack() {
         let mem = guest_memory();
-        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (mut t, irq) = transport(Dummy::new(), &mem);
         let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
         initialize(&mut t, &[&q0, &q1]);
         assert_eq!(
@@ -574,7 +708,7 @@ mod tests {
     #[test]
     fn notify_without_used_buffers_raises_nothing() {
         let mem = guest_memory();
-        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (mut t, irq) = transport(Dummy::new(), &mem);
         let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
         initialize(&mut t, &[&q0, &q1]);
         write_reg(&mut t, QUEUE_NOTIFY, 0);
@@ -585,7 +719,7 @@ mod tests {
     #[test]
     fn refuses_features_without_version_1() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         write_reg(&mut t, STATUS, ACKNOWLEDGE | DRIVER);
         write_reg(&mut t, DRIVER_FEATURES, 1 << 3);
         write_reg(&mut t, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
@@ -595,7 +729,7 @@ mod tests {
     #[test]
     fn refuses_features_not_offered() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         write_reg(&mut t, STATUS, ACKNOWLEDGE | DRIVER);
         write_reg(&mut t, DRIVER_FEATURES, 1 << 4);
         write_reg(&mut t, DRIVER_FEATURES_SEL, 1);
@@ -607,7 +741,7 @@ mod tests {
     #[test]
     fn driver_ok_without_features_ok_needs_reset() {
         let mem = guest_memory();
-        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (mut t, irq) = transport(Dummy::new(), &mem);
         write_reg(&mut t, STATUS, ACKNOWLEDGE | DRIVER | DRIVER_OK);
         assert_ne!(read_reg(&mut t, STATUS) & DEVICE_NEEDS_RESET, 0);
         assert_eq!(read_reg(&mut t, INTERRUPT_STATUS), INT_CONFIG);
@@ -617,7 +751,7 @@ mod tests {
     #[test]
     fn rings_outside_memory_need_reset_and_block_notifies() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         write_reg(&mut t, STATUS, ACKNOWLEDGE | DRIVER);
         write_reg(&mut t, DRIVER_FEATURES_SEL, 1);
         write_reg(&mut t, DRIVER_FEATURES, 1);
@@ -637,7 +771,7 @@ mod tests {
     #[test]
     fn reset_clears_status_queues_and_interrupt() {
         let mem = guest_memory();
-        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (mut t, irq) = transport(Dummy::new(), &mem);
         let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
         initialize(&mut t, &[&q0, &q1]);
         add_chain(&q0, 0, &[(DATA, 16, 0)]);
@@ -654,7 +788,7 @@ mod tests {
     #[test]
     fn ignores_protocol_violations() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
         // Notify before the device is live.
         add_chain(&q0, 0, &[(DATA, 16, 0)]);
@@ -689,7 +823,7 @@ mod tests {
     #[test]
     fn survives_garbage_in_every_register() {
         let mem = guest_memory();
-        let (mut t, _) = transport(Dummy::default(), &mem);
+        let (mut t, _) = transport(Dummy::new(), &mem);
         for value in [u32::MAX, 0x8000_0001] {
             for offset in (0..0x200).step_by(4) {
                 write_reg(&mut t, offset, value);
@@ -701,7 +835,7 @@ mod tests {
     #[test]
     fn survives_a_head_index_outside_the_queue() {
         let mem = guest_memory();
-        let (mut t, irq) = transport(Dummy::default(), &mem);
+        let (mut t, irq) = transport(Dummy::new(), &mem);
         let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
         initialize(&mut t, &[&q0, &q1]);
         q0.avail().ring().ref_at(0).unwrap().store(u16::MAX);
@@ -713,23 +847,94 @@ mod tests {
 
     #[test]
     fn rejects_invalid_queue_sizes() {
-        struct Odd;
-        impl VirtioDevice for Odd {
-            fn device_type(&self) -> u32 {
-                0
-            }
-            fn features(&self) -> u64 {
-                VIRTIO_F_VERSION_1
-            }
-            fn queue_max_sizes(&self) -> &[u16] {
-                &[3]
-            }
-            fn process_queue(&mut self, _: usize, _: &mut QueueIo<'_>) {}
-        }
         let irq = std::sync::Arc::new(RecordingIrq::default());
         assert!(matches!(
-            MmioTransport::new(Odd, guest_memory(), irq),
+            MmioTransport::new(Dummy::with_queues(&[3]), guest_memory(), irq),
             Err(Error::QueueMaxSize { index: 0, size: 3 })
         ));
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let mem = guest_memory();
+        let (mut t, _) = transport(Dummy::new(), &mem);
+        let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
+        initialize(&mut t, &[&q0, &q1]);
+        add_chain(&q1, 0, &[(DATA, 16, DESC_F_WRITE)]);
+        write_reg(&mut t, QUEUE_NOTIFY, 1);
+        let saved = t.save();
+
+        let (mut restored, _) = transport(Dummy::new(), &mem);
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
+        assert_eq!(notified(&mut restored), [1]);
+        assert_eq!(read_reg(&mut restored, INTERRUPT_STATUS), INT_USED_RING);
+        // Live, and the queue goes on where it was.
+        add_chain(&q1, 1, &[(DATA, 16, DESC_F_WRITE)]);
+        write_reg(&mut restored, QUEUE_NOTIFY, 1);
+        assert_eq!(used(&q1), [(0, 0), (1, 0)]);
+    }
+
+    #[test]
+    fn restore_refuses_queues_and_registers_no_driver_sets_up() {
+        let mem = guest_memory();
+        let (mut t, _) = transport(Dummy::new(), &mem);
+        let (q0, q1) = (mock_queue(&mem, 0), mock_queue(&mem, 1));
+        initialize(&mut t, &[&q0, &q1]);
+        let good = t.save();
+        let refused = |edit: &dyn Fn(&mut TransportState<Vec<usize>>)| {
+            let mut state = good.clone();
+            edit(&mut state);
+            let (mut target, _) = transport(Dummy::new(), &mem);
+            let before = target.save();
+            let error = target.restore(&state).unwrap_err();
+            assert_eq!(target.save(), before, "left unchanged");
+            error.field
+        };
+        assert_eq!(refused(&|s| s.queues[0].0.size = 3), "queues[0].size");
+        assert_eq!(
+            refused(&|s| s.queues[0].0.size = 2 * QUEUE_LEN),
+            "queues[0].size"
+        );
+        assert_eq!(
+            refused(&|s| s.queues[1].0.max_size = 64),
+            "queues[1].max_size"
+        );
+        assert_eq!(
+            refused(&|s| s.queues[0].0.desc_table = 1 << 40),
+            "queues[0].desc_table"
+        );
+        assert_eq!(
+            refused(&|s| s.queues[1].0.used_ring = 0x20_0000 - 8),
+            "queues[1].used_ring"
+        );
+        assert_eq!(
+            refused(&|s| {
+                s.queues.pop();
+            }),
+            "queues"
+        );
+        assert_eq!(refused(&|s| s.interrupt_status = 4), "interrupt_status");
+        assert_eq!(refused(&|s| s.irq_high = true), "irq_high");
+        assert_eq!(refused(&|s| s.driver_features |= 1 << 5), "driver_features");
+        assert_eq!(refused(&|s| s.status &= !FEATURES_OK), "status");
+        assert_eq!(
+            refused(&|s| s.queues[0].0.used_ring += 2),
+            "queues[0].rings"
+        );
+    }
+
+    #[test]
+    fn restore_keeps_unchecked_rings_of_a_device_not_live() {
+        // A driver may make a queue ready with rings outside memory; only
+        // DRIVER_OK checks them (and makes the device need a reset).
+        let mem = guest_memory();
+        let (mut t, _) = transport(Dummy::new(), &mem);
+        write_reg(&mut t, QUEUE_DESC_HIGH, 0x10);
+        write_reg(&mut t, QUEUE_READY, 1);
+        let saved = t.save();
+        let (mut restored, _) = transport(Dummy::new(), &mem);
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.save(), saved);
     }
 }

@@ -7,6 +7,8 @@
 use virtio_queue::{Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryMmap;
 
+use super::persist::Persist;
+
 pub mod block;
 pub mod console;
 pub mod mmio;
@@ -19,8 +21,9 @@ pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// 1.1 §2.6.5.3); `virtio_queue` walks such chains transparently.
 pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
 
-/// A virtio device behind a transport.
-pub trait VirtioDevice: Send {
+/// A virtio device behind a transport. Its [`Persist`] state is what a
+/// snapshot must carry beyond the transport's.
+pub trait VirtioDevice: Persist + Send {
     /// Device ID (virtio 1.1 §5), e.g. 2 for block, 3 for console.
     fn device_type(&self) -> u32;
 
@@ -29,6 +32,13 @@ pub trait VirtioDevice: Send {
 
     /// Maximum size of each queue, one entry per queue; powers of two.
     fn queue_max_sizes(&self) -> &[u16];
+
+    /// The most descriptors a chain may have; a longer one is returned
+    /// unused. By default the most an indirect table can hold (a direct
+    /// chain has at most the queue's size).
+    fn max_chain_descriptors(&self) -> usize {
+        usize::from(u16::MAX)
+    }
 
     /// Reads device configuration space at `offset`; bytes past its end read 0.
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -46,15 +56,6 @@ pub trait VirtioDevice: Send {
 
     /// The driver has set DRIVER_OK: `queues` are live from now on.
     fn activate(&mut self, _queues: &mut DeviceQueues<'_>) {}
-
-    /// Device state a snapshot must carry beyond the transport's; none by
-    /// default.
-    fn save(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-
-    /// Puts back what `save` returned.
-    fn restore(&mut self, _state: serde_json::Value) {}
 
     /// The driver notified queue `index` (always one of the device's queues,
     /// made ready by the driver, with the device live).
@@ -76,16 +77,22 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 pub struct DeviceQueues<'a> {
     mem: &'a GuestMemoryMmap,
     queues: &'a mut [Queue],
+    max_chain_descriptors: usize,
     /// Whether any chain went back to the driver (the transport then
     /// raises the used-buffer interrupt).
     used: bool,
 }
 
 impl<'a> DeviceQueues<'a> {
-    pub(crate) fn new(mem: &'a GuestMemoryMmap, queues: &'a mut [Queue]) -> Self {
+    pub(crate) fn new(
+        mem: &'a GuestMemoryMmap,
+        queues: &'a mut [Queue],
+        max_chain_descriptors: usize,
+    ) -> Self {
         Self {
             mem,
             queues,
+            max_chain_descriptors,
             used: false,
         }
     }
@@ -96,6 +103,7 @@ impl<'a> DeviceQueues<'a> {
         Some(QueueIo {
             queue,
             mem: self.mem,
+            max_chain_descriptors: self.max_chain_descriptors,
             used: &mut self.used,
         })
     }
@@ -110,6 +118,7 @@ impl<'a> DeviceQueues<'a> {
 pub struct QueueIo<'a> {
     queue: &'a mut Queue,
     mem: &'a GuestMemoryMmap,
+    max_chain_descriptors: usize,
     used: &'a mut bool,
 }
 
@@ -118,17 +127,25 @@ impl QueueIo<'_> {
     /// device-writable bytes (virtio 1.1 §2.6.4: devices must not depend on
     /// how the driver split them into descriptors) and returns how many bytes
     /// it wrote, the used length. False when the ring has no chain left.
+    /// A chain `serve` cannot take (outside guest memory, too many
+    /// descriptors) goes back with used length 0.
     pub fn serve_one(&mut self, serve: impl FnOnce(Reader<'_>, Writer<'_>) -> u32) -> bool {
         let Some(chain) = self.queue.pop_descriptor_chain(self.mem) else {
             return false;
         };
         let head = chain.head_index();
-        let len = match (chain.clone().reader(self.mem), chain.writer(self.mem)) {
-            (Ok(reader), Ok(writer)) => serve(reader, writer),
-            _ => {
-                tracing::warn!(head, "virtio: descriptor chain outside guest memory");
-                0
-            }
+        let descriptors = chain.clone().count();
+        let len = if descriptors > self.max_chain_descriptors {
+            let max = self.max_chain_descriptors;
+            tracing::warn!(head, descriptors, max, "virtio: chain too long");
+            0
+        } else if let (Ok(reader), Ok(writer)) =
+            (chain.clone().reader(self.mem), chain.writer(self.mem))
+        {
+            serve(reader, writer)
+        } else {
+            tracing::warn!(head, "virtio: descriptor chain outside guest memory");
+            0
         };
         match self.queue.add_used(self.mem, head, len) {
             Ok(()) => *self.used = true,
@@ -217,6 +234,32 @@ pub(crate) mod testing {
         t: &mut MmioTransport<D>,
         queues: &[&MockSplitQueue<'_, GuestMemoryMmap>],
     ) {
+        let rings: Vec<Rings> = queues
+            .iter()
+            .map(|q| Rings {
+                size: QUEUE_LEN,
+                desc_table: q.desc_table_addr().0,
+                avail: q.avail_addr().0,
+                used: q.used_addr().0,
+            })
+            .collect();
+        initialize_rings(t, &rings);
+        assert_eq!(
+            read_reg(t, mmio::regs::STATUS) & mmio::regs::DEVICE_NEEDS_RESET,
+            0
+        );
+    }
+
+    /// Where a driver put one queue's rings, and its size.
+    pub struct Rings {
+        pub size: u16,
+        pub desc_table: u64,
+        pub avail: u64,
+        pub used: u64,
+    }
+
+    /// `initialize` with rings anywhere, even outside guest memory.
+    pub fn initialize_rings<D: VirtioDevice>(t: &mut MmioTransport<D>, queues: &[Rings]) {
         use mmio::regs::*;
         write_reg(t, STATUS, 0);
         write_reg(t, STATUS, ACKNOWLEDGE);
@@ -231,19 +274,18 @@ pub(crate) mod testing {
         assert_ne!(read_reg(t, STATUS) & FEATURES_OK, 0);
         for (index, queue) in queues.iter().enumerate() {
             write_reg(t, QUEUE_SEL, index as u32);
-            write_reg(t, QUEUE_NUM, u32::from(QUEUE_LEN));
+            write_reg(t, QUEUE_NUM, u32::from(queue.size));
             for (low, addr) in [
-                (QUEUE_DESC_LOW, queue.desc_table_addr()),
-                (QUEUE_DRIVER_LOW, queue.avail_addr()),
-                (QUEUE_DEVICE_LOW, queue.used_addr()),
+                (QUEUE_DESC_LOW, queue.desc_table),
+                (QUEUE_DRIVER_LOW, queue.avail),
+                (QUEUE_DEVICE_LOW, queue.used),
             ] {
-                write_reg(t, low, addr.0 as u32);
-                write_reg(t, low + 4, (addr.0 >> 32) as u32);
+                write_reg(t, low, addr as u32);
+                write_reg(t, low + 4, (addr >> 32) as u32);
             }
             write_reg(t, QUEUE_READY, 1);
         }
         write_reg(t, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
-        assert_eq!(read_reg(t, STATUS) & DEVICE_NEEDS_RESET, 0);
     }
 
     /// `descs` (addr, len, flags) linked into one chain whose first
