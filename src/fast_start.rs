@@ -14,11 +14,12 @@ use std::time::Instant;
 
 use provm_recorder::format::{FormatError, SectionKind, TraceReader, TraceWriter};
 use provm_vmm::cpuid::FeatureWord;
-use provm_vmm::disk::image::{ImageError, OverlayLocation};
+use provm_vmm::disk::image::ImageError;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::digest::{bytes_sha256, file_sha256};
+use crate::disk::overlay::OverlayLocation;
 use crate::kernel::cache_dir;
 use crate::run::Prepared;
 use crate::session::{GuestSession, SessionError};
@@ -134,7 +135,7 @@ fn boot_and_cache(
     let start = Instant::now();
     let config = prepared.vm_config(
         Arc::new(LiveSeam::starting_at(0)),
-        OverlayLocation::TempIn(std::env::temp_dir()),
+        OverlayLocation::temporary(),
         None,
     )?;
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;

@@ -1,6 +1,7 @@
 //! provm: runs a command inside a Linux VM on its own KVM VMM.
 
 pub mod digest;
+pub mod disk;
 pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;

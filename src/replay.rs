@@ -9,10 +9,11 @@ use provm_recorder::format::FormatError;
 use provm_recorder::trace::Trace;
 use provm_replayer::{ReplayEnd, Replayer};
 use provm_vmm::cpuid;
-use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
+use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::vm::{self, Vm, VmConfig, VmError};
 
 use crate::digest::file_sha256;
+use crate::disk::overlay::{self, OverlayLocation};
 
 pub struct ReplayOptions {
     pub trace: PathBuf,
@@ -100,10 +101,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
     let base = BaseImage::open(&image)?;
     let config = VmConfig {
         memory_mib: manifest.memory_mib,
-        disk: Box::new(Overlay::create(
-            &base,
-            OverlayLocation::TempIn(std::env::temp_dir()),
-        )?),
+        disk: Box::new(overlay::create(&base, OverlayLocation::temporary())?),
         echo_console: options.echo_console,
         seam: replayer.clone(),
         exitless_limit: None,

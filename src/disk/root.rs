@@ -1,5 +1,7 @@
-//! Finding the root filesystem on a disk: a bare ext2/3/4 filesystem, or a
-//! partition of an MBR or GPT partition table.
+//! Finding the root file system on the image: a bare ext2/3/4 file system,
+//! or a partition of an MBR or GPT partition table. Which device the agent
+//! mounts as `/` is the command's choice (`--root` overrides it), so it is
+//! made here, over the VMM's read-only [`Disk`], not inside the VMM.
 //!
 //! Sectors are 512 bytes, as virtio-blk presents them. Only the four MBR
 //! primary partitions are considered, not logical ones inside an extended
@@ -8,7 +10,7 @@
 use std::fmt;
 use std::io;
 
-use super::Disk;
+use provm_vmm::disk::Disk;
 
 const SECTOR: u64 = 512;
 /// Offset of the ext2/3/4 superblock magic from the filesystem's start.
@@ -26,7 +28,7 @@ const GPT_LINUX_ROOT_X86_64: [u8; 16] = [
 ];
 
 #[derive(Debug, thiserror::Error)]
-pub enum PartitionError {
+pub enum RootError {
     #[error("the disk has neither a partition table nor an ext2/3/4 filesystem; pass an image that holds a Linux root filesystem")]
     NoFilesystem,
     #[error("no partition holds an ext2/3/4 filesystem (found {found}); pass --root /dev/vdaN to choose the root partition")]
@@ -63,10 +65,10 @@ impl RootChoice {
 /// Chooses the root filesystem: a bare filesystem is the whole disk; in a
 /// partition table, the first GPT "Linux root (x86-64)" partition, else the
 /// largest partition holding an ext2/3/4 filesystem.
-pub fn find_root(disk: &mut dyn Disk) -> Result<RootChoice, PartitionError> {
+pub fn find_root(disk: &mut dyn Disk) -> Result<RootChoice, RootError> {
     let Some(partitions) = read_table(disk)? else {
         if !has_ext_magic(disk, 0)? {
-            return Err(PartitionError::NoFilesystem);
+            return Err(RootError::NoFilesystem);
         }
         return Ok(RootChoice {
             partition: None,
@@ -98,7 +100,7 @@ pub fn find_root(disk: &mut dyn Disk) -> Result<RootChoice, PartitionError> {
                 p.size >> 20
             ),
         }),
-        None => Err(PartitionError::NoRootPartition {
+        None => Err(RootError::NoRootPartition {
             found: describe(&partitions),
         }),
     }
@@ -106,18 +108,18 @@ pub fn find_root(disk: &mut dyn Disk) -> Result<RootChoice, PartitionError> {
 
 /// Resolves a `--root` value (`/dev/vdaN`, `vdaN` or `N`) to a partition
 /// that exists in the disk's partition table.
-pub fn root_override(disk: &mut dyn Disk, value: &str) -> Result<RootChoice, PartitionError> {
+pub fn root_override(disk: &mut dyn Disk, value: &str) -> Result<RootChoice, RootError> {
     let digits = value
         .strip_prefix("/dev/vda")
         .or_else(|| value.strip_prefix("vda"))
         .unwrap_or(value);
     let number = match digits.parse::<u32>() {
         Ok(n) if n >= 1 && digits.bytes().all(|b| b.is_ascii_digit()) => n,
-        _ => return Err(PartitionError::BadRootSyntax(value.to_string())),
+        _ => return Err(RootError::BadRootSyntax(value.to_string())),
     };
     let partitions = read_table(disk)?;
     if !partitions.iter().flatten().any(|p| p.number == number) {
-        return Err(PartitionError::NoSuchPartition {
+        return Err(RootError::NoSuchPartition {
             requested: value.to_string(),
             found: partitions
                 .as_deref()
@@ -192,7 +194,7 @@ fn describe(partitions: &[Partition]) -> String {
 }
 
 /// The disk's partitions, or `None` when there is no partition table.
-fn read_table(disk: &mut dyn Disk) -> Result<Option<Vec<Partition>>, PartitionError> {
+fn read_table(disk: &mut dyn Disk) -> Result<Option<Vec<Partition>>, RootError> {
     if disk.size() < SECTOR {
         return Ok(None);
     }
@@ -232,17 +234,17 @@ fn mbr_entries(mbr: &[u8; SECTOR as usize]) -> Vec<Partition> {
 
 /// Reads the primary GPT at LBA 1, verifying the header's and the entry
 /// array's CRC32. Entry i is partition i + 1; unused entries are skipped.
-fn read_gpt(disk: &mut dyn Disk) -> Result<Vec<Partition>, PartitionError> {
+fn read_gpt(disk: &mut dyn Disk) -> Result<Vec<Partition>, RootError> {
     let mut header = [0u8; SECTOR as usize];
     disk.read_at(SECTOR, &mut header)?;
     if &header[0..8] != GPT_SIGNATURE {
-        return Err(PartitionError::CorruptGpt(
+        return Err(RootError::CorruptGpt(
             "the MBR is protective but LBA 1 has no GPT header".into(),
         ));
     }
     let header_size = le32(&header, 12) as usize;
     if !(92..=header.len()).contains(&header_size) {
-        return Err(PartitionError::CorruptGpt(format!(
+        return Err(RootError::CorruptGpt(format!(
             "header size {header_size} is invalid"
         )));
     }
@@ -250,7 +252,7 @@ fn read_gpt(disk: &mut dyn Disk) -> Result<Vec<Partition>, PartitionError> {
     let mut zeroed = header;
     zeroed[16..20].fill(0);
     if crc32(&zeroed[..header_size]) != stored_crc {
-        return Err(PartitionError::CorruptGpt(
+        return Err(RootError::CorruptGpt(
             "the header CRC32 does not match".into(),
         ));
     }
@@ -259,20 +261,20 @@ fn read_gpt(disk: &mut dyn Disk) -> Result<Vec<Partition>, PartitionError> {
     let entry_size = u64::from(le32(&header, 84));
     let total = count * entry_size;
     if entry_size < 128 || total > GPT_MAX_ENTRIES_BYTES {
-        return Err(PartitionError::CorruptGpt(format!(
+        return Err(RootError::CorruptGpt(format!(
             "{count} entries of {entry_size} bytes is not a valid entry array"
         )));
     }
     let offset = entries_lba.saturating_mul(SECTOR);
     if offset.saturating_add(total) > disk.size() {
-        return Err(PartitionError::CorruptGpt(format!(
+        return Err(RootError::CorruptGpt(format!(
             "the entry array at LBA {entries_lba} lies beyond the end of the disk"
         )));
     }
     let mut entries = vec![0u8; total as usize];
     disk.read_at(offset, &mut entries)?;
     if crc32(&entries) != le32(&header, 88) {
-        return Err(PartitionError::CorruptGpt(
+        return Err(RootError::CorruptGpt(
             "the partition entry array CRC32 does not match".into(),
         ));
     }
@@ -330,7 +332,7 @@ fn crc32(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::image::BaseImage;
+    use provm_vmm::disk::image::BaseImage;
     use std::process::Command;
 
     const MIB: u64 = 1 << 20;
@@ -430,7 +432,7 @@ mod tests {
         disk.write_at(2 * SECTOR, &entries).unwrap();
     }
 
-    fn partition(choice: Result<RootChoice, PartitionError>) -> Option<u32> {
+    fn partition(choice: Result<RootChoice, RootError>) -> Option<u32> {
         choice.unwrap().partition
     }
 
@@ -462,9 +464,9 @@ mod tests {
     #[test]
     fn blank_disk_has_no_filesystem() {
         let err = find_root(&mut disk(4 * MIB)).unwrap_err();
-        assert!(matches!(err, PartitionError::NoFilesystem), "{err}");
+        assert!(matches!(err, RootError::NoFilesystem), "{err}");
         let err = find_root(&mut disk(100)).unwrap_err();
-        assert!(matches!(err, PartitionError::NoFilesystem), "{err}");
+        assert!(matches!(err, RootError::NoFilesystem), "{err}");
     }
 
     #[test]
@@ -492,7 +494,7 @@ mod tests {
         let mut d = disk(16 * MIB);
         put_mbr(&mut d, &[(0x0c, 2048, 4096), (0x82, 8192, 8192)]);
         let err = find_root(&mut d).unwrap_err();
-        let PartitionError::NoRootPartition { found } = &err else {
+        let RootError::NoRootPartition { found } = &err else {
             panic!("wrong error: {err}");
         };
         assert_eq!(
@@ -559,7 +561,7 @@ mod tests {
         // A flipped bit in the header...
         d.0[SECTOR as usize + 40] ^= 1;
         let err = find_root(&mut d).unwrap_err();
-        assert!(matches!(err, PartitionError::CorruptGpt(_)), "{err}");
+        assert!(matches!(err, RootError::CorruptGpt(_)), "{err}");
         assert!(err.to_string().contains("header CRC32"), "{err}");
 
         // ...or in the entry array.
@@ -583,7 +585,7 @@ mod tests {
         let mut d = disk(8 * MIB);
         put_mbr(&mut d, &[(MBR_PROTECTIVE, 1, 16383)]);
         let err = find_root(&mut d).unwrap_err();
-        assert!(matches!(err, PartitionError::CorruptGpt(_)), "{err}");
+        assert!(matches!(err, RootError::CorruptGpt(_)), "{err}");
     }
 
     #[test]
@@ -607,16 +609,10 @@ mod tests {
             "x",
         ] {
             let err = root_override(&mut d, value).unwrap_err();
-            assert!(
-                matches!(err, PartitionError::BadRootSyntax(_)),
-                "{value}: {err}"
-            );
+            assert!(matches!(err, RootError::BadRootSyntax(_)), "{value}: {err}");
         }
         let err = root_override(&mut d, "3").unwrap_err();
-        assert!(
-            matches!(err, PartitionError::NoSuchPartition { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, RootError::NoSuchPartition { .. }), "{err}");
         assert!(err.to_string().contains("vda1 MBR type 0x83"), "{err}");
     }
 
@@ -676,10 +672,7 @@ mod tests {
         }
         let mut base = BaseImage::open(&path).unwrap();
         let err = find_root(&mut base).unwrap_err();
-        assert!(
-            matches!(err, PartitionError::NoRootPartition { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, RootError::NoRootPartition { .. }), "{err}");
 
         // Partition 2 starts at 5 MiB (sfdisk aligns the first to 1 MiB).
         let offset = format!("offset={}", 5 * MIB);
