@@ -6,4 +6,5 @@
 //! (`overlay`).
 
 pub mod overlay;
+mod reader;
 pub mod root;
