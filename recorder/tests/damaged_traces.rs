@@ -9,7 +9,9 @@ use proptest::prelude::*;
 use provm_recorder::events::{Encoder, Event};
 use provm_recorder::format::{SectionKind, TraceWriter};
 use provm_recorder::hex;
-use provm_recorder::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_recorder::manifest::{
+    CpuModel, HostDescription, ImageFile, ImageIdentity, Manifest, Outcome,
+};
 use provm_recorder::trace::Trace;
 use sha2::{Digest, Sha256};
 
@@ -30,8 +32,13 @@ fn sample_trace(dir: &Path) -> Vec<u8> {
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),
-            size: 0,
-            sha256: sha(b""),
+            chain: vec![ImageFile {
+                path: "/images/image.qcow2".into(),
+                depth: 0,
+                role: "image".into(),
+                size: 0,
+                sha256: sha(b""),
+            }],
         },
         kernel_sha256: sha(&kernel),
         initramfs_sha256: sha(&initramfs),
