@@ -13,13 +13,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpuid::FeatureWord;
-use provm_vmm::disk::image::{ImageError, OverlayLocation};
+use provm_vmm::disk::image::ImageError;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::digest::{bytes_sha256, file_sha256};
+use crate::disk::chain::{self, ChainError};
+use crate::disk::overlay::OverlayLocation;
 use crate::kernel::cache_dir;
 use crate::run::Prepared;
 use crate::session::{GuestSession, SessionError};
@@ -32,6 +35,8 @@ pub enum FastStartError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Image(#[from] ChainError),
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error("booting the guest to snapshot it: {0}")]
@@ -61,7 +66,8 @@ impl BootedSnapshot {
 pub struct Identity {
     pub kernel_sha256: String,
     pub initramfs_sha256: String,
-    pub image_sha256: String,
+    /// Every file of the image's backing chain.
+    pub image: Vec<ImageFile>,
     pub cpu_features: Vec<FeatureWord>,
     /// Hidden features KVM left visible, which the guest kernel ignores.
     pub ignored_by_kernel: Vec<&'static str>,
@@ -79,7 +85,7 @@ impl Identity {
         Ok(Identity {
             kernel_sha256: file(&prepared.boot.kernel)?,
             initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
-            image_sha256: file(prepared.base.path())?,
+            image: chain::identify(&prepared.base)?,
             cpu_features,
             ignored_by_kernel,
         })
@@ -94,7 +100,7 @@ pub fn booted(
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
     let key = format!(
-        "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {}",
+        "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
         env!("CARGO_PKG_VERSION"),
         identity.kernel_sha256,
         identity.initramfs_sha256,
@@ -102,7 +108,11 @@ pub fn booted(
         prepared.memory_mib,
         identity.cpu_features,
         identity.ignored_by_kernel,
-        identity.image_sha256,
+        identity
+            .image
+            .iter()
+            .map(|file| &file.sha256)
+            .collect::<Vec<_>>(),
     );
     let path = cache_dir()
         .join("snapshots")
@@ -135,7 +145,7 @@ fn boot_and_cache(
     let start = Instant::now();
     let config = prepared.vm_config(
         Arc::new(LiveSeam::starting_at(0)),
-        OverlayLocation::TempIn(std::env::temp_dir()),
+        OverlayLocation::temporary(),
         None,
     )?;
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;

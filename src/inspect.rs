@@ -6,6 +6,7 @@ use std::path::Path;
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 
+use crate::disk::chain;
 use crate::record::utc_date_time;
 
 pub fn inspect(path: &Path) -> Result<String, FormatError> {
@@ -40,12 +41,20 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         )?;
         writeln!(
             out,
-            "image      {} ({} bytes, sha256 {}){}",
+            "image      {}{}",
             m.image.path,
-            m.image.size,
-            m.image.sha256,
-            if trace.has_image { ", embedded" } else { "" }
+            if trace.has_image { " (embedded)" } else { "" }
         )?;
+        for file in &m.image.chain {
+            writeln!(
+                out,
+                "  {}: {} ({} bytes, sha256 {})",
+                chain::describe(file),
+                file.path,
+                file.size,
+                file.sha256
+            )?;
+        }
         writeln!(out, "kernel     sha256 {}", m.kernel_sha256)?;
         writeln!(out, "initramfs  sha256 {}", m.initramfs_sha256)?;
         writeln!(out, "snapshot   sha256 {}", m.snapshot_sha256)?;

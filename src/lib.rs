@@ -2,6 +2,7 @@
 
 pub mod cpu_model;
 pub mod digest;
+pub mod disk;
 pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provm_vmm::disk::image::{BaseImage, ImageError, Overlay, OverlayLocation};
+use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::Seam;
 use provm_vmm::vm::{Vm, VmConfig, VmError, VmSnapshot};
+
+use crate::disk::overlay::{self, OverlayLocation};
 
 pub struct Machine<'a> {
     pub base: &'a BaseImage,
@@ -32,7 +34,7 @@ impl Machine<'_> {
     pub fn config(self, seam: Arc<dyn Seam>) -> Result<VmConfig, ImageError> {
         Ok(VmConfig {
             memory_mib: self.memory_mib,
-            disk: Box::new(Overlay::create(self.base, self.overlay)?),
+            disk: Box::new(overlay::create(self.base, self.overlay)?),
             echo_console: self.echo_console,
             seam,
             exitless_limit: self.exitless_limit,

@@ -3,7 +3,8 @@
 //!
 //! The trace starts from the booted guest's snapshot (see `fast_start`) and
 //! embeds it with the kernel and initramfs, so that it replays with nothing
-//! but the image (or, with `--embed-image`, with nothing else at all).
+//! but the image (or, with `--embed-image`, which embeds the image's whole
+//! backing chain, with nothing else at all).
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -18,6 +19,7 @@ use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 
 use crate::cpu_model;
+use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
@@ -46,6 +48,8 @@ pub enum RecordError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot embed the image: {0}")]
+    EmbedImage(#[from] ChainError),
     /// The run did not finish; the trace holds it up to that point.
     #[error(
         "{error}\nprovm: the trace {trace} holds the run up to that point and is marked incomplete"
@@ -159,9 +163,9 @@ pub fn record(
             .map_err(trace_error)?;
     }
     if options.embed_image {
-        let image = read_to_embed(&options.run.image)?;
+        let image = chain::embed(&manifest.image.chain, EMBED_LEVEL)?;
         trace
-            .section(SectionKind::Image, &compress(&image))
+            .section(SectionKind::Image, &image)
             .map_err(trace_error)?;
     }
     let path = trace.finish().map_err(trace_error)?;
@@ -194,8 +198,7 @@ fn manifest(
         root_device: prepared.root_device.clone(),
         image: ImageIdentity {
             path: options.run.image.display().to_string(),
-            size: file_size(&options.run.image),
-            sha256: identity.image_sha256.clone(),
+            chain: identity.image.clone(),
         },
         kernel_sha256: identity.kernel_sha256.clone(),
         initramfs_sha256: identity.initramfs_sha256.clone(),
@@ -225,10 +228,6 @@ fn read_to_embed(path: &Path) -> Result<Vec<u8>, RecordError> {
             source,
         })?;
     Ok(bytes)
-}
-
-fn file_size(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 fn lossy(args: &[OsString]) -> Vec<String> {

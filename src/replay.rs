@@ -8,17 +8,18 @@ use provm_replayer::{ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
-use provm_vmm::disk::image::{BaseImage, ImageError, OverlayLocation};
+use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::vm::{self, VmError};
 
 use crate::cpu_model;
-use crate::digest::file_sha256;
+use crate::disk::chain::{self, ChainError, ExtractedChain};
+use crate::disk::overlay::OverlayLocation;
 use crate::machine::{Machine, MachineError};
 use crate::snapshot;
 
 pub struct ReplayOptions {
     pub trace: PathBuf,
-    /// The base image; by default the recorded path, or the embedded copy.
+    /// The image; by default the recorded path, or the embedded copy.
     pub image: Option<PathBuf>,
     pub timeout: Duration,
     pub echo_console: bool,
@@ -28,19 +29,10 @@ pub struct ReplayOptions {
 pub enum ReplayError {
     #[error("{0}")]
     Trace(#[from] FormatError),
-    #[error("the image {0} the trace was recorded from is not there: pass --image PATH (its digest is checked), or record with --embed-image")]
+    #[error("the image {0} the trace was recorded from is not there: pass --image PATH (the digests of its files are checked), or record with --embed-image")]
     ImageMissing(PathBuf),
-    #[error("cannot read the image {path}: {source}")]
-    ImageRead {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("refusing to replay: {path} is not the image the trace was recorded with (sha256 {found}, recorded {recorded})")]
-    ImageDiffers {
-        path: PathBuf,
-        found: String,
-        recorded: String,
-    },
+    #[error(transparent)]
+    Chain(#[from] ChainError),
     #[error("refusing to replay: this host's CPU lacks features the recorded guest saw: {}", .0.join(", "))]
     CpuLacks(Vec<String>),
     #[error(transparent)]
@@ -83,29 +75,17 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         return Err(ReplayError::CpuLacks(missing));
     }
     // Holds an image extracted from the trace for as long as the VM runs.
-    let mut extracted = None;
-    let image = image_to_use(options, &trace, &mut extracted)?;
-    let found = file_sha256(&image).map_err(|source| ReplayError::ImageRead {
-        path: image.clone(),
-        source,
-    })?;
-    if found != manifest.image.sha256 {
-        return Err(ReplayError::ImageDiffers {
-            path: image,
-            found,
-            recorded: manifest.image.sha256.clone(),
-        });
-    }
+    let (base, _extracted) = open_image(options, &trace)?;
+    chain::check(&base, &manifest.image)?;
 
     let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
     let start_ns = snapshot.state.clock_ns;
     let events = trace.events()?;
-    let base = BaseImage::open(&image)?;
     let machine = Machine {
         base: &base,
         memory_mib: manifest.memory_mib,
         echo_console: options.echo_console,
-        overlay: OverlayLocation::TempIn(std::env::temp_dir()),
+        overlay: OverlayLocation::temporary(),
         exitless_limit: None,
     };
     let (mut vm, replayer) =
@@ -127,30 +107,23 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
 }
 
 /// The image to replay against: the one named, else the recorded path,
-/// else the copy embedded in the trace (extracted into `extracted`).
-fn image_to_use(
+/// else the copy embedded in the trace (extracted, and returned too so that
+/// it outlives the VM).
+fn open_image(
     options: &ReplayOptions,
     trace: &Trace,
-    extracted: &mut Option<tempfile::NamedTempFile>,
-) -> Result<PathBuf, ReplayError> {
+) -> Result<(BaseImage, Option<ExtractedChain>), ReplayError> {
     if let Some(path) = &options.image {
-        return Ok(path.clone());
+        return Ok((BaseImage::open(path)?, None));
     }
     let recorded = Path::new(&trace.manifest.image.path);
-    if recorded.exists() || !trace.has_image {
-        return recorded
-            .exists()
-            .then(|| recorded.to_owned())
-            .ok_or_else(|| ReplayError::ImageMissing(recorded.to_owned()));
+    if recorded.exists() {
+        return Ok((BaseImage::open(recorded)?, None));
+    }
+    if !trace.has_image {
+        return Err(ReplayError::ImageMissing(recorded.to_owned()));
     }
     eprintln!("provm: using the image embedded in the trace");
-    let io_error = |source| ReplayError::ImageRead {
-        path: trace.path.clone(),
-        source,
-    };
-    let mut file = tempfile::NamedTempFile::new().map_err(io_error)?;
-    trace.extract_image(file.as_file_mut())?;
-    let path = file.path().to_owned();
-    *extracted = Some(file);
-    Ok(path)
+    let extracted = ExtractedChain::from_trace(trace)?;
+    Ok((extracted.open()?, Some(extracted)))
 }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_vmm::disk::image::{BaseImage, ImageError, OverlayLocation};
-use provm_vmm::disk::partition::{self, PartitionError};
+use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::{LiveSeam, Seam};
 use provm_vmm::vm::{BootSource, VmConfig, VmError};
 
+use crate::disk::overlay::OverlayLocation;
+use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
@@ -95,10 +96,7 @@ pub enum RunError {
     #[error(transparent)]
     Image(#[from] ImageError),
     #[error("{image}: {source}")]
-    Root {
-        image: PathBuf,
-        source: PartitionError,
-    },
+    Root { image: PathBuf, source: RootError },
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("cannot boot the kernel {path}: it does not exist")]
@@ -160,7 +158,7 @@ impl Prepared {
 pub fn overlay_location(options: &RunOptions) -> OverlayLocation {
     match &options.keep_overlay {
         Some(path) => OverlayLocation::Keep(path.clone()),
-        None => OverlayLocation::TempIn(std::env::temp_dir()),
+        None => OverlayLocation::temporary(),
     }
 }
 
@@ -170,8 +168,8 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
     provm_vmm::vm::check_kvm()?;
     let mut base = BaseImage::open(&options.image)?;
     let root = match &options.root {
-        Some(value) => partition::root_override(&mut base, value),
-        None => partition::find_root(&mut base),
+        Some(value) => root::root_override(&mut base, value),
+        None => root::find_root(&mut base),
     }
     .map_err(|source| RunError::Root {
         image: options.image.clone(),

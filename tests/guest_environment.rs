@@ -29,7 +29,11 @@ fn ipc_and_loopback_tcp_record_and_replay() {
         "tcp echo 127.0.0.1: hello over loopback",
         "tcp echo ::1: hello over loopback",
     ] {
-        assert!(recorded.stdout.contains(line), "{line}: {}", recorded.stdout);
+        assert!(
+            recorded.stdout.contains(line),
+            "{line}: {}",
+            recorded.stdout
+        );
     }
     assert_replay_matches(&trace);
 }
@@ -56,7 +60,15 @@ fn the_guest_tells_the_hosts_time_and_replays_it() {
     let trace = trace_path(&images().dir, "wall-clock");
     let image = images().tiny_qcow2.to_str().unwrap();
     let mut recording = Command::new(env!("CARGO_BIN_EXE_provm"))
-        .args(["record", "-o", trace.to_str().unwrap(), image, "--", "date", "+%s"])
+        .args([
+            "record",
+            "-o",
+            trace.to_str().unwrap(),
+            image,
+            "--",
+            "date",
+            "+%s",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -90,9 +90,10 @@ fn damaged_traces_and_other_images_are_refused() {
     let refused = provm(&["replay", "--image", path(&other_image), path(&trace)]);
     assert_eq!(refused.status, PROVM_FAILED);
     assert!(
-        refused
-            .stderr
-            .contains("is not the image the trace was recorded with"),
+        refused.stderr.contains("the image, ")
+            && refused
+                .stderr
+                .contains("is not the file the trace was recorded with"),
         "{}",
         refused.stderr
     );

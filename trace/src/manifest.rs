@@ -26,9 +26,28 @@ pub struct Manifest {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ImageIdentity {
-    /// The path it was recorded from (informational: replay checks the digest).
+    /// The path it was recorded from, as given (informational: replay checks
+    /// the digests).
     pub path: String,
+    /// Every file the image reads from: the image itself first, then its
+    /// qcow2 backing chain. Replay checks each one.
+    pub chain: Vec<ImageFile>,
+}
+
+/// One file of an image's backing chain.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImageFile {
+    /// Where it was read at record time: absolute, as the qcow2 headers
+    /// named it.
+    pub path: String,
+    /// 0 for the image itself, n for its nth backing image; a data file has
+    /// the depth of the image it belongs to.
+    pub depth: u32,
+    /// `image` (the image or a backing image) or `data file` (a qcow2
+    /// external data file).
+    pub role: String,
     pub size: u64,
+    /// SHA-256 of the file's bytes.
     pub sha256: String,
 }
 

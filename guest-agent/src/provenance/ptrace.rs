@@ -1,5 +1,12 @@
 //! The few ptrace and process-inspection calls the tracer makes, each a
 //! safe function over one system call.
+//!
+//! Over libc rather than `nix::sys::ptrace` (0.30): nix passes signals as
+//! its `Signal` enum, which has no real-time signals, so a tracee stopped by
+//! one (glibc uses SIGRTMIN and SIGRTMIN+1 itself, for thread cancellation
+//! and set*id calls) could neither be reported by nix's `waitpid` (EINVAL)
+//! nor have its signal delivered by `cont`. Size was no obstacle (+15 KB
+//! with seccompiler, see seccomp.rs).
 
 use std::ffi::CStr;
 use std::io::{self, Read};

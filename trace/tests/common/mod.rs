@@ -9,7 +9,9 @@ use provm_trace::event_log::encode_chunk;
 use provm_trace::events::{Encoder, Event};
 use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
 use provm_trace::hex;
-use provm_trace::manifest::{CpuModel, HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_trace::manifest::{
+    CpuModel, HostDescription, ImageFile, ImageIdentity, Manifest, Outcome,
+};
 use provm_trace::reader::Trace;
 use provm_trace::snapshot;
 use sha2::{Digest, Sha256};
@@ -74,8 +76,13 @@ pub fn sample_sections() -> Sections {
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),
-            size: 0,
-            sha256: sha(b""),
+            chain: vec![ImageFile {
+                path: "/images/image.qcow2".into(),
+                depth: 0,
+                role: "image".into(),
+                size: 0,
+                sha256: sha(b""),
+            }],
         },
         kernel_sha256: sha(&kernel),
         initramfs_sha256: sha(&initramfs),

@@ -1,9 +1,9 @@
-//! Disk images behind the virtio block device.
+//! The machine's disk: the [`Disk`] the virtio block device serves, and
+//! image files opened as one (see `image`).
 
 use std::io;
 
 pub mod image;
-pub mod partition;
 
 /// A virtual disk: a byte-addressed store of fixed size.
 pub trait Disk: Send {
