@@ -90,6 +90,9 @@ struct RunArgs {
     /// recording also keeps it in its trace (`provm graph TRACE`).
     #[arg(long = "prov", value_name = "FILE")]
     provenance: Option<PathBuf>,
+    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
+    #[arg(long)]
+    force: bool,
     /// The disk image: qcow2 or raw.
     image: PathBuf,
     /// The command and its arguments.
@@ -105,9 +108,10 @@ struct RecordArgs {
     /// Embed the base image too (compressed): the trace alone replays.
     #[arg(long)]
     embed_image: bool,
-    /// Stop a guest that runs this many seconds without a VM exit while a
-    /// timer interrupt waits (0: never). Such a guest can only be preempted
-    /// at an exit, so a spinning one would otherwise never stop.
+    /// After this many seconds without a VM exit while a timer interrupt
+    /// waits (0: never): stop a guest kernel spinning with interrupts on
+    /// (it can only get the tick at an exit), and warn, once, about guest
+    /// user code computing (it goes on: a long computation is normal).
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     exitless_limit: u64,
     #[command(flatten)]
@@ -146,6 +150,9 @@ struct GraphArgs {
     /// Write here instead of standard output.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Overwrite --output if it exists.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Subcommand)]
@@ -179,6 +186,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    refuse_to_overwrite(args.force, &[&args.provenance, &args.keep_overlay])?;
     let options = run_options(args, verbose);
     let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
     Ok(ExitCode::from(outcome.shell_status() as u8))
@@ -188,6 +196,11 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     let output = args
         .output
         .unwrap_or_else(|| provm::record::default_output(&args.run.image));
+    let run = &args.run;
+    refuse_to_overwrite(
+        run.force,
+        &[&Some(output.clone()), &run.provenance, &run.keep_overlay],
+    )?;
     let options = RecordOptions {
         run: run_options(args.run, verbose),
         output,
@@ -228,6 +241,22 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     }
 }
 
+/// An output that exists is the user's: it is replaced only with --force.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} exists; pass --force to overwrite it, or choose another path")]
+struct OutputExists(PathBuf);
+
+fn refuse_to_overwrite(force: bool, outputs: &[&Option<PathBuf>]) -> Result<(), OutputExists> {
+    match outputs
+        .iter()
+        .filter_map(|output| output.as_ref())
+        .find(|path| path.exists())
+    {
+        Some(path) if !force => Err(OutputExists(path.clone())),
+        _ => Ok(()),
+    }
+}
+
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
         image: args.image,
@@ -245,6 +274,7 @@ fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
 }
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    refuse_to_overwrite(args.force, &[&args.output])?;
     let mut document = provenance::load(&args.run)?;
     if !document.has_processes() {
         return Err(provenance::ProvenanceError::Empty.into());

@@ -260,6 +260,20 @@ fn bad_input_gets_a_clear_error() {
     );
     expect_error(&["run", "--memory", "8", tiny, "--", "true"], "too small");
 
+    // An existing output is the user's: refused before any work, unchanged.
+    let existing = dir.join("existing.provm");
+    std::fs::write(&existing, b"keep me").unwrap();
+    let refusal = "exists; pass --force";
+    expect_error(
+        &["record", "-o", path(&existing), tiny, "--", "true"],
+        refusal,
+    );
+    expect_error(
+        &["run", "--prov", path(&existing), tiny, "--", "true"],
+        refusal,
+    );
+    assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
+
     // A machine where the kernel was never built: both commands say what to run.
     let empty_cache = dir.join("empty-cache");
     for args in [&["kernel", "path"][..], &["run", tiny, "--", "true"]] {

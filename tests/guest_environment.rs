@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -87,5 +88,65 @@ fn the_guest_tells_the_hosts_time_and_replays_it() {
     // `date +%s` drops the fraction: up to a second more.
     let behind = host - guest;
     assert!((0.0..3.0).contains(&behind), "guest {guest}, host {host}");
+    assert_replay_matches(&trace);
+}
+
+/// Time passes inside a recording while the guest computes without VM
+/// exits: its clock reads the VMM's clock (kernel patch 0007), not jiffies
+/// that only a delivered tick advances.
+#[test]
+fn a_computation_timed_inside_a_recording_takes_its_host_time() {
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/timed_loop.c");
+    let host_binary = images().dir.join("timed_loop-host");
+    let compiled = Command::new("gcc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&host_binary)
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(compiled.success());
+    let milliseconds = |output: &str| -> f64 {
+        let first = output.split_whitespace().next();
+        first
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{output:?}"))
+    };
+    // The host's own time for the loop, before and after: the machine may
+    // be busy, and the guest shares it.
+    let on_host = || {
+        let host = Command::new(&host_binary).output().unwrap();
+        milliseconds(&String::from_utf8_lossy(&host.stdout))
+    };
+    let before = on_host();
+
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&images().dir, "timed-loop");
+    let recorded = record_shell(&images().tiny_qcow2, &trace, &[], "timed_loop");
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let in_guest = milliseconds(&recorded.stdout);
+    let after = on_host();
+    let (fastest, slowest) = (before.min(after), before.max(after));
+    assert!(
+        0.6 * fastest <= in_guest && in_guest <= 1.4 * slowest,
+        "the loop took {before} and {after} ms on the host, {in_guest} ms by the recorded guest's clock"
+    );
+    assert_replay_matches(&trace);
+}
+
+/// A due timer interrupt reaches the guest when it enables interrupts again,
+/// even if every exit it makes is taken with interrupts off (the console's).
+#[test]
+fn a_program_waiting_for_sigalrm_while_printing_gets_it_when_recorded() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&images().dir, "alarm");
+    let recorded = record_shell(
+        &images().tiny_qcow2,
+        &trace,
+        &["--timeout", "300"],
+        "alarm_progress",
+    );
+    assert_eq!(recorded.status, 0, "{}{}", recorded.stdout, recorded.stderr);
+    let last = recorded.stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("alarm after "), "{last}");
     assert_replay_matches(&trace);
 }

@@ -216,7 +216,14 @@ fn populate_busybox_root(root: &Path) {
         }
     }
     std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
-    for program in ["vector_copy", "host_tsc", "sysv_shm", "tcp_echo"] {
+    for program in [
+        "vector_copy",
+        "host_tsc",
+        "sysv_shm",
+        "tcp_echo",
+        "timed_loop",
+        "alarm_progress",
+    ] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")
             .args(["-O2", "-static", "-o"])

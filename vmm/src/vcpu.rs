@@ -240,6 +240,11 @@ impl Vcpu {
         run.ready_for_interrupt_injection != 0 && run.if_flag != 0
     }
 
+    /// Whether the guest runs user code (CPL 3) now; false if KVM cannot say.
+    pub fn in_user_mode(&self) -> bool {
+        self.fd.get_sregs().is_ok_and(|sregs| sregs.cs.dpl == 3)
+    }
+
     /// Whether the guest had interrupts enabled at the last exit.
     pub fn interrupts_enabled(&mut self) -> bool {
         self.fd.get_kvm_run().if_flag != 0

@@ -21,6 +21,9 @@ use crate::bus::{Bus, BusError};
 use crate::cpuid::{self, FeatureWord, HiddenFeature};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
+use crate::devices::paravirt::{
+    Doorbell, DoorbellState, ParavirtClock, DOORBELL_PORT, DOORBELL_PORT_LEN,
+};
 use crate::devices::persist::{InvalidState, Persist};
 use crate::devices::pic::{self, Pic, PicIrqLine};
 use crate::devices::pit::{Pit, PitState, PIT_PORT, PIT_PORT_LEN};
@@ -41,6 +44,8 @@ const BLOCK_MMIO: u64 = MMIO_START;
 const BLOCK_IRQ: u8 = 5;
 const CONSOLE_MMIO: u64 = MMIO_START + MMIO_DEVICE_SIZE;
 const CONSOLE_IRQ: u8 = 6;
+/// The paravirtual clock's register page (see `devices::paravirt`).
+const CLOCK_MMIO: u64 = MMIO_START + 2 * MMIO_DEVICE_SIZE;
 const PIT_IRQ: u8 = 0;
 
 /// What a VM boots: the kernel, its initial root and its arguments.
@@ -85,6 +90,7 @@ pub struct VmState {
     cmos: CmosState,
     serial: SerialPortState,
     i8042: I8042,
+    doorbell: DoorbellState,
     block: TransportState<()>,
     console: TransportState<ConsoleState>,
 }
@@ -132,8 +138,8 @@ pub enum VmError {
     Stuck,
     #[error("the guest did not finish within the time limit")]
     Timeout,
-    #[error("the guest ran {seconds} s without a VM exit while a timer interrupt was due: it is spinning (e.g. polling the clock) and only an exit lets provm interrupt it reproducibly; raise --exitless-limit if this is a long computation")]
-    Exitless { seconds: u64 },
+    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
+    Exitless { seconds: u64, rip: u64 },
     #[error("stopped: {0}")]
     Stopped(String),
 
@@ -170,6 +176,7 @@ pub struct Vm {
     pit: Arc<Mutex<Pit>>,
     timer_line: SharedIrqLine,
     i8042: Arc<Mutex<I8042>>,
+    doorbell: Arc<Mutex<Doorbell>>,
     cmos: Arc<Mutex<Cmos>>,
     serial: Arc<Mutex<SerialPort>>,
     block: Arc<Mutex<MmioTransport<VirtioBlock>>>,
@@ -182,6 +189,8 @@ pub struct Vm {
     at_exit: bool,
     /// When the guest last exited (host time), to notice a spinning guest.
     last_exit: Instant,
+    /// Whether the current stretch without exits was reported already.
+    exitless_warned: bool,
     /// The hidden CPU features KVM left visible (see `cpuid::unenforced`).
     unenforced: Vec<&'static HiddenFeature>,
     /// The vCPU's signal timer targets the thread that created the VM.
@@ -204,7 +213,7 @@ impl Vm {
             );
         }
         let cmdline = format!(
-            "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ}",
+            "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
             cpuid::kernel_args_hiding(&vm.unenforced),
         );
@@ -226,6 +235,7 @@ impl Vm {
         vm.cmos.lock().unwrap().restore(&state.cmos)?;
         vm.serial.lock().unwrap().restore(&state.serial)?;
         vm.i8042.lock().unwrap().restore(&state.i8042)?;
+        vm.doorbell.lock().unwrap().restore(&state.doorbell)?;
         vm.block.lock().unwrap().restore(&state.block)?;
         vm.console.lock().unwrap().restore(&state.console)?;
         Ok(vm)
@@ -242,6 +252,7 @@ impl Vm {
             cmos: self.cmos.lock().unwrap().save(),
             serial: self.serial.lock().unwrap().save(),
             i8042: self.i8042.lock().unwrap().save(),
+            doorbell: self.doorbell.lock().unwrap().save(),
             block: self.block.lock().unwrap().save(),
             console: self.console.lock().unwrap().save(),
         };
@@ -266,6 +277,7 @@ impl Vm {
         let line = |irq: u8| -> SharedIrqLine { Arc::new(PicIrqLine::new(pic.clone(), irq)) };
         let pit = Arc::new(Mutex::new(Pit::new(clock())));
         let i8042 = Arc::new(Mutex::new(I8042::new()));
+        let doorbell = Arc::new(Mutex::new(Doorbell::new(config.memory_mib << 20)));
         let cmos = Arc::new(Mutex::new(Cmos::new(clock())));
         let console_tail = ConsoleTail::default();
         let serial = Arc::new(Mutex::new(SerialPort::new(
@@ -284,6 +296,7 @@ impl Vm {
         pio.insert(PIT_PORT, PIT_PORT_LEN, pit.clone())?;
         pio.insert(CMOS_PORT, CMOS_PORT_LEN, cmos.clone())?;
         pio.insert(COM1_BASE, UART_REGISTERS, serial.clone())?;
+        pio.insert(DOORBELL_PORT.into(), DOORBELL_PORT_LEN, doorbell.clone())?;
 
         let disk = ObservedDisk {
             disk: config.disk,
@@ -302,6 +315,8 @@ impl Vm {
         let mut mmio = Bus::default();
         mmio.insert(BLOCK_MMIO, MMIO_DEVICE_SIZE, block.clone())?;
         mmio.insert(CONSOLE_MMIO, MMIO_DEVICE_SIZE, console.clone())?;
+        let paravirt_clock = Arc::new(Mutex::new(ParavirtClock::new(clock())));
+        mmio.insert(CLOCK_MMIO, MMIO_DEVICE_SIZE, paravirt_clock)?;
 
         let timer_line = line(PIT_IRQ);
         Ok(Vm {
@@ -316,6 +331,7 @@ impl Vm {
             timer_line,
             pit,
             i8042,
+            doorbell,
             cmos,
             serial,
             block,
@@ -325,6 +341,7 @@ impl Vm {
             exitless_limit: config.exitless_limit,
             at_exit: true,
             last_exit: Instant::now(),
+            exitless_warned: false,
             unenforced,
             _not_send: PhantomData,
         })
@@ -382,24 +399,43 @@ impl Vm {
             self.timer_line.pulse();
         }
         let mut pic = self.pic.lock().unwrap();
-        if !pic.has_pending_interrupt() {
-            self.vcpu.request_interrupt_window(false);
-            return Ok(());
-        }
-        if self.vcpu.ready_for_interrupt() {
+        let mut waiting = pic.has_pending_interrupt();
+        if waiting && self.vcpu.ready_for_interrupt() {
             if let Some(vector) = pic.acknowledge() {
                 self.seam.injected(vector);
                 self.vcpu.inject(vector)?;
             }
-            self.vcpu.request_interrupt_window(false);
+            waiting = false;
+        }
+        drop(pic);
+        if self.seam.preemptive() {
+            self.vcpu.request_interrupt_window(waiting);
         } else {
-            // Where the window opens is not reproducible here: PVM sometimes
-            // reports it between STI and the HLT its shadow covers, sometimes
-            // not. A non-preemptive VM waits for the guest's next exit with
-            // interrupts enabled instead (the idle loop's HLT at the latest).
-            self.vcpu.request_interrupt_window(self.seam.preemptive());
+            // Where the interrupt window opens is not reproducible here: PVM
+            // sometimes reports it between STI and the HLT its shadow
+            // covers, sometimes not. A non-preemptive VM rings the guest's
+            // doorbell instead, so that the guest exits where it enables
+            // interrupts again, a point its own execution fixes.
+            self.mark_doorbell(waiting);
         }
         Ok(())
+    }
+
+    /// Sets or clears the guest kernel's doorbell byte, if it has one
+    /// (see `devices::paravirt`).
+    fn mark_doorbell(&self, waiting: bool) {
+        let Some(flag) = self.doorbell.lock().unwrap().flag() else {
+            return;
+        };
+        let address = GuestAddress(flag);
+        let marked = self
+            .memory
+            .read_obj::<u8>(address)
+            .is_ok_and(|byte| byte != 0);
+        if marked != waiting {
+            // In RAM by construction (the doorbell refuses other addresses).
+            let _ = self.memory.write_obj(u8::from(waiting), address);
+        }
     }
 
     /// Enters the guest once and handles the exit: `Some(true)` if the guest
@@ -425,6 +461,7 @@ impl Vm {
             return Ok(None);
         };
         self.last_exit = Instant::now();
+        self.exitless_warned = false;
         let seam = &*self.seam;
         match exit {
             VcpuExit::IoIn(..) => self.port_read()?,
@@ -481,7 +518,12 @@ impl Vm {
 
     /// Stops a non-preemptive run whose guest has gone too long without an
     /// exit while a tick is due: nothing else would ever interrupt it.
-    fn check_exitless(&self) -> Result<(), VmError> {
+    ///
+    /// Guest user code computing without system calls makes no exits
+    /// either, and that is a normal workload: it only gets a warning, once
+    /// per stretch, saying why the rest of the guest waits. Looking at the
+    /// guest (its registers) is no input: nothing is injected here.
+    fn check_exitless(&mut self) -> Result<(), VmError> {
         let Some(limit) = self.exitless_limit else {
             return Ok(());
         };
@@ -489,12 +531,25 @@ impl Vm {
         // Reading the clock here would be an input at a point no replay can
         // find again; a tick is scheduled, and after `limit` it is due.
         let tick_scheduled = self.pit.lock().unwrap().next_deadline_ns().is_some();
-        if self.seam.preemptive() || spinning < limit || !tick_scheduled {
+        if self.seam.preemptive() || spinning < limit || !tick_scheduled || self.exitless_warned {
             return Ok(());
         }
-        Err(VmError::Exitless {
-            seconds: spinning.as_secs(),
-        })
+        let rip = self.rip();
+        if !self.vcpu.in_user_mode() {
+            return Err(VmError::Exitless {
+                seconds: spinning.as_secs(),
+                rip,
+            });
+        }
+        tracing::warn!(
+            "guest user code has computed for {} s without a VM exit (RIP {rip:#x}); while recording, \
+             other guest processes and timers wait until it makes a system call. \
+             If it is waiting for one of them, it will wait for ever: stop it with Ctrl-C, \
+             or use `provm run`, which preempts it",
+            spinning.as_secs()
+        );
+        self.exitless_warned = true;
+        Ok(())
     }
 
     /// The guest executed HLT. With interrupts enabled it waits for the next

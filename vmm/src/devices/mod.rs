@@ -7,6 +7,7 @@ pub mod cmos;
 #[cfg(test)]
 mod fuzz;
 pub mod i8042;
+pub mod paravirt;
 pub mod persist;
 pub mod pic;
 pub mod pit;
