@@ -209,7 +209,7 @@ impl Replayer {
                 self.vm_ended("the guest reset".into());
                 false
             }
-            Err(error @ VmError::Timeout) => return Err(error),
+            Err(error @ VmError::Timeout { .. }) => return Err(error),
             Err(error) => {
                 self.vm_ended(format!("the VM failed: {error}"));
                 false

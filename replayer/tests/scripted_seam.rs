@@ -337,8 +337,8 @@ fn a_vm_failure_mid_replay_is_a_divergence_at_the_next_event() {
         divergence.actual.contains("the guest triple-faulted"),
         "{divergence}"
     );
-    let timeout = replayer_of(&path, &end).finish(Err(VmError::Timeout), 0);
-    assert!(matches!(timeout, Err(VmError::Timeout)));
+    let timeout = replayer_of(&path, &end).finish(Err(VmError::Timeout { rip: 0 }), 0);
+    assert!(matches!(timeout, Err(VmError::Timeout { .. })));
 }
 
 /// A recording cut short whose log ends on a clock reading: whatever the

@@ -42,6 +42,8 @@ const BLOCK_IRQ: u8 = 5;
 const CONSOLE_MMIO: u64 = MMIO_START + MMIO_DEVICE_SIZE;
 const CONSOLE_IRQ: u8 = 6;
 const PIT_IRQ: u8 = 0;
+/// Where x86-64 Linux maps its kernel: addresses from here up are its.
+const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
 
 /// What a VM boots: the kernel, its initial root and its arguments.
 #[derive(Clone)]
@@ -130,8 +132,8 @@ pub enum VmError {
     UnexpectedExit(String),
     #[error("the guest halted with nothing that could wake it")]
     Stuck,
-    #[error("the guest did not finish within the time limit")]
-    Timeout,
+    #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
+    Timeout { rip: u64 },
     #[error("the guest ran {seconds} s without a VM exit while a timer interrupt was due: it is spinning (e.g. polling the clock) and only an exit lets provm interrupt it reproducibly; raise --exitless-limit if this is a long computation")]
     Exitless { seconds: u64 },
     #[error("stopped: {0}")]
@@ -347,7 +349,7 @@ impl Vm {
     pub fn run(&mut self, deadline: Instant) -> Result<VmEvent, VmError> {
         loop {
             if Instant::now() >= deadline {
-                return Err(VmError::Timeout);
+                return Err(VmError::Timeout { rip: self.rip() });
             }
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
