@@ -15,6 +15,9 @@ use provm::run::RunOptions;
 /// provm's own failures exit with this status, so that they are not mistaken
 /// for the command's (as `docker run` and `podman run` do).
 const PROVM_FAILED: u8 = 125;
+/// `provm replay` of a trace cut short that matched as far as it goes: not
+/// the full check a complete trace gets, so not 0.
+const REPLAY_CUT_SHORT: u8 = 3;
 
 #[derive(Parser)]
 #[command(
@@ -39,8 +42,10 @@ enum Command {
     /// Like `run`, and record everything the guest receives into a trace
     /// that `provm replay` re-executes exactly.
     Record(RecordArgs),
-    /// Re-execute a trace, checking every guest output against it: exit 0
-    /// when it matched, 1 at the first divergence.
+    /// Re-execute a trace, checking every guest output against it, and at
+    /// the end the exit status and disk writes: exit 0 when it matched to
+    /// the guest's power-off, 1 at the first divergence, 3 when the
+    /// recording was cut short and the replay matched it up to there.
     Replay(ReplayArgs),
     /// Verify a trace and show what it holds.
     Inspect {
@@ -224,15 +229,18 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         ReplayReport::Matched {
             events,
             guest_seconds,
-            incomplete,
         } => {
-            println!("replay matched: {events} events, {guest_seconds:.3} guest-seconds");
-            if let Some(why) = incomplete {
-                println!(
-                    "(the recording was cut short, and the replay matched it up to there: {why})"
-                );
-            }
+            println!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes");
             Ok(ExitCode::SUCCESS)
+        }
+        ReplayReport::CutShort {
+            events,
+            guest_seconds,
+            why,
+        } => {
+            println!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds");
+            println!("(the recording ended: {why})");
+            Ok(ExitCode::from(REPLAY_CUT_SHORT))
         }
         ReplayReport::Diverged { report } => {
             println!("{report}");

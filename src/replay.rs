@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use provm_replayer::{ReplayEnd, Replayer};
+use provm_replayer::{RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
@@ -47,11 +47,16 @@ pub enum ReplayError {
 
 /// What a replay found.
 pub enum ReplayReport {
+    /// To the guest's power-off, with the recorded exit status and disk writes.
     Matched {
         events: u64,
         guest_seconds: f64,
-        /// Why the recording stopped, when it was cut short.
-        incomplete: Option<String>,
+    },
+    /// The recording was cut short (`why`); the replay matched it up to there.
+    CutShort {
+        events: u64,
+        guest_seconds: f64,
+        why: String,
     },
     Diverged {
         report: String,
@@ -88,13 +93,20 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
         overlay: OverlayLocation::temporary(),
         exitless_limit: None,
     };
-    let (mut vm, replayer) =
-        machine.restore(snapshot, |start_ns| Replayer::new(events, start_ns))?;
+    let recorded = RecordedEnd::of(&trace.outcome);
+    let (mut vm, replayer) = machine.restore(snapshot, |start_ns| {
+        Replayer::new(events, start_ns, recorded)
+    })?;
+    let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(start_ns) as f64 / 1e9;
     let report = match replayer.replay(&mut vm, Instant::now() + options.timeout)? {
         ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
             events,
-            guest_seconds: guest_ns.saturating_sub(start_ns) as f64 / 1e9,
-            incomplete: (!trace.outcome.complete).then(|| trace.outcome.ended.clone()),
+            guest_seconds: guest_seconds(guest_ns),
+        },
+        ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
+            events,
+            guest_seconds: guest_seconds(guest_ns),
+            why: trace.outcome.ended.clone(),
         },
         ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
             report: format!(

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use provm_trace::event_log::{EventLogWriter, LogTotals};
-use provm_trace::events::Event;
+use provm_trace::events::{self, Event};
 use provm_trace::format::{FormatError, TraceWriter};
 use provm_vmm::clock::{Clock, HostClock};
-use provm_vmm::seam::{Exit, Seam};
+use provm_vmm::seam::{Exit, Place, Seam};
 
 pub struct Recorder {
     clock: HostClock,
@@ -64,21 +64,27 @@ impl Recorder {
     }
 }
 
-/// The event that logs `exit`.
-pub fn exit_event(exit: Exit<'_>) -> Event {
+/// The event that logs `exit`, made at `at`.
+pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
+    let at = events::Place {
+        rip: at.rip,
+        registers: at.registers,
+    };
     match exit {
-        Exit::PioRead { port, len } => Event::PioRead { port, len },
+        Exit::PioRead { port, len } => Event::PioRead { port, len, at },
         Exit::PioWrite { port, data } => Event::PioWrite {
             port,
             data: data.to_vec(),
+            at,
         },
-        Exit::MmioRead { address, len } => Event::MmioRead { address, len },
+        Exit::MmioRead { address, len } => Event::MmioRead { address, len, at },
         Exit::MmioWrite { address, data } => Event::MmioWrite {
             address,
             data: data.to_vec(),
+            at,
         },
-        Exit::Halt => Event::Halt,
-        Exit::InterruptWindow => Event::InterruptWindow,
+        Exit::Halt => Event::Halt { at },
+        Exit::InterruptWindow => Event::InterruptWindow { at },
     }
 }
 
@@ -105,8 +111,8 @@ impl Seam for Recorder {
         self.clock.sleep_until(ns, limit);
     }
 
-    fn exit(&self, exit: Exit<'_>) {
-        self.log(exit_event(exit));
+    fn exit(&self, exit: Exit<'_>, at: Place) {
+        self.log(exit_event(exit, at));
     }
 
     fn read_result(&self, data: &[u8]) {

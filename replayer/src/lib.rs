@@ -4,4 +4,4 @@
 
 mod replayer;
 
-pub use replayer::{Divergence, ReplayEnd, Replayer};
+pub use replayer::{Divergence, Expected, RecordedEnd, ReplayEnd, Replayer};

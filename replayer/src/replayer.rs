@@ -3,17 +3,74 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use provm_guest_agent::{FrameReader, GuestMessage};
 use provm_recorder::exit_event;
-use provm_trace::event_log::EventStream;
+use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
+use provm_trace::manifest::Outcome;
 use provm_vmm::clock::Clock;
-use provm_vmm::seam::{Exit, Seam};
+use provm_vmm::seam::{Exit, Place, Seam};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 /// How many events before a divergence its report shows.
 const CONTEXT: usize = 12;
+/// The shortest time a replayed guest may go without the exit the log
+/// says comes next before it is taken for spinning (see `RecordedEnd`).
+const MIN_EXITLESS: Duration = Duration::from_secs(60);
+/// How many times the whole recording's wall time it may go so.
+const EXITLESS_FACTOR: u32 = 10;
+
+/// What the trace's outcome says the replay must end with.
+#[derive(Clone, Debug)]
+pub struct RecordedEnd {
+    /// Whether the recording ran to the guest's power-off; if not, the
+    /// replay stops where the log does.
+    pub complete: bool,
+    /// The command's exit status as a shell reports it.
+    pub exit_status: Option<i32>,
+    /// SHA-256 over every disk write in order (see `DiskWritesDigest`).
+    pub disk_writes_sha256: String,
+    /// The longest the replayed guest may run without a VM exit while the
+    /// log says one comes next: it has diverged and spins.
+    pub exitless_limit: Duration,
+}
+
+impl RecordedEnd {
+    /// The end `outcome` describes. The exitless limit is generous (the
+    /// log holds no timing): ten times the whole recording, at least 60 s.
+    pub fn of(outcome: &Outcome) -> Self {
+        let recording = Duration::try_from_secs_f64(outcome.host_seconds).unwrap_or_default();
+        RecordedEnd {
+            complete: outcome.complete,
+            exit_status: outcome.exit_status,
+            disk_writes_sha256: outcome.disk_writes_sha256.clone(),
+            exitless_limit: (recording * EXITLESS_FACTOR).max(MIN_EXITLESS),
+        }
+    }
+}
+
+/// What the replay should have done where it diverged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// The log's event there.
+    Event(Event),
+    /// Nothing: a complete trace's log ended.
+    EndOfLog,
+    /// The recording's outcome (exit status, disk writes), in words.
+    Outcome(String),
+}
+
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expected::Event(event) => event.fmt(f),
+            Expected::EndOfLog => f.write_str("the end of the log"),
+            Expected::Outcome(what) => f.write_str(what),
+        }
+    }
+}
 
 /// The first point where the replayed guest did not do what the log says.
 #[derive(Debug, Clone)]
@@ -22,8 +79,7 @@ pub struct Divergence {
     pub event: u64,
     /// The VM exits before it.
     pub exit: u64,
-    /// What the log holds there; `None` past its end.
-    pub expected: Option<Event>,
+    pub expected: Expected,
     /// What the replay did instead.
     pub actual: String,
     /// The events before it, with their indices.
@@ -32,12 +88,8 @@ pub struct Divergence {
 
 impl fmt::Display for Divergence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let expected = self
-            .expected
-            .as_ref()
-            .map_or("the end of the log".to_owned(), Event::to_string);
         writeln!(f, "event {} (after {} VM exits)", self.event, self.exit)?;
-        writeln!(f, "  expected: {expected}")?;
+        writeln!(f, "  expected: {}", self.expected)?;
         writeln!(f, "  actual:   {}", self.actual)?;
         writeln!(f, "  the events before it:")?;
         for (index, event) in &self.recent {
@@ -47,26 +99,17 @@ impl fmt::Display for Divergence {
     }
 }
 
-pub struct Replayer {
-    state: Mutex<State>,
-}
-
-struct State {
-    events: EventStream,
-    /// Events consumed so far.
-    position: u64,
-    exits: u64,
-    clock_ns: u64,
-    recent: VecDeque<(u64, Event)>,
-    divergence: Option<Divergence>,
-    /// A trace that could not be read mid-replay.
-    error: Option<String>,
-}
-
 /// How a replay ended.
 pub enum ReplayEnd {
-    /// The guest did everything the log says, to its end.
+    /// The guest did everything the log says, to its power-off, with the
+    /// recording's exit status and disk writes.
     Matched {
+        events: u64,
+        guest_ns: u64,
+    },
+    /// The recording was cut short, and the guest did everything its log
+    /// says up to where it stops: the rest of the run is unchecked.
+    CutShort {
         events: u64,
         guest_ns: u64,
     },
@@ -76,19 +119,47 @@ pub enum ReplayEnd {
     },
 }
 
+pub struct Replayer {
+    state: Mutex<State>,
+}
+
+struct State {
+    events: EventStream,
+    recorded: RecordedEnd,
+    /// Events consumed so far.
+    position: u64,
+    exits: u64,
+    /// When the guest last exited (host time), to notice it spinning.
+    last_exit: Instant,
+    clock_ns: u64,
+    recent: VecDeque<(u64, Event)>,
+    divergence: Option<Divergence>,
+    /// A trace that could not be read mid-replay.
+    error: Option<String>,
+    disk_writes: DiskWritesDigest,
+    agent_frames: FrameReader,
+    /// The exit status the replayed agent reported, once it has.
+    exit_status: Option<i32>,
+}
+
 impl Replayer {
-    /// A replayer over `events`; the clock starts at `start_ns` (the
-    /// snapshot's virtual time).
-    pub fn new(events: EventStream, start_ns: u64) -> Self {
+    /// A replayer over `events`, recorded ending as `recorded` says; the
+    /// clock starts at `start_ns` (the snapshot's virtual time).
+    pub fn new(events: EventStream, start_ns: u64, recorded: RecordedEnd) -> Self {
         Replayer {
             state: Mutex::new(State {
                 events,
+                recorded,
                 position: 0,
                 exits: 0,
+                last_exit: Instant::now(),
                 clock_ns: start_ns,
                 recent: VecDeque::with_capacity(CONTEXT),
                 divergence: None,
                 error: None,
+                disk_writes: DiskWritesDigest::default(),
+                agent_frames: FrameReader::default(),
+                exit_status: None,
             }),
         }
     }
@@ -108,11 +179,6 @@ impl Replayer {
         self.state.lock().unwrap().divergence.clone()
     }
 
-    fn at_end_of_log(&self) -> bool {
-        let mut state = self.state.lock().unwrap();
-        state.divergence.is_none() && matches!(state.events.peek(), Ok(None))
-    }
-
     /// Drives `vm`, restored from the trace's snapshot with this replayer
     /// as its seam, through the whole log.
     pub fn replay(&self, vm: &mut Vm, deadline: Instant) -> Result<ReplayEnd, VmError> {
@@ -120,46 +186,77 @@ impl Replayer {
             while let Some(bytes) = self.pending_agent_input() {
                 vm.send_to_agent(&bytes);
             }
-            if self.at_end_of_log() {
-                return Ok(self.matched());
-            }
-            let ended = match vm.run(deadline) {
+            match vm.run(deadline) {
                 Ok(VmEvent::AgentOutput(_)) => continue,
-                Ok(VmEvent::Halted) => "the guest halted for good",
-                Ok(VmEvent::Reset) => "the guest reset",
-                Err(VmError::Stopped(_)) => "",
-                Err(error) => return Err(error),
-            };
-            let mut state = self.state.lock().unwrap();
-            if let Some(error) = state.error.take() {
-                return Err(VmError::Stopped(error));
+                stopped => return self.finish(stopped, vm.rip()),
             }
-            if state.divergence.is_none() {
-                if matches!(state.events.peek(), Ok(None)) {
-                    drop(state);
-                    return Ok(self.matched());
-                }
-                state.diverge(ended.to_owned());
-            }
-            let divergence = state.divergence.clone().expect("set above");
-            return Ok(ReplayEnd::Diverged {
-                divergence,
-                rip: vm.rip(),
-            });
         }
     }
 
-    fn matched(&self) -> ReplayEnd {
-        let state = self.state.lock().unwrap();
-        ReplayEnd::Matched {
-            events: state.position,
-            guest_ns: state.clock_ns,
+    /// How the replay ended, given why the VM's run returned (`stopped`)
+    /// and its instruction pointer then. A VM failure (a stuck guest, a
+    /// triple fault, a KVM error) is a divergence; only the time limit and
+    /// an unreadable trace are errors.
+    pub fn finish(
+        &self,
+        stopped: Result<VmEvent, VmError>,
+        rip: u64,
+    ) -> Result<ReplayEnd, VmError> {
+        let powered_off = match stopped {
+            Ok(VmEvent::Halted) => true,
+            Ok(VmEvent::AgentOutput(_)) | Err(VmError::Stopped(_)) => false,
+            Ok(VmEvent::Reset) => {
+                self.vm_ended("the guest reset".into());
+                false
+            }
+            Err(error @ VmError::Timeout { .. }) => return Err(error),
+            Err(error) => {
+                self.vm_ended(format!("the VM failed: {error}"));
+                false
+            }
+        };
+        if let Some(error) = self.state.lock().unwrap().error.take() {
+            return Err(VmError::Stopped(error));
+        }
+        Ok(self.verdict(powered_off, rip))
+    }
+
+    /// The VM stopped by itself (`why`), not where the seam stopped it: a
+    /// divergence unless the log of a recording cut short ends here.
+    fn vm_ended(&self, why: String) {
+        let mut state = self.state.lock().unwrap();
+        if state.divergence.is_none() && (state.recorded.complete || !state.at_end_of_log()) {
+            state.diverge(why);
+        }
+    }
+
+    /// How the replay ended, once the VM has stopped: `powered_off` if the
+    /// guest halted for good, with `rip` its instruction pointer.
+    fn verdict(&self, powered_off: bool, rip: u64) -> ReplayEnd {
+        let mut state = self.state.lock().unwrap();
+        if state.divergence.is_none() {
+            if !state.at_end_of_log() {
+                state.diverge(if powered_off {
+                    "the guest halted for good".into()
+                } else {
+                    "the replay stopped".into()
+                });
+            } else if state.recorded.complete {
+                state.check_outcome(powered_off);
+            }
+        }
+        let (events, guest_ns) = (state.position, state.clock_ns);
+        match state.divergence.clone() {
+            Some(divergence) => ReplayEnd::Diverged { divergence, rip },
+            None if state.recorded.complete => ReplayEnd::Matched { events, guest_ns },
+            None => ReplayEnd::CutShort { events, guest_ns },
         }
     }
 
     /// Consumes the next event, which must satisfy `matches`; otherwise
     /// records a divergence whose "actual" is `actual`. Returns the event if
-    /// it matched.
+    /// it matched. Past the end of the log of a recording cut short nothing
+    /// is checked: the seam stops the VM at its next chance.
     fn expect(
         &self,
         actual: impl FnOnce() -> String,
@@ -181,8 +278,10 @@ impl Replayer {
                 state.consumed(event.clone());
                 Some(event)
             }
+            None if !state.recorded.complete => None,
             other => {
-                state.divergence = Some(state.divergence_at(other, actual()));
+                let expected = other.map_or(Expected::EndOfLog, Expected::Event);
+                state.divergence = Some(state.divergence_at(expected, actual()));
                 None
             }
         }
@@ -202,7 +301,11 @@ impl State {
         self.position += 1;
     }
 
-    fn divergence_at(&self, expected: Option<Event>, actual: String) -> Divergence {
+    fn at_end_of_log(&mut self) -> bool {
+        matches!(self.events.peek(), Ok(None))
+    }
+
+    fn divergence_at(&self, expected: Expected, actual: String) -> Divergence {
         Divergence {
             event: self.position,
             exit: self.exits,
@@ -212,10 +315,65 @@ impl State {
         }
     }
 
-    /// The replay ended (`why`) while the log goes on.
+    /// The replay ended (`why`) where the log holds its next event, or ends.
     fn diverge(&mut self, why: String) {
-        let expected = self.events.next_event().ok().flatten();
+        let expected = match self.events.next_event() {
+            Ok(Some(event)) => Expected::Event(event),
+            _ => Expected::EndOfLog,
+        };
         self.divergence = Some(self.divergence_at(expected, why));
+    }
+
+    /// At the end of a complete trace's log: the guest must have powered
+    /// off, with the recorded exit status and disk writes.
+    fn check_outcome(&mut self, powered_off: bool) {
+        let status = |status: Option<i32>| {
+            status.map_or("no exit status".to_owned(), |s| format!("exit status {s}"))
+        };
+        let replayed_disk = self.disk_writes.hex();
+        let (expected, actual) = if !powered_off {
+            (
+                "the guest's power-off".to_owned(),
+                "the replay stopped".to_owned(),
+            )
+        } else if self.exit_status != self.recorded.exit_status {
+            (status(self.recorded.exit_status), status(self.exit_status))
+        } else if replayed_disk != self.recorded.disk_writes_sha256 {
+            let digest = |sha256: &str| format!("disk writes with SHA-256 {sha256}");
+            (
+                digest(&self.recorded.disk_writes_sha256),
+                digest(&replayed_disk),
+            )
+        } else {
+            return;
+        };
+        self.divergence = Some(self.divergence_at(Expected::Outcome(expected), actual));
+    }
+
+    /// Notes the command's exit status when the agent's output reports it.
+    fn watch_agent(&mut self, bytes: &[u8]) {
+        self.agent_frames.push(bytes);
+        while let Ok(Some((kind, payload))) = self.agent_frames.next_frame() {
+            if let Ok(GuestMessage::Finished(outcome)) = GuestMessage::decode(kind, &payload) {
+                self.exit_status = Some(outcome.shell_status());
+            }
+        }
+    }
+
+    /// A divergence if the guest has run longer than the recording allows
+    /// without the exit the log says comes next: it diverged and spins.
+    fn check_spinning(&mut self) {
+        let spinning = self.last_exit.elapsed();
+        if self.divergence.is_some() || spinning < self.recorded.exitless_limit {
+            return;
+        }
+        let next_is_exit = matches!(self.events.peek(), Ok(Some(event)) if event.is_exit());
+        if next_is_exit {
+            self.diverge(format!(
+                "no VM exit for {} s: the guest spins where the recording exited",
+                spinning.as_secs()
+            ));
+        }
     }
 }
 
@@ -249,8 +407,9 @@ impl Seam for Replayer {
     /// The logged clock says when the guest woke: no need to wait.
     fn wait_until(&self, _: u64, _: Instant) {}
 
-    fn exit(&self, exit: Exit<'_>) {
-        let actual = exit_event(exit);
+    fn exit(&self, exit: Exit<'_>, at: Place) {
+        self.state.lock().unwrap().last_exit = Instant::now();
+        let actual = exit_event(exit, at);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 
@@ -272,24 +431,28 @@ impl Seam for Replayer {
     fn agent_output(&self, bytes: &[u8]) {
         let actual = Event::AgentOutput(bytes.to_vec());
         self.expect(|| actual.to_string(), |e| *e == actual);
+        self.state.lock().unwrap().watch_agent(bytes);
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
+        self.state.lock().unwrap().disk_writes.add(offset, data);
         let actual = Event::disk_write(offset, data);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 
     /// Also stops at the end of the log: a recording cut short (timeout,
     /// Ctrl-C, a spinning guest) ends between two exits, and the replay
-    /// must stop there too rather than run on unchecked.
+    /// must stop there too rather than run on unchecked. Checked at every
+    /// exit and every kick of the vCPU.
     fn stop_reason(&self) -> Option<String> {
         let mut state = self.state.lock().unwrap();
         if let Some(error) = &state.error {
             return Some(error.clone());
         }
+        state.check_spinning();
         if state.divergence.is_some() {
             return Some("the replay diverged".into());
         }
-        matches!(state.events.peek(), Ok(None)).then(|| "the end of the log".into())
+        state.at_end_of_log().then(|| "the end of the log".into())
     }
 }

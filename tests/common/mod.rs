@@ -26,6 +26,8 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
 /// cores would only slow each other down.
 /// provm's own failures exit with this status (see main.rs).
 pub const PROVM_FAILED: i32 = 125;
+/// `provm replay`'s status for a trace cut short that matched up to there.
+pub const REPLAY_CUT_SHORT: i32 = 3;
 
 /// The workloads every record/replay test and benchmark runs: (name, shell
 /// script). Each touches one source of nondeterminism.

@@ -33,6 +33,26 @@ pub struct LogTotals {
     pub last_clock_ns: u64,
 }
 
+/// SHA-256 over every disk write in order: offset, length, bytes. The
+/// recording's is in its outcome; a replay computes its own to compare.
+#[derive(Default)]
+pub struct DiskWritesDigest {
+    hash: Sha256,
+}
+
+impl DiskWritesDigest {
+    pub fn add(&mut self, offset: u64, data: &[u8]) {
+        self.hash.update(offset.to_le_bytes());
+        self.hash.update((data.len() as u64).to_le_bytes());
+        self.hash.update(data);
+    }
+
+    /// The digest of the writes so far, in hex.
+    pub fn hex(&self) -> String {
+        hex(&self.hash.clone().finalize())
+    }
+}
+
 /// Appends events to a trace in chunks.
 pub struct EventLogWriter {
     trace: TraceWriter,
@@ -42,7 +62,7 @@ pub struct EventLogWriter {
     exits: u64,
     chunks: u32,
     disk_writes: u64,
-    disk_hash: Sha256,
+    disk_digest: DiskWritesDigest,
     last_clock_ns: u64,
 }
 
@@ -58,7 +78,7 @@ impl EventLogWriter {
             exits: 0,
             chunks: 0,
             disk_writes: 0,
-            disk_hash: Sha256::new(),
+            disk_digest: DiskWritesDigest::default(),
             last_clock_ns: start_ns,
         }
     }
@@ -82,9 +102,7 @@ impl EventLogWriter {
     /// of all writes.
     pub fn append_disk_write(&mut self, offset: u64, data: &[u8]) -> Result<(), FormatError> {
         self.disk_writes += 1;
-        self.disk_hash.update(offset.to_le_bytes());
-        self.disk_hash.update((data.len() as u64).to_le_bytes());
-        self.disk_hash.update(data);
+        self.disk_digest.add(offset, data);
         self.append(&Event::disk_write(offset, data))
     }
 
@@ -97,7 +115,7 @@ impl EventLogWriter {
             exits: self.exits,
             chunks: self.chunks,
             disk_writes: self.disk_writes,
-            disk_writes_sha256: hex(&self.disk_hash.finalize()),
+            disk_writes_sha256: self.disk_digest.hex(),
             last_clock_ns: self.last_clock_ns,
         };
         Ok((self.trace, totals))

@@ -1,6 +1,9 @@
 //! The event log: everything that crossed the seam, in order, in a compact
 //! binary encoding (a tag byte, then varints and bytes). The VM exit count
-//! is implicit: it is the number of exit events before a position.
+//! is implicit: it is the number of exit events before a position. Each
+//! exit carries the guest's place: its RIP, as the zigzag varint of the
+//! difference from the previous exit's (exits cluster in a few kernel
+//! functions), and its registers' 8-byte digest.
 
 use std::fmt;
 
@@ -8,27 +11,53 @@ use sha2::{Digest, Sha256};
 
 use crate::hex;
 
+/// Where the guest was at a VM exit: its instruction pointer and a digest
+/// of its general registers, RIP and RFLAGS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub rip: u64,
+    pub registers: u64,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "at RIP {:#x}, registers {:016x}",
+            self.rip, self.registers
+        )
+    }
+}
+
 /// One logged crossing of the seam.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     PioRead {
         port: u16,
         len: u16,
+        at: Place,
     },
     PioWrite {
         port: u16,
         data: Vec<u8>,
+        at: Place,
     },
     MmioRead {
         address: u64,
         len: u8,
+        at: Place,
     },
     MmioWrite {
         address: u64,
         data: Vec<u8>,
+        at: Place,
     },
-    Halt,
-    InterruptWindow,
+    Halt {
+        at: Place,
+    },
+    InterruptWindow {
+        at: Place,
+    },
     /// What the device returned for the preceding read exit.
     ReadResult(Vec<u8>),
     /// A reading of the monotonic virtual clock, in nanoseconds.
@@ -63,14 +92,27 @@ impl Event {
         self.kind().is_exit()
     }
 
+    /// Where the guest was, if this is an exit.
+    pub fn place(&self) -> Option<Place> {
+        match self {
+            Event::PioRead { at, .. }
+            | Event::PioWrite { at, .. }
+            | Event::MmioRead { at, .. }
+            | Event::MmioWrite { at, .. }
+            | Event::Halt { at }
+            | Event::InterruptWindow { at } => Some(*at),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> EventKind {
         match self {
             Event::PioRead { .. } => EventKind::PioRead,
             Event::PioWrite { .. } => EventKind::PioWrite,
             Event::MmioRead { .. } => EventKind::MmioRead,
             Event::MmioWrite { .. } => EventKind::MmioWrite,
-            Event::Halt => EventKind::Halt,
-            Event::InterruptWindow => EventKind::InterruptWindow,
+            Event::Halt { .. } => EventKind::Halt,
+            Event::InterruptWindow { .. } => EventKind::InterruptWindow,
             Event::ReadResult(_) => EventKind::ReadResult,
             Event::Clock(_) => EventKind::Clock,
             Event::Wall(_) => EventKind::Wall,
@@ -85,14 +127,20 @@ impl Event {
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Event::PioRead { port, len } => write!(f, "port read {port:#x} ({len} bytes)"),
-            Event::PioWrite { port, data } => write!(f, "port write {port:#x} {}", hex(data)),
-            Event::MmioRead { address, len } => write!(f, "MMIO read {address:#x} ({len} bytes)"),
-            Event::MmioWrite { address, data } => {
-                write!(f, "MMIO write {address:#x} {}", hex(data))
+            Event::PioRead { port, len, at } => {
+                write!(f, "port read {port:#x} ({len} bytes) {at}")
             }
-            Event::Halt => write!(f, "HLT"),
-            Event::InterruptWindow => write!(f, "interrupt window"),
+            Event::PioWrite { port, data, at } => {
+                write!(f, "port write {port:#x} {} {at}", hex(data))
+            }
+            Event::MmioRead { address, len, at } => {
+                write!(f, "MMIO read {address:#x} ({len} bytes) {at}")
+            }
+            Event::MmioWrite { address, data, at } => {
+                write!(f, "MMIO write {address:#x} {} {at}", hex(data))
+            }
+            Event::Halt { at } => write!(f, "HLT {at}"),
+            Event::InterruptWindow { at } => write!(f, "interrupt window {at}"),
             Event::ReadResult(data) => write!(f, "read returned {}", hex(data)),
             Event::Clock(ns) => write!(f, "clock {ns} ns"),
             Event::Wall(ns) => write!(f, "wall clock {ns} ns"),
@@ -173,33 +221,40 @@ impl EventKind {
     }
 }
 
-/// Encodes events; clock readings are stored as differences from the last.
+/// Encodes events; clock readings and exits' RIPs are stored as
+/// differences from the last.
 #[derive(Default)]
 pub struct Encoder {
     last_clock: u64,
+    last_rip: u64,
 }
 
 impl Encoder {
     pub fn encode(&mut self, event: &Event, out: &mut Vec<u8>) {
         out.push(event.kind() as u8);
+        if let Some(at) = event.place() {
+            put_varint(out, zigzag(at.rip.wrapping_sub(self.last_rip)));
+            out.extend_from_slice(&at.registers.to_le_bytes());
+            self.last_rip = at.rip;
+        }
         match event {
-            Event::PioRead { port, len } => {
+            Event::PioRead { port, len, .. } => {
                 out.extend_from_slice(&port.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
             }
-            Event::PioWrite { port, data } => {
+            Event::PioWrite { port, data, .. } => {
                 out.extend_from_slice(&port.to_le_bytes());
                 put_bytes(out, data);
             }
-            Event::MmioRead { address, len } => {
+            Event::MmioRead { address, len, .. } => {
                 put_varint(out, *address);
                 out.push(*len);
             }
-            Event::MmioWrite { address, data } => {
+            Event::MmioWrite { address, data, .. } => {
                 put_varint(out, *address);
                 put_bytes(out, data);
             }
-            Event::Halt | Event::InterruptWindow => {}
+            Event::Halt { .. } | Event::InterruptWindow { .. } => {}
             Event::ReadResult(data) | Event::AgentInput(data) | Event::AgentOutput(data) => {
                 put_bytes(out, data)
             }
@@ -222,6 +277,15 @@ impl Encoder {
             }
         }
     }
+}
+
+/// A two's-complement difference as a small unsigned number: 0, -1, 1, -2...
+fn zigzag(difference: u64) -> u64 {
+    (difference << 1) ^ ((difference as i64 >> 63) as u64)
+}
+
+fn unzigzag(value: u64) -> u64 {
+    (value >> 1) ^ (value & 1).wrapping_neg()
 }
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
@@ -248,6 +312,7 @@ pub struct DecodeError {
 #[derive(Default)]
 pub struct Decoder {
     last_clock: u64,
+    last_rip: u64,
 }
 
 impl Decoder {
@@ -267,25 +332,35 @@ impl Decoder {
     fn decode_one(&mut self, input: &mut Input<'_>) -> Result<Event, DecodeError> {
         let tag = input.byte()?;
         let kind = EventKind::from_tag(tag).ok_or(input.error("unknown event tag"))?;
+        // An exit's place comes before its own fields, as `Encoder` wrote
+        // it (fields are evaluated in the order they are written).
         Ok(match kind {
             EventKind::PioRead => Event::PioRead {
+                at: self.place(input)?,
                 port: input.port()?,
                 len: u16::from_le_bytes(input.array()?),
             },
             EventKind::PioWrite => Event::PioWrite {
+                at: self.place(input)?,
                 port: input.port()?,
                 data: input.bytes()?,
             },
             EventKind::MmioRead => Event::MmioRead {
+                at: self.place(input)?,
                 address: input.varint()?,
                 len: input.byte()?,
             },
             EventKind::MmioWrite => Event::MmioWrite {
+                at: self.place(input)?,
                 address: input.varint()?,
                 data: input.bytes()?,
             },
-            EventKind::Halt => Event::Halt,
-            EventKind::InterruptWindow => Event::InterruptWindow,
+            EventKind::Halt => Event::Halt {
+                at: self.place(input)?,
+            },
+            EventKind::InterruptWindow => Event::InterruptWindow {
+                at: self.place(input)?,
+            },
             EventKind::ReadResult => Event::ReadResult(input.bytes()?),
             EventKind::Clock => {
                 let delta = input.varint()?;
@@ -305,6 +380,16 @@ impl Decoder {
                     .map_err(|_| input.error("disk write length out of range"))?,
                 digest: u64::from_le_bytes(input.array()?),
             },
+        })
+    }
+}
+
+impl Decoder {
+    fn place(&mut self, input: &mut Input<'_>) -> Result<Place, DecodeError> {
+        self.last_rip = self.last_rip.wrapping_add(unzigzag(input.varint()?));
+        Ok(Place {
+            rip: self.last_rip,
+            registers: u64::from_le_bytes(input.array()?),
         })
     }
 }
@@ -372,23 +457,39 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    const KERNEL: u64 = 0xffff_ffff_8100_0000;
+
+    fn at(rip: u64) -> Place {
+        Place {
+            rip,
+            registers: rip.rotate_left(17) ^ 0x5a5a,
+        }
+    }
+
     fn every_kind() -> Vec<Event> {
         vec![
-            Event::PioRead { port: 0x40, len: 1 },
+            Event::PioRead {
+                port: 0x40,
+                len: 1,
+                at: at(KERNEL + 0x1234),
+            },
             Event::PioWrite {
                 port: 0x20,
                 data: vec![0x20],
+                at: at(KERNEL),
             },
             Event::MmioRead {
                 address: 0xd000_0070,
                 len: 4,
+                at: at(0x40_1000),
             },
             Event::MmioWrite {
                 address: 0xd000_1050,
                 data: vec![1, 0, 0, 0],
+                at: at(u64::MAX),
             },
-            Event::Halt,
-            Event::InterruptWindow,
+            Event::Halt { at: at(0) },
+            Event::InterruptWindow { at: at(KERNEL) },
             Event::ReadResult(vec![0xff, 0x12]),
             Event::Clock(10_000_000),
             Event::Clock(10_000_001),
@@ -417,6 +518,26 @@ mod tests {
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
         assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 6);
+    }
+
+    /// An exit at the same place as the last costs its tag, one byte of
+    /// RIP and the eight of the digest; a nearby one a few bytes more.
+    #[test]
+    fn an_exits_place_costs_a_few_bytes_of_rip_and_eight_of_digest() {
+        let mut encoder = Encoder::default();
+        let mut first = Vec::new();
+        encoder.encode(&Event::Halt { at: at(KERNEL) }, &mut first);
+        let mut again = Vec::new();
+        encoder.encode(&Event::Halt { at: at(KERNEL) }, &mut again);
+        assert_eq!(again.len(), 1 + 1 + 8);
+        let mut back = Vec::new();
+        encoder.encode(
+            &Event::Halt {
+                at: at(KERNEL - 100),
+            },
+            &mut back,
+        );
+        assert_eq!(back.len(), 1 + 2 + 8);
     }
 
     #[test]

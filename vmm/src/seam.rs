@@ -41,6 +41,15 @@ pub enum Exit<'a> {
     InterruptWindow,
 }
 
+/// Where the guest was at a VM exit: its instruction pointer and a digest
+/// of its general registers (see `vcpu::register_digest`). Two exits that
+/// look alike but come from different places or states are not the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub rip: u64,
+    pub registers: u64,
+}
+
 pub trait Seam: Clock {
     /// Whether the VMM may interrupt the guest at an arbitrary instruction to
     /// deliver a timer tick. Such a point cannot be found again without an
@@ -52,8 +61,8 @@ pub trait Seam: Clock {
     /// not past `limit`. A replayer returns at once (its clock is the log).
     fn wait_until(&self, ns: u64, limit: Instant);
 
-    /// A VM exit, before the device handles it.
-    fn exit(&self, exit: Exit<'_>);
+    /// A VM exit, before the device handles it, and where the guest was.
+    fn exit(&self, exit: Exit<'_>, at: Place);
 
     /// What the device returned for the read of the exit just reported.
     fn read_result(&self, data: &[u8]);
@@ -110,7 +119,7 @@ impl Seam for LiveSeam {
         self.clock.sleep_until(ns, limit);
     }
 
-    fn exit(&self, _: Exit<'_>) {}
+    fn exit(&self, _: Exit<'_>, _: Place) {}
     fn read_result(&self, _: &[u8]) {}
     fn injected(&self, _: u8) {}
     fn agent_input(&self, _: &[u8]) {}

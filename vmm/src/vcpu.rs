@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use kvm_bindings::{
     kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_msr_entry, kvm_regs, kvm_run, kvm_segment,
-    kvm_sregs, kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES,
+    kvm_sregs, kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS,
 };
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
 use crate::cpuid::{self, guest_cpuid, FeatureWord, HiddenFeature};
+use crate::seam::Place;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.
@@ -78,6 +79,9 @@ pub struct Vcpu {
     pub fd: VcpuFd,
     /// The CPUID feature words the guest sees (KVM's effective CPUID).
     pub features: Vec<FeatureWord>,
+    /// Whether KVM copies the general registers into kvm_run at every exit
+    /// (KVM_CAP_SYNC_REGS), sparing a KVM_GET_REGS per exit.
+    synced_registers: bool,
 }
 
 impl Vcpu {
@@ -93,11 +97,35 @@ impl Vcpu {
         let effective = fd
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(VcpuError::SetCpuid)?;
-        let vcpu = Vcpu {
+        let mut vcpu = Vcpu {
             fd,
             features: cpuid::feature_words(&effective),
+            synced_registers: false,
         };
+        vcpu.sync_registers(kvm);
         Ok((vcpu, cpuid::unenforced(&effective)))
+    }
+
+    /// Has KVM copy the general registers out at every exit, if it can.
+    fn sync_registers(&mut self, kvm: &Kvm) {
+        let synced = kvm.check_extension_int(Cap::SyncRegs) as u64 & u64::from(KVM_SYNC_X86_REGS);
+        self.synced_registers = synced != 0;
+        if self.synced_registers {
+            self.fd.set_sync_valid_reg(SyncReg::Register);
+        }
+    }
+
+    /// Where the guest is at the exit the last KVM_RUN returned.
+    pub fn place(&self) -> Result<Place, VcpuError> {
+        let regs = if self.synced_registers {
+            self.fd.sync_regs().regs
+        } else {
+            self.fd.get_regs().map_err(getting("registers"))?
+        };
+        Ok(Place {
+            rip: regs.rip,
+            registers: register_digest(&regs),
+        })
     }
 
     /// The PVH entry state: 32-bit protected mode, paging off, flat segments,
@@ -281,6 +309,57 @@ impl Vcpu {
             data,
         }
     }
+
+    /// The MMIO exit KVM_RUN just returned, read from kvm_run as
+    /// `pio_exit` reads port I/O, so that `place` can be read before the
+    /// exit's data is borrowed. Call only after a `VcpuExit::MmioRead` or
+    /// `VcpuExit::MmioWrite`.
+    pub fn mmio_exit(&mut self) -> MmioExit<'_> {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: the last exit was KVM_EXIT_MMIO, so `mmio` is the live member.
+        let mmio = unsafe { &mut run.__bindgen_anon_1.mmio };
+        let len = (mmio.len as usize).min(mmio.data.len());
+        MmioExit {
+            address: mmio.phys_addr,
+            data: &mut mmio.data[..len],
+        }
+    }
+}
+
+/// A cheap 64-bit digest (FxHash's step) of the 16 general registers, RIP
+/// and RFLAGS: not cryptographic, it tells guest states apart. Each step is
+/// a bijection of the word it adds, so states that differ in one register
+/// always differ in their digest.
+pub fn register_digest(regs: &kvm_regs) -> u64 {
+    let words = [
+        regs.rax,
+        regs.rbx,
+        regs.rcx,
+        regs.rdx,
+        regs.rsi,
+        regs.rdi,
+        regs.rsp,
+        regs.rbp,
+        regs.r8,
+        regs.r9,
+        regs.r10,
+        regs.r11,
+        regs.r12,
+        regs.r13,
+        regs.r14,
+        regs.r15,
+        regs.rip,
+        regs.rflags,
+    ];
+    words.iter().fold(0, |hash: u64, &word| {
+        (hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+    })
+}
+
+/// An MMIO exit: the guest-physical address and the access's bytes.
+pub struct MmioExit<'a> {
+    pub address: u64,
+    pub data: &'a mut [u8],
 }
 
 /// A port I/O exit: accesses of `size` bytes each at `port`, their bytes one

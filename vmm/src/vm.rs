@@ -37,7 +37,7 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::seam::{Exit, ObservedDisk, Seam};
-use crate::vcpu::{Kicker, PioExit, Vcpu, VcpuError, VcpuState};
+use crate::vcpu::{Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -47,6 +47,8 @@ const CONSOLE_IRQ: u8 = 6;
 /// The paravirtual clock's register page (see `devices::paravirt`).
 const CLOCK_MMIO: u64 = MMIO_START + 2 * MMIO_DEVICE_SIZE;
 const PIT_IRQ: u8 = 0;
+/// Where x86-64 Linux maps its kernel: addresses from here up are its.
+const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
 
 /// What a VM boots: the kernel, its initial root and its arguments.
 #[derive(Clone)]
@@ -136,8 +138,8 @@ pub enum VmError {
     UnexpectedExit(String),
     #[error("the guest halted with nothing that could wake it")]
     Stuck,
-    #[error("the guest did not finish within the time limit")]
-    Timeout,
+    #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
+    Timeout { rip: u64 },
     #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
     Exitless { seconds: u64, rip: u64 },
     #[error("stopped: {0}")]
@@ -364,7 +366,7 @@ impl Vm {
     pub fn run(&mut self, deadline: Instant) -> Result<VmEvent, VmError> {
         loop {
             if Instant::now() >= deadline {
-                return Err(VmError::Timeout);
+                return Err(VmError::Timeout { rip: self.rip() });
             }
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
@@ -462,29 +464,16 @@ impl Vm {
         };
         self.last_exit = Instant::now();
         self.exitless_warned = false;
-        let seam = &*self.seam;
         match exit {
             VcpuExit::IoIn(..) => self.port_read()?,
-            VcpuExit::IoOut(..) => self.port_write(),
-            VcpuExit::MmioRead(address, data) => {
-                seam.exit(Exit::MmioRead {
-                    address,
-                    len: data.len() as u8,
-                });
-                if !self.mmio.read(address, data) {
-                    data.fill(0xff);
-                }
-                seam.read_result(data);
-            }
-            VcpuExit::MmioWrite(address, data) => {
-                seam.exit(Exit::MmioWrite { address, data });
-                self.mmio.write(address, data);
-            }
+            VcpuExit::IoOut(..) => self.port_write()?,
+            VcpuExit::MmioRead(..) => self.mmio_read()?,
+            VcpuExit::MmioWrite(..) => self.mmio_write()?,
             VcpuExit::Hlt => {
-                seam.exit(Exit::Halt);
+                self.report(Exit::Halt)?;
                 return Ok(Some(true));
             }
-            VcpuExit::IrqWindowOpen => seam.exit(Exit::InterruptWindow),
+            VcpuExit::IrqWindowOpen => self.report(Exit::InterruptWindow)?,
             VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             VcpuExit::InternalError => return Err(self.internal_error()),
             VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
@@ -493,13 +482,20 @@ impl Vm {
         Ok(Some(false))
     }
 
+    /// Reports an exit that carries no data, with where the guest was.
+    fn report(&self, exit: Exit<'_>) -> Result<(), VmError> {
+        self.seam.exit(exit, self.vcpu.place()?);
+        Ok(())
+    }
+
     /// A port read: each access of a string instruction reads its own
     /// element from the device, in order.
     fn port_read(&mut self) -> Result<(), VmError> {
+        let at = self.vcpu.place()?;
         let PioExit { port, size, data } = self.vcpu.pio_exit();
         let len = u16::try_from(data.len())
             .map_err(|_| VmError::UnexpectedExit(format!("port read of {} bytes", data.len())))?;
-        self.seam.exit(Exit::PioRead { port, len });
+        self.seam.exit(Exit::PioRead { port, len }, at);
         if !self.pio.read_elements(port.into(), size, data) {
             // Nothing there: an ISA bus floats high.
             data.fill(0xff);
@@ -510,10 +506,32 @@ impl Vm {
 
     /// A port write: each access of a string instruction writes its own
     /// element to the device, in order.
-    fn port_write(&mut self) {
+    fn port_write(&mut self) -> Result<(), VmError> {
+        let at = self.vcpu.place()?;
         let PioExit { port, size, data } = self.vcpu.pio_exit();
-        self.seam.exit(Exit::PioWrite { port, data });
+        self.seam.exit(Exit::PioWrite { port, data }, at);
         self.pio.write_elements(port.into(), size, data);
+        Ok(())
+    }
+
+    fn mmio_read(&mut self) -> Result<(), VmError> {
+        let at = self.vcpu.place()?;
+        let MmioExit { address, data } = self.vcpu.mmio_exit();
+        let len = data.len() as u8;
+        self.seam.exit(Exit::MmioRead { address, len }, at);
+        if !self.mmio.read(address, data) {
+            data.fill(0xff);
+        }
+        self.seam.read_result(data);
+        Ok(())
+    }
+
+    fn mmio_write(&mut self) -> Result<(), VmError> {
+        let at = self.vcpu.place()?;
+        let MmioExit { address, data } = self.vcpu.mmio_exit();
+        self.seam.exit(Exit::MmioWrite { address, data }, at);
+        self.mmio.write(address, data);
+        Ok(())
     }
 
     /// Stops a non-preemptive run whose guest has gone too long without an
@@ -662,6 +680,7 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
 mod tests {
     use super::*;
     use crate::boot::{EntryPoint, GDT, GDT_START};
+    use crate::seam::Place;
 
     const CODE: u64 = 0x1000;
     const BUFFER: u64 = 0x2000;
@@ -676,10 +695,8 @@ mod tests {
         0xf4, // hlt
     ];
 
-    /// KVM's report of a string instruction, as `Vcpu::pio_exit` reads it:
-    /// the access size and all the accesses' data at one exit.
-    #[test]
-    fn string_port_input_arrives_as_accesses_of_its_size() {
+    /// A vCPU about to run REP_INSW, with the VM and memory it needs.
+    fn rep_insw_guest() -> (VmFd, GuestMemory, Vcpu) {
         let kvm = open_kvm().unwrap();
         let vm = kvm.create_vm().unwrap();
         let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
@@ -687,13 +704,20 @@ mod tests {
         let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
         memory.write_slice(&gdt, GDT_START).unwrap();
         memory.write_slice(REP_INSW, GuestAddress(CODE)).unwrap();
-        let (mut vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
+        let (vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
         vcpu.enter_pvh(EntryPoint {
             entry: GuestAddress(CODE),
             start_info: GuestAddress(0),
         })
         .unwrap();
+        (vm, memory, vcpu)
+    }
 
+    /// KVM's report of a string instruction, as `Vcpu::pio_exit` reads it:
+    /// the access size and all the accesses' data at one exit.
+    #[test]
+    fn string_port_input_arrives_as_accesses_of_its_size() {
+        let (_vm, memory, mut vcpu) = rep_insw_guest();
         assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::IoIn(0x3f8, _))));
         let PioExit { port, size, data } = vcpu.pio_exit();
         assert_eq!((port, size, data.len()), (0x3f8, 2, 4));
@@ -704,5 +728,27 @@ mod tests {
             .read_slice(&mut received, GuestAddress(BUFFER))
             .unwrap();
         assert_eq!(&received, b"rep!");
+    }
+
+    /// The place read at an exit (from the registers KVM syncs into kvm_run,
+    /// where it can) is the one KVM_GET_REGS gives, at every exit.
+    #[test]
+    fn the_place_of_an_exit_is_the_vcpus_registers_there() {
+        let (_vm, _memory, mut vcpu) = rep_insw_guest();
+        let in_guest = |vcpu: &Vcpu| {
+            let regs = vcpu.fd.get_regs().unwrap();
+            Place {
+                rip: regs.rip,
+                registers: crate::vcpu::register_digest(&regs),
+            }
+        };
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::IoIn(..))));
+        let at_insw = vcpu.place().unwrap();
+        assert_eq!(at_insw, in_guest(&vcpu));
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::Hlt)));
+        let at_hlt = vcpu.place().unwrap();
+        assert_eq!(at_hlt, in_guest(&vcpu));
+        assert_ne!(at_hlt.rip, at_insw.rip);
+        assert_ne!(at_hlt.registers, at_insw.registers);
     }
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use provm_trace::event_log::encode_chunk;
-use provm_trace::events::{Encoder, Event};
+use provm_trace::events::{Encoder, Event, Place};
 use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
 use provm_trace::hex;
 use provm_trace::manifest::{
@@ -42,6 +42,10 @@ pub fn sample_chunks() -> Vec<Vec<u8>> {
                     0 => Event::PioWrite {
                         port: 0x20,
                         data: vec![0x20],
+                        at: Place {
+                            rip: 0xffff_ffff_8100_0000 + u64::from(i),
+                            registers: u64::from(chunk),
+                        },
                     },
                     1 => Event::Clock(u64::from(chunk * 100 + i)),
                     2 => Event::AgentOutput(vec![i as u8; 3]),
