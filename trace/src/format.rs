@@ -18,8 +18,10 @@ use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
-/// The format this provm writes; it reads this one only.
-pub const FORMAT_VERSION: u16 = 2;
+/// The format this provm writes; it reads this one only. 3: the manifest
+/// records the guest's whole CPUID table (`cpu.cpuid`) instead of seven
+/// feature words.
+pub const FORMAT_VERSION: u16 = 3;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;

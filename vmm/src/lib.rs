@@ -9,6 +9,7 @@ pub mod boot;
 pub mod bus;
 pub mod clock;
 pub mod cpuid;
+pub mod cpuid_check;
 pub mod devices;
 pub mod disk;
 pub mod memory;

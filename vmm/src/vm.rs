@@ -18,7 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
-use crate::cpuid::{self, FeatureWord, HiddenFeature};
+use crate::cpuid::{self, CpuidEntry, Platform};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
 use crate::devices::persist::{InvalidState, Persist};
@@ -34,7 +34,7 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::seam::{Exit, ObservedDisk, Seam};
-use crate::vcpu::{Kicker, PioExit, Vcpu, VcpuError, VcpuState};
+use crate::vcpu::{self, Kicker, PioExit, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -141,6 +141,13 @@ pub enum VmError {
     Run(kvm_ioctls::Error),
 }
 
+impl VmState {
+    /// The CPUID table the snapshotted guest saw.
+    pub fn cpuid(&self) -> &[CpuidEntry] {
+        &self.vcpu.cpuid
+    }
+}
+
 impl From<InvalidState> for VmError {
     fn from(error: InvalidState) -> Self {
         VmError::DeviceState(Box::new(error))
@@ -182,8 +189,6 @@ pub struct Vm {
     at_exit: bool,
     /// When the guest last exited (host time), to notice a spinning guest.
     last_exit: Instant,
-    /// The hidden CPU features KVM left visible (see `cpuid::unenforced`).
-    unenforced: Vec<&'static HiddenFeature>,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -196,17 +201,21 @@ impl Vm {
             path: boot.kernel.clone(),
             source,
         })?;
-        let vm = Self::build(config)?;
-        if !vm.unenforced.is_empty() {
+        let kvm = open_kvm()?;
+        let platform = Platform::detect();
+        let model = cpuid::guest_cpuid(&vcpu::supported_cpuid(&kvm)?, platform);
+        let vm = Self::build(kvm, config, &model)?;
+        let unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
+        if !unenforced.is_empty() {
             tracing::debug!(
-                count = vm.unenforced.len(),
+                count = unenforced.len(),
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
         let cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ}",
             boot.cmdline,
-            cpuid::kernel_args_hiding(&vm.unenforced),
+            cpuid::kernel_args_hiding(&unenforced),
         );
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
@@ -215,10 +224,11 @@ impl Vm {
 
     /// Creates the VM in the state `snapshot` was taken in. `config` must
     /// describe the same machine (memory size, disk) as the one snapshotted.
-    /// The seam's clock must start at `snapshot.state.clock_ns`.
+    /// The seam's clock must start at `snapshot.state.clock_ns`. The vCPU
+    /// gets exactly the snapshot's CPUID, or the restore is refused.
     pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
-        let vm = Self::build(config)?;
         let state = snapshot.state;
+        let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid)?;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&state.vcpu)?;
         vm.pic.lock().unwrap().restore(&state.pic)?;
@@ -251,13 +261,13 @@ impl Vm {
         })
     }
 
-    /// The VM with its memory, vCPU and devices, before boot or restore.
-    fn build(config: VmConfig) -> Result<Self, VmError> {
-        let kvm = open_kvm()?;
+    /// The VM with its memory, vCPU (given `cpuid`) and devices, before boot
+    /// or restore.
+    fn build(kvm: Kvm, config: VmConfig, cpuid: &[CpuidEntry]) -> Result<Self, VmError> {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
         let memory = memory::create(config.memory_mib)?;
         register_memory(&vm, &memory)?;
-        let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
+        let vcpu = Vcpu::new(&vm, cpuid)?;
         let kicker = Kicker::for_current_thread()?;
 
         let seam = config.seam;
@@ -325,7 +335,6 @@ impl Vm {
             exitless_limit: config.exitless_limit,
             at_exit: true,
             last_exit: Instant::now(),
-            unenforced,
             _not_send: PhantomData,
         })
     }
@@ -573,13 +582,34 @@ fn open_kvm() -> Result<Kvm, VmError> {
     })
 }
 
-/// The CPU model a VM gets on this host, without building one: the feature
-/// words its guest sees and the hidden features KVM leaves visible.
-pub fn probe_cpu() -> Result<(Vec<FeatureWord>, Vec<&'static str>), VmError> {
+/// The CPU model of this host, as a VM would get it.
+pub struct CpuProbe {
+    /// What KVM can offer a guest here (KVM_GET_SUPPORTED_CPUID).
+    pub supported: Vec<CpuidEntry>,
+    /// The CPUID a booted guest sees here (KVM_GET_CPUID2 after setting
+    /// the guest model).
+    pub guest: Vec<CpuidEntry>,
+    /// Hidden features KVM leaves visible, which the guest kernel is told
+    /// to ignore.
+    pub ignored_by_kernel: Vec<&'static str>,
+}
+
+/// The CPU model a VM gets on this host, without building one.
+pub fn probe_cpu() -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-    let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
-    Ok((vcpu.features, unenforced.iter().map(|f| f.name).collect()))
+    let platform = Platform::detect();
+    let supported = vcpu::supported_cpuid(&kvm)?;
+    let vcpu = Vcpu::new(&vm, &cpuid::guest_cpuid(&supported, platform))?;
+    let ignored_by_kernel = cpuid::unenforced(&vcpu.cpuid, platform)
+        .iter()
+        .map(|f| f.name)
+        .collect();
+    Ok(CpuProbe {
+        supported,
+        guest: vcpu.cpuid,
+        ignored_by_kernel,
+    })
 }
 
 /// Fails early, before any other work, when KVM cannot be used.
@@ -632,7 +662,7 @@ mod tests {
         let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
         memory.write_slice(&gdt, GDT_START).unwrap();
         memory.write_slice(REP_INSW, GuestAddress(CODE)).unwrap();
-        let (mut vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
+        let mut vcpu = Vcpu::new(&vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
         vcpu.enter_pvh(EntryPoint {
             entry: GuestAddress(CODE),
             start_info: GuestAddress(0),
