@@ -5,8 +5,9 @@
 //! The cache key covers everything the booted state depends on: the kernel,
 //! the initramfs, the kernel arguments, the memory size, the CPU model (the
 //! whole CPUID table), the image (the kernel has read its partition table
-//! and size at boot) and this provm's version (the snapshot's layout).
-//! Records and replays start from the same bytes, which the trace embeds.
+//! and size at boot) and the snapshot's layout: the codec's
+//! `SNAPSHOT_VERSION` and the VMM's `DEVICE_MODEL_VERSION`. Records and
+//! replays start from the same bytes, which the trace embeds.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use std::time::Instant;
 
 use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
 use provm_trace::manifest::ImageFile;
-use provm_trace::snapshot::SnapshotError;
+use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
+use provm_vmm::devices::persist::DEVICE_MODEL_VERSION;
 use provm_vmm::disk::image::ImageError;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
@@ -96,8 +98,7 @@ pub fn booted(
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
     let key = format!(
-        "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
-        env!("CARGO_PKG_VERSION"),
+        "provm snapshot {SNAPSHOT_VERSION} devices {DEVICE_MODEL_VERSION}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,

@@ -56,7 +56,7 @@ pub enum VcpuError {
 }
 
 /// Everything KVM holds for the vCPU, as a snapshot needs it. A change here
-/// changes the snapshot's layout.
+/// changes the snapshot: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
 #[derive(Serialize, Deserialize)]
 pub struct VcpuState {
     /// The CPUID the guest saw (KVM_GET_CPUID2), set again on restore.

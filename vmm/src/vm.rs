@@ -75,6 +75,7 @@ pub struct VmSnapshot {
     pub memory: MemoryImage,
 }
 
+/// Changing it: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
 #[derive(Serialize, Deserialize)]
 pub struct VmState {
     /// The virtual clock's reading when the snapshot was taken.
