@@ -79,6 +79,7 @@ pub fn exit_event(exit: Exit<'_>) -> Event {
         },
         Exit::Halt => Event::Halt,
         Exit::InterruptWindow => Event::InterruptWindow,
+        Exit::MsrRead { index } => Event::MsrRead { index },
     }
 }
 

@@ -29,6 +29,10 @@ pub enum Event {
     },
     Halt,
     InterruptWindow,
+    /// RDMSR of an MSR the VMM answers; the value follows as a ReadResult.
+    MsrRead {
+        index: u32,
+    },
     /// What the device returned for the preceding read exit.
     ReadResult(Vec<u8>),
     /// A reading of the monotonic virtual clock, in nanoseconds.
@@ -71,6 +75,7 @@ impl Event {
             Event::MmioWrite { .. } => EventKind::MmioWrite,
             Event::Halt => EventKind::Halt,
             Event::InterruptWindow => EventKind::InterruptWindow,
+            Event::MsrRead { .. } => EventKind::MsrRead,
             Event::ReadResult(_) => EventKind::ReadResult,
             Event::Clock(_) => EventKind::Clock,
             Event::Wall(_) => EventKind::Wall,
@@ -93,6 +98,7 @@ impl fmt::Display for Event {
             }
             Event::Halt => write!(f, "HLT"),
             Event::InterruptWindow => write!(f, "interrupt window"),
+            Event::MsrRead { index } => write!(f, "RDMSR {index:#x}"),
             Event::ReadResult(data) => write!(f, "read returned {}", hex(data)),
             Event::Clock(ns) => write!(f, "clock {ns} ns"),
             Event::Wall(ns) => write!(f, "wall clock {ns} ns"),
@@ -127,10 +133,11 @@ pub enum EventKind {
     AgentInput,
     AgentOutput,
     DiskWrite,
+    MsrRead,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 13] = [
+    const ALL: [EventKind; 14] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -144,10 +151,11 @@ impl EventKind {
         EventKind::AgentInput,
         EventKind::AgentOutput,
         EventKind::DiskWrite,
+        EventKind::MsrRead,
     ];
 
     pub fn is_exit(self) -> bool {
-        (self as u8) <= EventKind::InterruptWindow as u8
+        (self as u8) <= EventKind::InterruptWindow as u8 || self == EventKind::MsrRead
     }
 
     pub fn name(self) -> &'static str {
@@ -165,6 +173,7 @@ impl EventKind {
             EventKind::AgentInput => "agent input",
             EventKind::AgentOutput => "agent output",
             EventKind::DiskWrite => "disk write",
+            EventKind::MsrRead => "RDMSR",
         }
     }
 
@@ -200,6 +209,7 @@ impl Encoder {
                 put_bytes(out, data);
             }
             Event::Halt | Event::InterruptWindow => {}
+            Event::MsrRead { index } => put_varint(out, u64::from(*index)),
             Event::ReadResult(data) | Event::AgentInput(data) | Event::AgentOutput(data) => {
                 put_bytes(out, data)
             }
@@ -286,6 +296,10 @@ impl Decoder {
             },
             EventKind::Halt => Event::Halt,
             EventKind::InterruptWindow => Event::InterruptWindow,
+            EventKind::MsrRead => Event::MsrRead {
+                index: u32::try_from(input.varint()?)
+                    .map_err(|_| input.error("MSR index out of range"))?,
+            },
             EventKind::ReadResult => Event::ReadResult(input.bytes()?),
             EventKind::Clock => {
                 let delta = input.varint()?;
@@ -389,6 +403,7 @@ mod tests {
             },
             Event::Halt,
             Event::InterruptWindow,
+            Event::MsrRead { index: 0xc000_0103 },
             Event::ReadResult(vec![0xff, 0x12]),
             Event::Clock(10_000_000),
             Event::Clock(10_000_001),
@@ -410,13 +425,13 @@ mod tests {
         let mut encoder = Encoder::default();
         let (mut first, mut second) = (Vec::new(), Vec::new());
         for (i, event) in events.iter().enumerate() {
-            encoder.encode(event, if i < 8 { &mut first } else { &mut second });
+            encoder.encode(event, if i < 9 { &mut first } else { &mut second });
         }
         let mut decoder = Decoder::default();
         let mut decoded = decoder.decode_all(&first).unwrap();
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
-        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 6);
+        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 7);
     }
 
     #[test]

@@ -20,7 +20,8 @@ use tempfile::NamedTempFile;
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
 /// The format this provm writes; it reads this one only. 3: the manifest
 /// records the guest's whole CPUID table (`cpu.cpuid`) instead of seven
-/// feature words, and the snapshot codec has its own versioned header.
+/// feature words, the snapshot codec has its own versioned header, and the
+/// event log has RDMSR exits (`Event::MsrRead`).
 pub const FORMAT_VERSION: u16 = 3;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).

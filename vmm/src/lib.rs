@@ -13,6 +13,7 @@ pub mod cpuid_check;
 pub mod devices;
 pub mod disk;
 pub mod memory;
+pub mod msr;
 pub mod seam;
 pub mod vcpu;
 pub mod vm;

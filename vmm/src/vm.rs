@@ -33,6 +33,7 @@ use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
+use crate::msr;
 use crate::seam::{Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, PioExit, Vcpu, VcpuError, VcpuState};
 
@@ -137,6 +138,9 @@ pub enum VmError {
     Exitless { seconds: u64 },
     #[error("stopped: {0}")]
     Stopped(String),
+
+    #[error("cannot route the guest's reads of host-dependent MSRs to the VMM (KVM_CAP_X86_USER_SPACE_MSR / KVM_X86_SET_MSR_FILTER; Linux 5.10 or later): {0}")]
+    MsrFilter(kvm_ioctls::Error),
 
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
@@ -266,6 +270,7 @@ impl Vm {
     /// or restore.
     fn build(kvm: Kvm, config: VmConfig, cpuid: &[CpuidEntry]) -> Result<Self, VmError> {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
+        msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
         register_memory(&vm, &memory)?;
         let vcpu = Vcpu::new(&vm, cpuid)?;
@@ -458,6 +463,11 @@ impl Vm {
                 return Ok(Some(true));
             }
             VcpuExit::IrqWindowOpen => seam.exit(Exit::InterruptWindow),
+            VcpuExit::X86Rdmsr(read) => {
+                seam.exit(Exit::MsrRead { index: read.index });
+                *read.data = msr::read(read.index, || seam.monotonic_ns());
+                seam.read_result(&read.data.to_le_bytes());
+            }
             VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             VcpuExit::InternalError => return Err(self.internal_error()),
             VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
@@ -680,5 +690,43 @@ mod tests {
             .read_slice(&mut received, GuestAddress(BUFFER))
             .unwrap();
         assert_eq!(&received, b"rep!");
+    }
+
+    /// 32-bit code: RDMSR of the TSC, HLT.
+    const RDMSR_TSC: &[u8] = &[
+        0xb9, 0x10, 0x00, 0x00, 0x00, // mov ecx, 0x10
+        0x0f, 0x32, // rdmsr
+        0xf4, // hlt
+    ];
+
+    /// The guest's RDMSR of a host-dependent MSR reaches the VMM, and the
+    /// guest gets the VMM's answer, on this host's KVM.
+    #[test]
+    fn a_filtered_msr_read_exits_and_takes_the_vmms_value() {
+        let kvm = open_kvm().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        msr::route_reads_to_vmm(&vm).unwrap();
+        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        register_memory(&vm, &memory).unwrap();
+        let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
+        memory.write_slice(&gdt, GDT_START).unwrap();
+        memory.write_slice(RDMSR_TSC, GuestAddress(CODE)).unwrap();
+        let mut vcpu = Vcpu::new(&vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
+        vcpu.enter_pvh(EntryPoint {
+            entry: GuestAddress(CODE),
+            start_info: GuestAddress(0),
+        })
+        .unwrap();
+
+        match vcpu.fd.run() {
+            Ok(VcpuExit::X86Rdmsr(read)) => {
+                assert_eq!(read.index, msr::IA32_TSC);
+                *read.data = 0x1234_5678_9abc_def0;
+            }
+            other => panic!("expected an RDMSR exit, got {other:?}"),
+        }
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::Hlt)));
+        let regs = vcpu.fd.get_regs().unwrap();
+        assert_eq!((regs.rdx, regs.rax), (0x1234_5678, 0x9abc_def0));
     }
 }
