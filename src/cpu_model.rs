@@ -1,48 +1,53 @@
-//! The guest's CPU model as a trace's manifest records it, and the check a
-//! replay makes that this host offers every feature the recorded guest saw.
+//! The guest's CPU model as a trace's manifest records it (the whole CPUID
+//! table), and the check a replay makes that this host can give a guest
+//! every feature the recorded guest saw.
 
-use provm_trace::manifest::{self, CpuModel, CpuidRegister};
-use provm_vmm::cpuid::{self, FeatureWord, Register};
+use provm_trace::manifest::{self, CpuModel};
+use provm_vmm::cpuid::CpuidEntry;
+use provm_vmm::cpuid_check;
+use provm_vmm::vm::CpuProbe;
 
-/// The manifest's record of a guest CPU with `features`, whose kernel was
-/// told to ignore `ignored_by_kernel`.
-pub fn recorded(features: &[FeatureWord], ignored_by_kernel: &[&str]) -> CpuModel {
+/// The manifest's record of a guest CPU with the CPUID table `cpuid`, whose
+/// kernel was told to ignore `ignored_by_kernel`.
+pub fn recorded(cpuid: &[CpuidEntry], ignored_by_kernel: &[&str]) -> CpuModel {
     CpuModel {
-        features: features.iter().map(to_manifest).collect(),
+        cpuid: cpuid.iter().map(to_manifest).collect(),
         ignored_by_kernel: ignored_by_kernel.iter().map(|s| s.to_string()).collect(),
     }
 }
 
-/// The features of the recorded `model` that `offered` (this host's) lacks,
-/// by name.
-pub fn missing_here(model: &CpuModel, offered: &[FeatureWord]) -> Vec<String> {
-    let required: Vec<FeatureWord> = model.features.iter().map(from_manifest).collect();
-    cpuid::missing_features(&required, offered)
+/// The CPUID table of the recorded `model`, as the VMM sets it.
+pub fn table(model: &CpuModel) -> Vec<CpuidEntry> {
+    model.cpuid.iter().map(from_manifest).collect()
 }
 
-fn to_manifest(word: &FeatureWord) -> manifest::FeatureWord {
-    manifest::FeatureWord {
-        leaf: word.leaf,
-        subleaf: word.subleaf,
-        register: match word.register {
-            Register::Ebx => CpuidRegister::Ebx,
-            Register::Ecx => CpuidRegister::Ecx,
-            Register::Edx => CpuidRegister::Edx,
-        },
-        value: word.value,
+/// The features of the recorded `model` that this host (`probe`) cannot
+/// give a guest, by name.
+pub fn missing_here(model: &CpuModel, probe: &CpuProbe) -> Vec<String> {
+    cpuid_check::lacking(&table(model), &probe.supported, &probe.guest)
+}
+
+fn to_manifest(entry: &CpuidEntry) -> manifest::CpuidEntry {
+    manifest::CpuidEntry {
+        function: entry.function,
+        index: entry.index,
+        flags: entry.flags,
+        eax: entry.eax,
+        ebx: entry.ebx,
+        ecx: entry.ecx,
+        edx: entry.edx,
     }
 }
 
-fn from_manifest(word: &manifest::FeatureWord) -> FeatureWord {
-    FeatureWord {
-        leaf: word.leaf,
-        subleaf: word.subleaf,
-        register: match word.register {
-            CpuidRegister::Ebx => Register::Ebx,
-            CpuidRegister::Ecx => Register::Ecx,
-            CpuidRegister::Edx => Register::Edx,
-        },
-        value: word.value,
+fn from_manifest(entry: &manifest::CpuidEntry) -> CpuidEntry {
+    CpuidEntry {
+        function: entry.function,
+        index: entry.index,
+        flags: entry.flags,
+        eax: entry.eax,
+        ebx: entry.ebx,
+        ecx: entry.ecx,
+        edx: entry.edx,
     }
 }
 
@@ -52,21 +57,27 @@ mod tests {
 
     #[test]
     fn a_recorded_model_round_trips_and_keeps_its_json_shape() {
-        let words = [FeatureWord {
-            leaf: 7,
-            subleaf: 0,
-            register: Register::Ebx,
-            value: 0b10_0000,
-        }];
-        let model = recorded(&words, &["tsc"]);
+        let avx2 = CpuidEntry {
+            function: 7,
+            flags: 1,
+            ebx: 0b10_0000,
+            ..Default::default()
+        };
+        let model = recorded(&[avx2], &["tsc"]);
         assert_eq!(
             serde_json::to_value(&model).unwrap(),
             serde_json::json!({
-                "features": [{"leaf": 7, "subleaf": 0, "register": "Ebx", "value": 32}],
+                "cpuid": [{"function": 7, "index": 0, "flags": 1, "eax": 0, "ebx": 32, "ecx": 0, "edx": 0}],
                 "ignored_by_kernel": ["tsc"],
             })
         );
-        assert!(missing_here(&model, &words).is_empty());
-        assert_eq!(missing_here(&model, &[]), ["avx2"]);
+        assert_eq!(table(&model), [avx2]);
+        let probe = |offered: Vec<CpuidEntry>| CpuProbe {
+            supported: offered,
+            guest: Vec::new(),
+            ignored_by_kernel: Vec::new(),
+        };
+        assert!(missing_here(&model, &probe(vec![avx2])).is_empty());
+        assert_eq!(missing_here(&model, &probe(Vec::new())), ["avx2"]);
     }
 }

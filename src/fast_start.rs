@@ -3,10 +3,11 @@
 //! instead of booting (tens of seconds where guest ring 0 is emulated).
 //!
 //! The cache key covers everything the booted state depends on: the kernel,
-//! the initramfs, the kernel arguments, the memory size, the CPU model, the
-//! image (the kernel has read its partition table and size at boot) and this
-//! provm's version (the snapshot's layout). Records and replays start from
-//! the same bytes, which the trace embeds.
+//! the initramfs, the kernel arguments, the memory size, the CPU model (the
+//! whole CPUID table), the image (the kernel has read its partition table
+//! and size at boot) and the snapshot's layout: the codec's
+//! `SNAPSHOT_VERSION` and the VMM's `DEVICE_MODEL_VERSION`. Records and
+//! replays start from the same bytes, which the trace embeds.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,11 +15,11 @@ use std::time::Instant;
 
 use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
 use provm_trace::manifest::ImageFile;
-use provm_trace::snapshot::SnapshotError;
-use provm_vmm::cpuid::FeatureWord;
+use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
+use provm_vmm::devices::persist::DEVICE_MODEL_VERSION;
 use provm_vmm::disk::image::ImageError;
 use provm_vmm::seam::LiveSeam;
-use provm_vmm::vm::{self, VmError, VmSnapshot};
+use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
 
 use crate::digest::{bytes_sha256, file_sha256};
 use crate::disk::chain::{self, ChainError};
@@ -68,9 +69,8 @@ pub struct Identity {
     pub initramfs_sha256: String,
     /// Every file of the image's backing chain.
     pub image: Vec<ImageFile>,
-    pub cpu_features: Vec<FeatureWord>,
-    /// Hidden features KVM left visible, which the guest kernel ignores.
-    pub ignored_by_kernel: Vec<&'static str>,
+    /// The guest CPU this host gives a VM.
+    pub cpu: CpuProbe,
 }
 
 impl Identity {
@@ -81,13 +81,11 @@ impl Identity {
                 source,
             })
         };
-        let (cpu_features, ignored_by_kernel) = vm::probe_cpu()?;
         Ok(Identity {
             kernel_sha256: file(&prepared.boot.kernel)?,
             initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
             image: chain::identify(&prepared.base)?,
-            cpu_features,
-            ignored_by_kernel,
+            cpu: vm::probe_cpu()?,
         })
     }
 }
@@ -100,14 +98,13 @@ pub fn booted(
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
     let key = format!(
-        "provm {} snapshot\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
-        env!("CARGO_PKG_VERSION"),
+        "provm snapshot {SNAPSHOT_VERSION} devices {DEVICE_MODEL_VERSION}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,
         prepared.memory_mib,
-        identity.cpu_features,
-        identity.ignored_by_kernel,
+        identity.cpu.guest,
+        identity.cpu.ignored_by_kernel,
         identity
             .image
             .iter()

@@ -17,6 +17,7 @@ use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_recorder::Recorder;
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_vmm::cpuid::Platform;
 
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError};
@@ -205,7 +206,7 @@ fn manifest(
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),
         memory_mib: prepared.memory_mib,
-        cpu: cpu_model::recorded(&identity.cpu_features, &identity.ignored_by_kernel),
+        cpu: cpu_model::recorded(&identity.cpu.guest, &identity.cpu.ignored_by_kernel),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
     }
@@ -244,11 +245,14 @@ fn host_description() -> HostDescription {
         .find_map(|line| line.strip_prefix("model name"))
         .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
         .unwrap_or_default();
-    let pvm = Path::new("/sys/module/kvm_pvm").exists();
     HostDescription {
         kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
         cpu,
-        hypervisor: if pvm { "KVM (PVM)" } else { "KVM" }.into(),
+        hypervisor: match Platform::detect() {
+            Platform::Pvm => "KVM (PVM)",
+            Platform::Hardware => "KVM",
+        }
+        .into(),
     }
 }
 

@@ -35,6 +35,8 @@ pub enum ReplayError {
     Chain(#[from] ChainError),
     #[error("refusing to replay: this host's CPU lacks features the recorded guest saw: {}", .0.join(", "))]
     CpuLacks(Vec<String>),
+    #[error("the trace is inconsistent: its snapshot's CPUID is not the one its manifest records")]
+    SnapshotCpuid,
     #[error(transparent)]
     Image(#[from] ImageError),
     #[error(transparent)]
@@ -74,8 +76,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
             env!("CARGO_PKG_VERSION")
         );
     }
-    let (features, _) = vm::probe_cpu()?;
-    let missing = cpu_model::missing_here(&manifest.cpu, &features);
+    let missing = cpu_model::missing_here(&manifest.cpu, &vm::probe_cpu()?);
     if !missing.is_empty() {
         return Err(ReplayError::CpuLacks(missing));
     }
@@ -84,6 +85,11 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
     chain::check(&base, &manifest.image)?;
 
     let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
+    // The restore sets the snapshot's CPUID and refuses if this host
+    // presents anything else; it must be the recorded one.
+    if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {
+        return Err(ReplayError::SnapshotCpuid);
+    }
     let start_ns = snapshot.state.clock_ns;
     let events = trace.events()?;
     let machine = Machine {

@@ -85,6 +85,7 @@ pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
         },
         Exit::Halt => Event::Halt { at },
         Exit::InterruptWindow => Event::InterruptWindow { at },
+        Exit::MsrRead { index } => Event::MsrRead { index, at },
     }
 }
 

@@ -58,6 +58,11 @@ pub enum Event {
     InterruptWindow {
         at: Place,
     },
+    /// RDMSR of an MSR the VMM answers; the value follows as a ReadResult.
+    MsrRead {
+        index: u32,
+        at: Place,
+    },
     /// What the device returned for the preceding read exit.
     ReadResult(Vec<u8>),
     /// A reading of the monotonic virtual clock, in nanoseconds.
@@ -100,7 +105,8 @@ impl Event {
             | Event::MmioRead { at, .. }
             | Event::MmioWrite { at, .. }
             | Event::Halt { at }
-            | Event::InterruptWindow { at } => Some(*at),
+            | Event::InterruptWindow { at }
+            | Event::MsrRead { at, .. } => Some(*at),
             _ => None,
         }
     }
@@ -113,6 +119,7 @@ impl Event {
             Event::MmioWrite { .. } => EventKind::MmioWrite,
             Event::Halt { .. } => EventKind::Halt,
             Event::InterruptWindow { .. } => EventKind::InterruptWindow,
+            Event::MsrRead { .. } => EventKind::MsrRead,
             Event::ReadResult(_) => EventKind::ReadResult,
             Event::Clock(_) => EventKind::Clock,
             Event::Wall(_) => EventKind::Wall,
@@ -141,6 +148,7 @@ impl fmt::Display for Event {
             }
             Event::Halt { at } => write!(f, "HLT {at}"),
             Event::InterruptWindow { at } => write!(f, "interrupt window {at}"),
+            Event::MsrRead { index, at } => write!(f, "RDMSR {index:#x} {at}"),
             Event::ReadResult(data) => write!(f, "read returned {}", hex(data)),
             Event::Clock(ns) => write!(f, "clock {ns} ns"),
             Event::Wall(ns) => write!(f, "wall clock {ns} ns"),
@@ -175,10 +183,11 @@ pub enum EventKind {
     AgentInput,
     AgentOutput,
     DiskWrite,
+    MsrRead,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 13] = [
+    const ALL: [EventKind; 14] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -192,10 +201,11 @@ impl EventKind {
         EventKind::AgentInput,
         EventKind::AgentOutput,
         EventKind::DiskWrite,
+        EventKind::MsrRead,
     ];
 
     pub fn is_exit(self) -> bool {
-        (self as u8) <= EventKind::InterruptWindow as u8
+        (self as u8) <= EventKind::InterruptWindow as u8 || self == EventKind::MsrRead
     }
 
     pub fn name(self) -> &'static str {
@@ -213,6 +223,7 @@ impl EventKind {
             EventKind::AgentInput => "agent input",
             EventKind::AgentOutput => "agent output",
             EventKind::DiskWrite => "disk write",
+            EventKind::MsrRead => "RDMSR",
         }
     }
 
@@ -255,6 +266,7 @@ impl Encoder {
                 put_bytes(out, data);
             }
             Event::Halt { .. } | Event::InterruptWindow { .. } => {}
+            Event::MsrRead { index, .. } => put_varint(out, u64::from(*index)),
             Event::ReadResult(data) | Event::AgentInput(data) | Event::AgentOutput(data) => {
                 put_bytes(out, data)
             }
@@ -360,6 +372,11 @@ impl Decoder {
             },
             EventKind::InterruptWindow => Event::InterruptWindow {
                 at: self.place(input)?,
+            },
+            EventKind::MsrRead => Event::MsrRead {
+                at: self.place(input)?,
+                index: u32::try_from(input.varint()?)
+                    .map_err(|_| input.error("MSR index out of range"))?,
             },
             EventKind::ReadResult => Event::ReadResult(input.bytes()?),
             EventKind::Clock => {
@@ -490,6 +507,10 @@ mod tests {
             },
             Event::Halt { at: at(0) },
             Event::InterruptWindow { at: at(KERNEL) },
+            Event::MsrRead {
+                index: 0xc000_0103,
+                at: at(KERNEL),
+            },
             Event::ReadResult(vec![0xff, 0x12]),
             Event::Clock(10_000_000),
             Event::Clock(10_000_001),
@@ -511,13 +532,13 @@ mod tests {
         let mut encoder = Encoder::default();
         let (mut first, mut second) = (Vec::new(), Vec::new());
         for (i, event) in events.iter().enumerate() {
-            encoder.encode(event, if i < 8 { &mut first } else { &mut second });
+            encoder.encode(event, if i < 9 { &mut first } else { &mut second });
         }
         let mut decoder = Decoder::default();
         let mut decoded = decoder.decode_all(&first).unwrap();
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
-        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 6);
+        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 7);
     }
 
     /// An exit at the same place as the last costs its tag, one byte of

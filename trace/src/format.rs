@@ -19,7 +19,10 @@ use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
 /// The format this provm writes; it reads this one only. Version 3: every
-/// exit event carries the guest's place (RIP and register digest).
+/// exit event carries the guest's place (RIP and register digest); the
+/// manifest records the guest's whole CPUID table (`cpu.cpuid`) instead of
+/// seven feature words, the snapshot codec has its own versioned header,
+/// and the event log has RDMSR exits (`Event::MsrRead`).
 pub const FORMAT_VERSION: u16 = 3;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).

@@ -51,31 +51,28 @@ pub struct ImageFile {
     pub sha256: String,
 }
 
-/// The CPU the guest saw: the feature words of its CPUID as KVM gave them,
-/// and the hidden features the kernel was told to ignore because KVM left
-/// them visible.
+/// The CPU the guest saw: its whole CPUID table as KVM gave it (every leaf
+/// and subleaf of KVM_GET_CPUID2), which a replay sets again and checks, and
+/// the hidden features the kernel was told to ignore because KVM left them
+/// visible.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CpuModel {
-    pub features: Vec<FeatureWord>,
+    pub cpuid: Vec<CpuidEntry>,
     pub ignored_by_kernel: Vec<String>,
 }
 
-/// One 32-bit word of CPUID feature flags, as the manifest stores it
-/// (the VMM's own type converts to and from it).
+/// One CPUID leaf (`function`) and subleaf (`index`) with KVM's flags and
+/// the four output registers, as the manifest stores it (the VMM's own type
+/// converts to and from it).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FeatureWord {
-    pub leaf: u32,
-    pub subleaf: u32,
-    pub register: CpuidRegister,
-    pub value: u32,
-}
-
-/// The CPUID output register a feature word comes from.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub enum CpuidRegister {
-    Ebx,
-    Ecx,
-    Edx,
+pub struct CpuidEntry {
+    pub function: u32,
+    pub index: u32,
+    pub flags: u32,
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! A snapshot's bytes, as the trace and the snapshot cache store them:
 //!
 //! ```text
-//! state length u32 LE | state (JSON) | zstd(run*)
+//! "PROVMSNP" | version u16 LE | state length u32 LE | state (JSON) | zstd(run*)
 //! run: guest physical address u64 LE | length u64 LE | bytes
 //! ```
 //!
@@ -13,6 +13,13 @@ use std::io::{self, Read, Write};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"PROVMSNP";
+/// The layout above. The state's own layout is the VMM's, versioned
+/// separately (its DEVICE_MODEL_VERSION); bump this when the layout above
+/// changes.
+pub const SNAPSHOT_VERSION: u16 = 1;
+const HEADER_LEN: usize = SNAPSHOT_MAGIC.len() + 2;
 
 /// zstd's level for snapshots: fast; memory pages compress well anyway.
 const LEVEL: i32 = 3;
@@ -38,6 +45,10 @@ pub enum SnapshotError {
     MemoryTooLarge(u64),
     #[error("{0} bytes are too short for a snapshot")]
     TooShort(usize),
+    #[error("not a provm snapshot of format version {SNAPSHOT_VERSION} or later (no PROVMSNP header): a snapshot cached by an older provm is rebuilt by booting again; a trace holding one needs the provm that recorded it")]
+    NotASnapshot,
+    #[error("the snapshot has format version {0}; this provm reads version {SNAPSHOT_VERSION}: use the provm that wrote it, or boot again to rebuild it")]
+    Version(u16),
     #[error("the VM state claims {claimed} bytes, {available} remain")]
     StateTruncated { claimed: usize, available: usize },
     #[error("the VM state is not readable: {0}")]
@@ -57,7 +68,9 @@ pub enum SnapshotError {
 /// Encodes `state` (as JSON) and the memory `runs`.
 pub fn encode<S: Serialize>(state: &S, runs: &[(u64, Vec<u8>)]) -> Vec<u8> {
     let state = serde_json::to_vec(state).expect("the VM state serialises");
-    let mut out = Vec::with_capacity(state.len() + 4);
+    let mut out = Vec::with_capacity(HEADER_LEN + 4 + state.len());
+    out.extend_from_slice(SNAPSHOT_MAGIC);
+    out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out.extend_from_slice(&(state.len() as u32).to_le_bytes());
     out.extend_from_slice(&state);
     let mut memory = zstd::Encoder::new(out, LEVEL).expect("zstd accepts its own level");
@@ -79,6 +92,7 @@ pub fn decode<S: DeserializeOwned>(
     memory_mib: u64,
 ) -> Result<Snapshot<S>, SnapshotError> {
     let limit = memory_bytes(memory_mib)?;
+    let bytes = versioned_body(bytes)?;
     let (length, rest) = bytes
         .split_first_chunk::<4>()
         .ok_or(SnapshotError::TooShort(bytes.len()))?;
@@ -120,6 +134,23 @@ pub fn decode<S: DeserializeOwned>(
         runs.push((address, run));
     }
     Ok(Snapshot { state, runs })
+}
+
+/// What follows the magic and version, once both are checked.
+fn versioned_body(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
+    let (magic, rest) = bytes
+        .split_first_chunk::<8>()
+        .ok_or(SnapshotError::TooShort(bytes.len()))?;
+    if magic != SNAPSHOT_MAGIC {
+        return Err(SnapshotError::NotASnapshot);
+    }
+    let (version, body) = rest
+        .split_first_chunk::<2>()
+        .ok_or(SnapshotError::TooShort(bytes.len()))?;
+    match u16::from_le_bytes(*version) {
+        SNAPSHOT_VERSION => Ok(body),
+        other => Err(SnapshotError::Version(other)),
+    }
 }
 
 /// The guest's RAM size in bytes, refused above `MAX_MEMORY_MIB`.
@@ -196,12 +227,31 @@ mod tests {
         raw.extend_from_slice(&0u64.to_le_bytes());
         raw.extend_from_slice(&(MAX_MEMORY_MIB << 20).to_le_bytes());
         raw.extend_from_slice(b"abc");
-        let mut bytes = 4u32.to_le_bytes().to_vec();
+        let mut bytes = SNAPSHOT_MAGIC.to_vec();
+        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&4u32.to_le_bytes());
         bytes.extend_from_slice(b"null");
         bytes.extend(zstd::bulk::compress(&raw, 1).unwrap());
         assert!(matches!(
             decode::<Value>(&bytes, MAX_MEMORY_MIB),
             Err(SnapshotError::MemoryTruncated(_))
+        ));
+    }
+
+    #[test]
+    fn another_version_or_no_header_is_refused_clearly() {
+        let mut bytes = encode(&serde_json::json!(null), &[]);
+        bytes[8] = 7;
+        assert!(matches!(
+            decode::<Value>(&bytes, 1),
+            Err(SnapshotError::Version(7))
+        ));
+        // A snapshot of the old, unversioned layout: state length first.
+        let mut old = 4u32.to_le_bytes().to_vec();
+        old.extend_from_slice(b"null");
+        assert!(matches!(
+            decode::<Value>(&old, 1),
+            Err(SnapshotError::NotASnapshot)
         ));
     }
 

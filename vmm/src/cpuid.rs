@@ -1,15 +1,130 @@
-//! The guest's CPU model: the host's KVM-supported CPUID with a fixed list of
-//! features taken away. Each removal keeps the guest kernel off an instruction
-//! this platform's KVM cannot emulate in guest ring 0, or off a source of
-//! nondeterminism (time, randomness, CPU identity) that the VMM must own.
+//! The guest's CPU model: the host's KVM-supported CPUID with features taken
+//! away, for two different reasons kept in two lists:
+//! - `DETERMINISM`: sources of nondeterminism (time, randomness, CPU
+//!   identity, interrupt hardware) that the VMM must own; hidden on every host.
+//! - `EMULATOR_HOLES`: instructions that PVM, this project's development
+//!   platform, cannot emulate in guest ring 0; hidden only on PVM, so that on
+//!   a VMX/SVM host the guest keeps x86-64-v2 and more (RHEL 9 userlands
+//!   need v2).
 
-use kvm_bindings::{kvm_cpuid_entry2, CpuId};
+use std::path::Path;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+use kvm_bindings::kvm_cpuid_entry2;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Register {
+    Eax,
     Ebx,
     Ecx,
     Edx,
+}
+
+/// One CPUID leaf/subleaf as KVM_GET_CPUID2 reports it (`kvm_cpuid_entry2`
+/// without its padding): what a trace and a snapshot record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuidEntry {
+    pub function: u32,
+    pub index: u32,
+    pub flags: u32,
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
+}
+
+impl CpuidEntry {
+    pub fn register(&self, register: Register) -> u32 {
+        match register {
+            Register::Eax => self.eax,
+            Register::Ebx => self.ebx,
+            Register::Ecx => self.ecx,
+            Register::Edx => self.edx,
+        }
+    }
+
+    fn register_mut(&mut self, register: Register) -> &mut u32 {
+        match register {
+            Register::Eax => &mut self.eax,
+            Register::Ebx => &mut self.ebx,
+            Register::Ecx => &mut self.ecx,
+            Register::Edx => &mut self.edx,
+        }
+    }
+}
+
+impl From<&kvm_cpuid_entry2> for CpuidEntry {
+    fn from(entry: &kvm_cpuid_entry2) -> Self {
+        CpuidEntry {
+            function: entry.function,
+            index: entry.index,
+            flags: entry.flags,
+            eax: entry.eax,
+            ebx: entry.ebx,
+            ecx: entry.ecx,
+            edx: entry.edx,
+        }
+    }
+}
+
+impl From<&CpuidEntry> for kvm_cpuid_entry2 {
+    fn from(entry: &CpuidEntry) -> Self {
+        kvm_cpuid_entry2 {
+            function: entry.function,
+            index: entry.index,
+            flags: entry.flags,
+            eax: entry.eax,
+            ebx: entry.ebx,
+            ecx: entry.ecx,
+            edx: entry.edx,
+            ..Default::default()
+        }
+    }
+}
+
+/// Which KVM serves /dev/kvm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// PVM (`kvm_pvm`): guest ring 0 is emulated, and KVM_SET_CPUID2 does
+    /// not take effect (the guest sees the host's CPUID).
+    Pvm,
+    /// KVM on VMX or SVM: the guest runs on the hardware, which enforces
+    /// the CPUID the VMM sets.
+    Hardware,
+}
+
+impl Platform {
+    /// The platform of this host's /dev/kvm.
+    pub fn detect() -> Self {
+        if Path::new("/sys/module/kvm_pvm").exists() {
+            Platform::Pvm
+        } else {
+            Platform::Hardware
+        }
+    }
+
+    /// Every feature the guest does not see on this platform.
+    pub fn hidden_features(self) -> impl Iterator<Item = &'static HiddenFeature> {
+        let holes = match self {
+            Platform::Pvm => EMULATOR_HOLES,
+            Platform::Hardware => &[],
+        };
+        DETERMINISM.iter().chain(holes)
+    }
+
+    /// Leaves removed whole: they describe things the guest must not use.
+    fn drops_leaf(self, function: u32) -> bool {
+        match function {
+            // Performance monitoring: no PMU.
+            0xa
+            // KVM's paravirtual interface (kvmclock, async page faults, ...):
+            // the guest must see no clock or event source but the VMM's devices.
+            | 0x4000_0000..=0x4000_00ff => true,
+            // XSAVE state components, when XSAVE is hidden.
+            0xd => self == Platform::Pvm,
+            _ => false,
+        }
+    }
 }
 
 /// One CPUID feature bit the guest does not see.
@@ -44,17 +159,18 @@ const fn hide(
 
 use Register::{Ebx, Ecx, Edx};
 
-const EMULATOR: &str = "guest ring 0 is emulated here and the emulator lacks it";
-const VEX: &str = "VEX-encoded instructions: not emulated in guest ring 0 here";
 const TIME: &str = "guest time must come from the VMM's virtual clock, not the host TSC";
 const ENTROPY: &str = "guest entropy must come from the VMM, where it can be logged";
 const IRQ: &str = "interrupts are delivered by the VMM's 8259 PIC at VM exits, no local APIC";
 const IDENTITY: &str = "a fixed CPU model: host-specific detail the guest must not depend on";
+const NO_PMU: &str = "no performance counters for the guest";
+const NO_MCA: &str = "no machine-check architecture in the VM";
+const TSX: &str = "transactional memory aborts nondeterministically";
 
-/// Every feature the guest does not see, and why.
-pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
+/// Hidden on every host: each would let the guest observe something the VMM
+/// neither controls nor logs, so a replay could not reproduce it.
+pub const DETERMINISM: &[HiddenFeature] = &[
     // Leaf 1, ECX.
-    hide("pclmulqdq", 1, 0, Ecx, 1, EMULATOR),
     hide("dtes64", 1, 0, Ecx, 2, IDENTITY),
     hide(
         "monitor",
@@ -66,6 +182,49 @@ pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
     ),
     hide("vmx", 1, 0, Ecx, 5, IDENTITY),
     hide("est", 1, 0, Ecx, 7, IDENTITY),
+    hide("pdcm", 1, 0, Ecx, 15, NO_PMU),
+    hide("x2apic", 1, 0, Ecx, 21, IRQ),
+    hide("tsc_deadline_timer", 1, 0, Ecx, 24, TIME),
+    hide("rdrand", 1, 0, Ecx, 30, ENTROPY),
+    // Leaf 1, EDX.
+    hide("tsc", 1, 0, Edx, 4, TIME),
+    hide("mce", 1, 0, Edx, 7, NO_MCA),
+    hide("apic", 1, 0, Edx, 9, IRQ),
+    hide("mca", 1, 0, Edx, 14, NO_MCA),
+    hide("dts", 1, 0, Edx, 21, NO_PMU),
+    hide("acpi", 1, 0, Edx, 22, IDENTITY),
+    hide("ht", 1, 0, Edx, 28, "one vCPU"),
+    hide("tm", 1, 0, Edx, 29, IDENTITY),
+    // Leaf 7.0.
+    hide("tsc_adjust", 7, 0, Ebx, 1, TIME),
+    hide("sgx", 7, 0, Ebx, 2, IDENTITY),
+    hide("hle", 7, 0, Ebx, 4, TSX),
+    hide("rtm", 7, 0, Ebx, 11, TSX),
+    hide("mpx", 7, 0, Ebx, 14, IDENTITY),
+    hide("rdseed", 7, 0, Ebx, 18, ENTROPY),
+    hide("waitpkg", 7, 0, Ecx, 5, TIME),
+    hide(
+        "rdpid",
+        7,
+        0,
+        Ecx,
+        22,
+        "reads the host's TSC_AUX: CPU identity",
+    ),
+    hide("tsxldtrk", 7, 0, Edx, 16, TSX),
+    // Extended leaves.
+    hide("rdtscp", 0x8000_0001, 0, Edx, 27, TIME),
+    hide("constant_tsc", 0x8000_0007, 0, Edx, 8, TIME),
+];
+
+const EMULATOR: &str = "guest ring 0 is emulated on PVM and the emulator lacks it";
+const VEX: &str = "VEX-encoded instructions: not emulated in guest ring 0 on PVM";
+
+/// Hidden only on PVM (see PLATFORM.md): the guest kernel would stop with an
+/// emulation failure on these, or take emulator paths that are slow or wrong.
+pub const EMULATOR_HOLES: &[HiddenFeature] = &[
+    // Leaf 1, ECX.
+    hide("pclmulqdq", 1, 0, Ecx, 1, EMULATOR),
     hide("fma", 1, 0, Ecx, 12, VEX),
     hide(
         "cx16",
@@ -75,16 +234,7 @@ pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
         13,
         "lock cmpxchg16b (SLUB) is not emulated",
     ),
-    hide(
-        "pdcm",
-        1,
-        0,
-        Ecx,
-        15,
-        "no performance counters for the guest",
-    ),
     hide("pcid", 1, 0, Ecx, 17, EMULATOR),
-    hide("x2apic", 1, 0, Ecx, 21, IRQ),
     hide("movbe", 1, 0, Ecx, 22, EMULATOR),
     hide(
         "popcnt",
@@ -94,73 +244,21 @@ pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
         23,
         "popcnt (hweight alternatives) is not emulated",
     ),
-    hide("tsc_deadline_timer", 1, 0, Ecx, 24, TIME),
     hide("aes", 1, 0, Ecx, 25, EMULATOR),
     hide("xsave", 1, 0, Ecx, 26, "xrstor (FPU init) is not emulated"),
     hide("osxsave", 1, 0, Ecx, 27, "follows xsave"),
     hide("avx", 1, 0, Ecx, 28, VEX),
     hide("f16c", 1, 0, Ecx, 29, VEX),
-    hide("rdrand", 1, 0, Ecx, 30, ENTROPY),
-    // Leaf 1, EDX.
-    hide("tsc", 1, 0, Edx, 4, TIME),
-    hide(
-        "mce",
-        1,
-        0,
-        Edx,
-        7,
-        "no machine-check architecture in the VM",
-    ),
-    hide("apic", 1, 0, Edx, 9, IRQ),
-    hide(
-        "mca",
-        1,
-        0,
-        Edx,
-        14,
-        "no machine-check architecture in the VM",
-    ),
-    hide(
-        "dts",
-        1,
-        0,
-        Edx,
-        21,
-        "no performance counters for the guest",
-    ),
-    hide("acpi", 1, 0, Edx, 22, IDENTITY),
-    hide("ht", 1, 0, Edx, 28, "one vCPU"),
-    hide("tm", 1, 0, Edx, 29, IDENTITY),
     // Leaf 7.0, EBX.
     hide("fsgsbase", 7, 0, Ebx, 0, EMULATOR),
-    hide("tsc_adjust", 7, 0, Ebx, 1, TIME),
-    hide("sgx", 7, 0, Ebx, 2, IDENTITY),
     hide("bmi1", 7, 0, Ebx, 3, VEX),
-    hide(
-        "hle",
-        7,
-        0,
-        Ebx,
-        4,
-        "transactional memory aborts nondeterministically",
-    ),
     hide("avx2", 7, 0, Ebx, 5, VEX),
     hide("smep", 7, 0, Ebx, 7, EMULATOR),
     hide("bmi2", 7, 0, Ebx, 8, VEX),
     hide("erms", 7, 0, Ebx, 9, EMULATOR),
     hide("invpcid", 7, 0, Ebx, 10, EMULATOR),
-    hide(
-        "rtm",
-        7,
-        0,
-        Ebx,
-        11,
-        "transactional memory aborts nondeterministically",
-    ),
-    hide("mpx", 7, 0, Ebx, 14, IDENTITY),
     hide("avx512f", 7, 0, Ebx, 16, VEX),
     hide("avx512dq", 7, 0, Ebx, 17, VEX),
-    hide("rdseed", 7, 0, Ebx, 18, ENTROPY),
     hide("adx", 7, 0, Ebx, 19, EMULATOR),
     hide("smap", 7, 0, Ebx, 20, "clac/stac (SMAP) are not emulated"),
     hide("avx512ifma", 7, 0, Ebx, 21, VEX),
@@ -174,7 +272,6 @@ pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
     hide("avx512vbmi", 7, 0, Ecx, 1, VEX),
     hide("umip", 7, 0, Ecx, 2, EMULATOR),
     hide("pku", 7, 0, Ecx, 3, EMULATOR),
-    hide("waitpkg", 7, 0, Ecx, 5, TIME),
     hide("avx512_vbmi2", 7, 0, Ecx, 6, VEX),
     hide("gfni", 7, 0, Ecx, 8, EMULATOR),
     hide("vaes", 7, 0, Ecx, 9, VEX),
@@ -190,62 +287,44 @@ pub const HIDDEN_FEATURES: &[HiddenFeature] = &[
         16,
         "five-level paging is not needed and not emulated",
     ),
-    hide("rdpid", 7, 0, Ecx, 22, "CPU identity, and not emulated"),
     hide("movdiri", 7, 0, Ecx, 27, EMULATOR),
     hide("movdir64b", 7, 0, Ecx, 28, EMULATOR),
     // Leaf 7.0, EDX.
     hide("fsrm", 7, 0, Edx, 4, EMULATOR),
     hide("avx512_vp2intersect", 7, 0, Edx, 8, VEX),
     hide("serialize", 7, 0, Edx, 14, EMULATOR),
-    hide(
-        "tsxldtrk",
-        7,
-        0,
-        Edx,
-        16,
-        "transactional memory aborts nondeterministically",
-    ),
     hide("amx_bf16", 7, 0, Edx, 22, VEX),
     hide("avx512_fp16", 7, 0, Edx, 23, VEX),
     hide("amx_tile", 7, 0, Edx, 24, VEX),
     hide("amx_int8", 7, 0, Edx, 25, VEX),
-    // Leaf 0x80000001.
+    // Leaf 0x80000001, ECX.
     hide("abm", 0x8000_0001, 0, Ecx, 5, "lzcnt is not emulated"),
     hide("sse4a", 0x8000_0001, 0, Ecx, 6, EMULATOR),
     hide("xop", 0x8000_0001, 0, Ecx, 11, VEX),
     hide("fma4", 0x8000_0001, 0, Ecx, 16, VEX),
     hide("tbm", 0x8000_0001, 0, Ecx, 21, VEX),
-    hide("rdtscp", 0x8000_0001, 0, Edx, 27, TIME),
-    // Leaf 0x80000007.
-    hide("constant_tsc", 0x8000_0007, 0, Edx, 8, TIME),
 ];
 
-/// Leaves removed whole: they describe things the guest must not use.
-fn leaf_is_dropped(function: u32) -> bool {
-    matches!(
-        function,
-        // Performance monitoring: no PMU.
-        0xa
-        // XSAVE state components: XSAVE is hidden.
-        | 0xd
-        // KVM's paravirtual interface (kvmclock, async page faults, ...):
-        // the guest must see no clock or event source but the VMM's devices.
-        | 0x4000_0000..=0x4000_00ff
-    )
+/// Linux's name for a feature bit, where provm knows it.
+pub fn feature_name(leaf: u32, subleaf: u32, register: Register, bit: u8) -> Option<&'static str> {
+    DETERMINISM
+        .iter()
+        .chain(EMULATOR_HOLES)
+        .find(|f| (f.leaf, f.subleaf, f.register, f.bit) == (leaf, subleaf, register, bit))
+        .map(|f| f.name)
 }
 
-/// The guest's CPUID: `supported` (KVM_GET_SUPPORTED_CPUID) minus the hidden
-/// features, with one logical processor and APIC ID 0.
-pub fn guest_cpuid(supported: &CpuId) -> CpuId {
-    let entries: Vec<kvm_cpuid_entry2> = supported
-        .as_slice()
+/// The guest's CPUID on `platform`: `supported` (KVM_GET_SUPPORTED_CPUID)
+/// minus the features hidden there, with one logical processor and APIC ID 0.
+pub fn guest_cpuid(supported: &[CpuidEntry], platform: Platform) -> Vec<CpuidEntry> {
+    supported
         .iter()
-        .filter(|entry| !leaf_is_dropped(entry.function))
+        .filter(|entry| !platform.drops_leaf(entry.function))
         .map(|entry| {
             let mut entry = *entry;
-            for feature in HIDDEN_FEATURES {
+            for feature in platform.hidden_features() {
                 if feature.leaf == entry.function && feature.subleaf == entry.index {
-                    *register_mut(&mut entry, feature.register) &= !(1u32 << feature.bit);
+                    *entry.register_mut(feature.register) &= !(1u32 << feature.bit);
                 }
             }
             if entry.function == 1 {
@@ -254,22 +333,21 @@ pub fn guest_cpuid(supported: &CpuId) -> CpuId {
             }
             entry
         })
-        .collect();
-    CpuId::from_entries(&entries).expect("fewer entries than KVM supplied")
+        .collect()
 }
 
-/// The hidden features that `effective` (what KVM reports the vCPU has
-/// after KVM_SET_CPUID2) still shows. Some hypervisors replace the VMM's
-/// CPUID with the host's, as PVM does: there the guest kernel must be told
-/// to ignore these itself (`clearcpuid=`).
-pub fn unenforced(effective: &CpuId) -> Vec<&'static HiddenFeature> {
-    HIDDEN_FEATURES
-        .iter()
+/// The features hidden on `platform` that `effective` (what KVM reports the
+/// vCPU has after KVM_SET_CPUID2) still shows. PVM replaces the VMM's CPUID
+/// with the host's: there the guest kernel must be told to ignore these
+/// itself (`clearcpuid=`).
+pub fn unenforced(effective: &[CpuidEntry], platform: Platform) -> Vec<&'static HiddenFeature> {
+    platform
+        .hidden_features()
         .filter(|feature| {
-            effective.as_slice().iter().any(|entry| {
+            effective.iter().any(|entry| {
                 entry.function == feature.leaf
                     && entry.index == feature.subleaf
-                    && register(entry, feature.register) & (1 << feature.bit) != 0
+                    && entry.register(feature.register) & (1 << feature.bit) != 0
             })
         })
         .collect()
@@ -289,97 +367,15 @@ pub fn kernel_args_hiding(features: &[&HiddenFeature]) -> String {
     args
 }
 
-/// One 32-bit word of CPUID feature flags.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FeatureWord {
-    pub leaf: u32,
-    pub subleaf: u32,
-    pub register: Register,
-    pub value: u32,
-}
-
-/// The words that hold the feature flags software tests: leaf 1, leaf 7
-/// subleaf 0, and the extended leaf 0x80000001.
-const FEATURE_WORDS: [(u32, u32, Register); 7] = [
-    (1, 0, Ecx),
-    (1, 0, Edx),
-    (7, 0, Ebx),
-    (7, 0, Ecx),
-    (7, 0, Edx),
-    (0x8000_0001, 0, Ecx),
-    (0x8000_0001, 0, Edx),
-];
-
-/// The feature words of a vCPU's CPUID: what its guest can find.
-pub fn feature_words(cpuid: &CpuId) -> Vec<FeatureWord> {
-    FEATURE_WORDS
-        .iter()
-        .map(|&(leaf, subleaf, reg)| FeatureWord {
-            leaf,
-            subleaf,
-            register: reg,
-            value: cpuid
-                .as_slice()
-                .iter()
-                .find(|e| e.function == leaf && e.index == subleaf)
-                .map_or(0, |entry| register(entry, reg)),
-        })
-        .collect()
-}
-
-/// The features set in `required` that `offered` lacks, named as Linux names
-/// them where provm knows the name, else by leaf, register and bit.
-pub fn missing_features(required: &[FeatureWord], offered: &[FeatureWord]) -> Vec<String> {
-    let mut missing = Vec::new();
-    for word in required {
-        let here = offered
-            .iter()
-            .find(|o| (o.leaf, o.subleaf, o.register) == (word.leaf, word.subleaf, word.register))
-            .map_or(0, |o| o.value);
-        for bit in 0..32u8 {
-            if word.value & !here & (1 << bit) == 0 {
-                continue;
-            }
-            let known = HIDDEN_FEATURES.iter().find(|f| {
-                (f.leaf, f.subleaf, f.register, f.bit)
-                    == (word.leaf, word.subleaf, word.register, bit)
-            });
-            missing.push(match known {
-                Some(feature) => feature.name.to_owned(),
-                None => format!(
-                    "CPUID leaf {:#x}.{} {:?} bit {bit}",
-                    word.leaf, word.subleaf, word.register
-                ),
-            });
-        }
-    }
-    missing
-}
-
-fn register(entry: &kvm_cpuid_entry2, register: Register) -> u32 {
-    match register {
-        Ebx => entry.ebx,
-        Ecx => entry.ecx,
-        Edx => entry.edx,
-    }
-}
-
-fn register_mut(entry: &mut kvm_cpuid_entry2, register: Register) -> &mut u32 {
-    match register {
-        Ebx => &mut entry.ebx,
-        Ecx => &mut entry.ecx,
-        Edx => &mut entry.edx,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 {
+    fn entry(function: u32, index: u32) -> CpuidEntry {
+        CpuidEntry {
             function,
             index,
+            eax: u32::MAX,
             ebx: u32::MAX,
             ecx: u32::MAX,
             edx: u32::MAX,
@@ -387,91 +383,134 @@ mod tests {
         }
     }
 
-    fn guest(entries: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
-        guest_cpuid(&CpuId::from_entries(entries).unwrap())
-            .as_slice()
-            .to_vec()
+    fn all_features() -> Vec<CpuidEntry> {
+        vec![entry(1, 0), entry(7, 0), entry(0x8000_0001, 0)]
     }
 
-    #[test]
-    fn missing_features_are_named() {
-        let words = |value| {
-            feature_words(
-                &CpuId::from_entries(&[kvm_cpuid_entry2 {
-                    function: 7,
-                    ecx: 0,
-                    ebx: value,
-                    ..Default::default()
-                }])
-                .unwrap(),
-            )
-        };
-        // avx2 (bit 5) is known by name; bit 6 is not in provm's table.
-        let missing = missing_features(&words(0b110_0001), &words(0b1));
-        assert_eq!(missing, ["avx2", "CPUID leaf 0x7.0 Ebx bit 6"]);
-        assert!(missing_features(&words(1), &words(0b11)).is_empty());
+    fn visible(leaves: &[CpuidEntry], leaf: u32, register: Register, bit: u8) -> bool {
+        leaves
+            .iter()
+            .any(|e| e.function == leaf && e.register(register) & (1 << bit) != 0)
     }
 
     #[test]
     fn hides_every_listed_feature_and_nothing_else() {
-        let leaves = guest(&[entry(1, 0), entry(7, 0), entry(0x8000_0001, 0)]);
-        for feature in HIDDEN_FEATURES {
-            let leaf = leaves.iter().find(|e| e.function == feature.leaf);
-            let Some(leaf) = leaf else { continue };
-            assert_eq!(
-                register(leaf, feature.register) & (1 << feature.bit),
-                0,
-                "{} still visible",
-                feature.name
+        for platform in [Platform::Pvm, Platform::Hardware] {
+            let leaves = guest_cpuid(&all_features(), platform);
+            for feature in platform.hidden_features() {
+                assert!(
+                    !visible(&leaves, feature.leaf, feature.register, feature.bit),
+                    "{} still visible on {platform:?}",
+                    feature.name
+                );
+            }
+            // Features in neither list stay: SSE2 (leaf 1 EDX bit 26), long mode.
+            assert!(visible(&leaves, 1, Edx, 26));
+            assert!(visible(&leaves, 0x8000_0001, Edx, 29));
+        }
+    }
+
+    /// x86-64-v2 (cx16, popcnt, sse3, ssse3, sse4.1, sse4.2, lahf_lm), which
+    /// RHEL 9 userlands require, survives wherever the hardware enforces
+    /// CPUID; on PVM the emulator's holes are hidden.
+    #[test]
+    fn hardware_keeps_x86_64_v2_and_pvm_hides_the_emulator_holes() {
+        let x86_64_v2 = [
+            (1, Ecx, 13),
+            (1, Ecx, 23),
+            (1, Ecx, 0),
+            (1, Ecx, 9),
+            (1, Ecx, 19),
+            (1, Ecx, 20),
+            (0x8000_0001, Ecx, 0),
+        ];
+        let hardware = guest_cpuid(&all_features(), Platform::Hardware);
+        for (leaf, register, bit) in x86_64_v2 {
+            assert!(
+                visible(&hardware, leaf, register, bit),
+                "{leaf:#x} {register:?} bit {bit}"
             );
         }
-        // Features not in the table stay: SSE2 (leaf 1 EDX bit 26), long mode.
-        assert_ne!(leaves[0].edx & (1 << 26), 0);
-        assert_ne!(leaves[2].edx & (1 << 29), 0);
+        for feature in EMULATOR_HOLES {
+            assert!(visible(
+                &hardware,
+                feature.leaf,
+                feature.register,
+                feature.bit
+            ));
+        }
+        let pvm = guest_cpuid(&all_features(), Platform::Pvm);
+        for name in [
+            "cx16", "xsave", "smap", "smep", "popcnt", "movbe", "bmi1", "avx",
+        ] {
+            let feature = EMULATOR_HOLES.iter().find(|f| f.name == name).unwrap();
+            assert!(
+                !visible(&pvm, feature.leaf, feature.register, feature.bit),
+                "{name}"
+            );
+        }
     }
 
     #[test]
     fn one_cpu_with_apic_id_zero() {
-        let leaves = guest(&[entry(1, 0)]);
+        let leaves = guest_cpuid(&[entry(1, 0)], Platform::Hardware);
         assert_eq!(leaves[0].ebx >> 16, 1);
     }
 
     #[test]
-    fn kvm_paravirt_pmu_and_xsave_leaves_are_dropped() {
-        let leaves = guest(&[
+    fn kvm_paravirt_and_pmu_leaves_are_dropped_and_xsave_leaves_only_on_pvm() {
+        let host = [
             entry(0, 0),
             entry(0xa, 0),
             entry(0xd, 1),
             entry(0x4000_0001, 0),
-        ]);
-        assert_eq!(leaves.iter().map(|e| e.function).collect::<Vec<_>>(), [0]);
+        ];
+        let functions = |platform| -> Vec<u32> {
+            guest_cpuid(&host, platform)
+                .iter()
+                .map(|e| e.function)
+                .collect()
+        };
+        assert_eq!(functions(Platform::Pvm), [0]);
+        assert_eq!(functions(Platform::Hardware), [0, 0xd]);
     }
 
     #[test]
     fn features_a_hypervisor_left_visible_become_kernel_arguments() {
-        let honoured = guest_cpuid(&CpuId::from_entries(&[entry(1, 0), entry(7, 0)]).unwrap());
-        assert!(unenforced(&honoured).is_empty());
-        assert_eq!(kernel_args_hiding(&unenforced(&honoured)), "");
+        let honoured = guest_cpuid(&[entry(1, 0), entry(7, 0)], Platform::Pvm);
+        assert!(unenforced(&honoured, Platform::Pvm).is_empty());
+        assert_eq!(
+            kernel_args_hiding(&unenforced(&honoured, Platform::Pvm)),
+            ""
+        );
 
-        let ignored = CpuId::from_entries(&[entry(1, 0)]).unwrap();
-        let visible = unenforced(&ignored);
+        // PVM ignores KVM_SET_CPUID2: the guest sees the host's leaf 1.
+        let ignored = [entry(1, 0)];
+        let visible = unenforced(&ignored, Platform::Pvm);
         assert_eq!(
             visible.len(),
-            HIDDEN_FEATURES.iter().filter(|f| f.leaf == 1).count()
+            Platform::Pvm
+                .hidden_features()
+                .filter(|f| f.leaf == 1)
+                .count()
         );
         let args = kernel_args_hiding(&visible);
-        assert!(args.starts_with("clearcpuid=pclmulqdq,dtes64,"), "{args}");
+        assert!(args.starts_with("clearcpuid=dtes64,monitor,"), "{args}");
         assert!(
             args.contains(",xsave,") && args.ends_with(" noxsave"),
             "{args}"
         );
+        // Elsewhere the emulator's holes are not the kernel's business.
+        let args = kernel_args_hiding(&unenforced(&ignored, Platform::Hardware));
+        assert!(!args.contains("cx16") && args.contains("rdrand"), "{args}");
     }
 
     #[test]
-    fn table_has_no_duplicates_and_valid_bits() {
-        for (i, a) in HIDDEN_FEATURES.iter().enumerate() {
+    fn tables_have_no_duplicates_and_valid_bits() {
+        let all: Vec<&HiddenFeature> = DETERMINISM.iter().chain(EMULATOR_HOLES).collect();
+        for (i, a) in all.iter().enumerate() {
             assert!(a.bit < 32);
-            for b in &HIDDEN_FEATURES[i + 1..] {
+            for b in &all[i + 1..] {
                 let same = (a.leaf, a.subleaf, a.register, a.bit)
                     == (b.leaf, b.subleaf, b.register, b.bit);
                 assert!(!same, "{} and {} name the same bit", a.name, b.name);

@@ -39,6 +39,11 @@ pub enum Exit<'a> {
     Halt,
     /// The guest became able to take the interrupt the VMM has waiting.
     InterruptWindow,
+    /// RDMSR of an MSR the VMM answers (`crate::msr`); `read_result` has
+    /// the value, 8 bytes little-endian.
+    MsrRead {
+        index: u32,
+    },
 }
 
 /// Where the guest was at a VM exit: its instruction pointer and a digest

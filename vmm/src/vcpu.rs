@@ -5,8 +5,9 @@ use std::sync::Once;
 use std::time::Duration;
 
 use kvm_bindings::{
-    kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_msr_entry, kvm_regs, kvm_run, kvm_segment,
-    kvm_sregs, kvm_vcpu_events, kvm_xsave, Msrs, KVMIO, KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_mp_state, kvm_msr_entry, kvm_regs,
+    kvm_run, kvm_segment, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVMIO,
+    KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS,
 };
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,8 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
-use crate::cpuid::{self, guest_cpuid, FeatureWord, HiddenFeature};
+use crate::cpuid::CpuidEntry;
+use crate::cpuid_check;
 use crate::seam::Place;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
@@ -29,6 +31,12 @@ pub enum VcpuError {
     SupportedCpuid(kvm_ioctls::Error),
     #[error("KVM_SET_CPUID2 failed: {0}")]
     SetCpuid(kvm_ioctls::Error),
+    #[error("KVM_GET_CPUID2 failed: {0}")]
+    GetCpuid(kvm_ioctls::Error),
+    #[error("the recorded CPUID table has {0} entries, more than KVM takes")]
+    CpuidTooLarge(usize),
+    #[error("this host cannot present the CPU the snapshot was taken on (KVM shows the guest a different CPUID; replay on a host with the recording's CPU):\n  {}", .0.join("\n  "))]
+    CpuidNotPresented(Vec<String>),
     #[error("cannot set the vCPU's initial state ({what}): {source}")]
     InitialState {
         what: &'static str,
@@ -48,15 +56,22 @@ pub enum VcpuError {
     Msr { index: u32, value: u64 },
 }
 
-/// Everything KVM holds for the vCPU, as a snapshot needs it.
+/// Everything KVM holds for the vCPU, as a snapshot needs it. A change here
+/// changes the snapshot: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
 #[derive(Serialize, Deserialize)]
 pub struct VcpuState {
+    /// The CPUID the guest saw (KVM_GET_CPUID2), set again on restore.
+    pub cpuid: Vec<CpuidEntry>,
     regs: kvm_regs,
     sregs: kvm_sregs,
     xsave: kvm_xsave,
     events: kvm_vcpu_events,
     debug: kvm_debugregs,
     msrs: Vec<kvm_msr_entry>,
+    /// XCR0, which KVM_SET_XSAVE does not carry.
+    xcrs: kvm_xcrs,
+    /// Runnable or halted: a vCPU snapshotted in HLT stays halted.
+    mp_state: kvm_mp_state,
 }
 
 fn getting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
@@ -77,33 +92,40 @@ fn setting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
 
 pub struct Vcpu {
     pub fd: VcpuFd,
-    /// The CPUID feature words the guest sees (KVM's effective CPUID).
-    pub features: Vec<FeatureWord>,
+    /// The CPUID the guest sees: what KVM_GET_CPUID2 read back after
+    /// KVM_SET_CPUID2 (on PVM, the host's own).
+    pub cpuid: Vec<CpuidEntry>,
     /// Whether KVM copies the general registers into kvm_run at every exit
     /// (KVM_CAP_SYNC_REGS), sparing a KVM_GET_REGS per exit.
     synced_registers: bool,
 }
 
+/// The CPUID KVM can offer a guest on this host (KVM_GET_SUPPORTED_CPUID).
+pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VcpuError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(VcpuError::SupportedCpuid)?;
+    Ok(supported.as_slice().iter().map(CpuidEntry::from).collect())
+}
+
 impl Vcpu {
-    /// Creates vCPU 0 with the guest CPU model. Also returns the hidden
-    /// features KVM did not take away (see `cpuid::unenforced`).
-    pub fn new(kvm: &Kvm, vm: &VmFd) -> Result<(Self, Vec<&'static HiddenFeature>), VcpuError> {
+    /// Creates vCPU 0 and gives it `cpuid`.
+    pub fn new(kvm: &Kvm, vm: &VmFd, cpuid: &[CpuidEntry]) -> Result<Self, VcpuError> {
         let fd = vm.create_vcpu(0).map_err(VcpuError::Create)?;
-        let supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(VcpuError::SupportedCpuid)?;
-        fd.set_cpuid2(&guest_cpuid(&supported))
-            .map_err(VcpuError::SetCpuid)?;
+        let entries: Vec<kvm_cpuid_entry2> = cpuid.iter().map(kvm_cpuid_entry2::from).collect();
+        let table =
+            CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidTooLarge(entries.len()))?;
+        fd.set_cpuid2(&table).map_err(VcpuError::SetCpuid)?;
         let effective = fd
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-            .map_err(VcpuError::SetCpuid)?;
+            .map_err(VcpuError::GetCpuid)?;
         let mut vcpu = Vcpu {
             fd,
-            features: cpuid::feature_words(&effective),
+            cpuid: effective.as_slice().iter().map(CpuidEntry::from).collect(),
             synced_registers: false,
         };
         vcpu.sync_registers(kvm);
-        Ok((vcpu, cpuid::unenforced(&effective)))
+        Ok(vcpu)
     }
 
     /// Has KVM copy the general registers out at every exit, if it can.
@@ -184,12 +206,15 @@ impl Vcpu {
     pub fn save(&self, kvm: &Kvm) -> Result<VcpuState, VcpuError> {
         let fd = &self.fd;
         Ok(VcpuState {
+            cpuid: self.cpuid.clone(),
             regs: fd.get_regs().map_err(getting("registers"))?,
             sregs: fd.get_sregs().map_err(getting("system registers"))?,
             xsave: fd.get_xsave().map_err(getting("XSAVE area"))?,
             events: fd.get_vcpu_events().map_err(getting("pending events"))?,
             debug: fd.get_debug_regs().map_err(getting("debug registers"))?,
             msrs: self.readable_msrs(kvm)?,
+            xcrs: fd.get_xcrs().map_err(getting("XCRs"))?,
+            mp_state: fd.get_mp_state().map_err(getting("MP state"))?,
         })
     }
 
@@ -231,20 +256,28 @@ impl Vcpu {
         Ok(())
     }
 
-    /// Puts back a state taken by `save`, on a vCPU created the same way.
+    /// Puts back a state taken by `save`, on a vCPU created with
+    /// `state.cpuid`. Refuses when KVM presents a different CPUID than the
+    /// snapshot's, naming each difference.
     pub fn restore(&self, state: &VcpuState) -> Result<(), VcpuError> {
+        let differences = cpuid_check::differences(&state.cpuid, &self.cpuid);
+        if !differences.is_empty() {
+            return Err(VcpuError::CpuidNotPresented(differences));
+        }
         let fd = &self.fd;
         fd.set_sregs(&state.sregs)
             .map_err(setting("system registers"))?;
         self.restore_msrs(&state.msrs)?;
         fd.set_regs(&state.regs).map_err(setting("registers"))?;
+        fd.set_xcrs(&state.xcrs).map_err(setting("XCRs"))?;
         // SAFETY: the area came from KVM_GET_XSAVE, the legacy 4 KiB size
         // that KVM_SET_XSAVE reads.
         unsafe { fd.set_xsave(&state.xsave) }.map_err(setting("XSAVE area"))?;
         fd.set_vcpu_events(&state.events)
             .map_err(setting("pending events"))?;
         fd.set_debug_regs(&state.debug)
-            .map_err(setting("debug registers"))
+            .map_err(setting("debug registers"))?;
+        fd.set_mp_state(state.mp_state).map_err(setting("MP state"))
     }
 
     /// Delivers an external interrupt on the next KVM_RUN. Only valid when the
@@ -324,6 +357,18 @@ impl Vcpu {
             data: &mut mmio.data[..len],
         }
     }
+
+    /// The RDMSR exit KVM_RUN just returned, as `mmio_exit` reads MMIO.
+    /// Call only after a `VcpuExit::X86Rdmsr`.
+    pub fn msr_read_exit(&mut self) -> MsrReadExit<'_> {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: the last exit was KVM_EXIT_X86_RDMSR, so `msr` is the live member.
+        let msr = unsafe { &mut run.__bindgen_anon_1.msr };
+        MsrReadExit {
+            index: msr.index,
+            data: &mut msr.data,
+        }
+    }
 }
 
 /// A cheap 64-bit digest (FxHash's step) of the 16 general registers, RIP
@@ -360,6 +405,12 @@ pub fn register_digest(regs: &kvm_regs) -> u64 {
 pub struct MmioExit<'a> {
     pub address: u64,
     pub data: &'a mut [u8],
+}
+
+/// A read of an MSR the VMM answers: `data` takes the value.
+pub struct MsrReadExit<'a> {
+    pub index: u32,
+    pub data: &'a mut u64,
 }
 
 /// A port I/O exit: accesses of `size` bytes each at `port`, their bytes one
@@ -461,5 +512,57 @@ fn timespec(duration: Duration) -> libc::timespec {
     libc::timespec {
         tv_sec: duration.as_secs() as libc::time_t,
         tv_nsec: duration.subsec_nanos() as libc::c_long,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpuid::{guest_cpuid, Platform};
+
+    fn guest_vcpu(kvm: &Kvm, vm: &VmFd) -> Vcpu {
+        let model = guest_cpuid(&supported_cpuid(kvm).unwrap(), Platform::detect());
+        Vcpu::new(&kvm, vm, &model).unwrap()
+    }
+
+    /// What this host records, it can replay: the guest's CPUID lacks no
+    /// supported feature, and setting it again presents the same table.
+    #[test]
+    fn this_hosts_cpu_model_passes_its_own_replay_checks() {
+        let kvm = Kvm::new().unwrap();
+        let recorded = guest_vcpu(&kvm, &kvm.create_vm().unwrap()).cpuid;
+        let presented = guest_vcpu(&kvm, &kvm.create_vm().unwrap()).cpuid;
+        let supported = supported_cpuid(&kvm).unwrap();
+        let lacking = cpuid_check::lacking(&recorded, &supported, &presented);
+        assert!(lacking.is_empty(), "{lacking:?}");
+        let again = Vcpu::new(&kvm, &kvm.create_vm().unwrap(), &recorded).unwrap();
+        let differences = cpuid_check::differences(&recorded, &again.cpuid);
+        assert!(differences.is_empty(), "{differences:?}");
+    }
+
+    /// Every GET the snapshot makes has a SET that KVM accepts here,
+    /// XCRs and MP state included.
+    #[test]
+    fn a_saved_vcpu_restores_into_a_new_one() {
+        let kvm = Kvm::new().unwrap();
+        let first = guest_vcpu(&kvm, &kvm.create_vm().unwrap());
+        let state = first.save(&kvm).unwrap();
+        let second = Vcpu::new(&kvm, &kvm.create_vm().unwrap(), &state.cpuid).unwrap();
+        second.restore(&state).unwrap();
+        let again = second.save(&kvm).unwrap();
+        assert_eq!(again.xcrs.xcrs[0].value, state.xcrs.xcrs[0].value);
+        assert_eq!(again.mp_state.mp_state, state.mp_state.mp_state);
+    }
+
+    #[test]
+    fn a_snapshot_of_another_cpu_is_refused_by_name() {
+        let kvm = Kvm::new().unwrap();
+        let vcpu = guest_vcpu(&kvm, &kvm.create_vm().unwrap());
+        let mut state = vcpu.save(&kvm).unwrap();
+        let leaf = state.cpuid.iter_mut().find(|e| e.function == 0).unwrap();
+        leaf.ebx ^= 1;
+        let refused = vcpu.restore(&state).unwrap_err().to_string();
+        assert!(refused.contains("CPUID leaf 0x0.0 Ebx"), "{refused}");
+        assert!(refused.contains("differing bit 0"), "{refused}");
     }
 }

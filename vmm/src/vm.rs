@@ -18,7 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
-use crate::cpuid::{self, FeatureWord, HiddenFeature};
+use crate::cpuid::{self, CpuidEntry, Platform};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
 use crate::devices::paravirt::{
@@ -36,8 +36,9 @@ use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
+use crate::msr;
 use crate::seam::{Exit, ObservedDisk, Seam};
-use crate::vcpu::{Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
+use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -82,6 +83,7 @@ pub struct VmSnapshot {
     pub memory: MemoryImage,
 }
 
+/// Changing it: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
 #[derive(Serialize, Deserialize)]
 pub struct VmState {
     /// The virtual clock's reading when the snapshot was taken.
@@ -145,8 +147,18 @@ pub enum VmError {
     #[error("stopped: {0}")]
     Stopped(String),
 
+    #[error("cannot route the guest's reads of host-dependent MSRs to the VMM (KVM_CAP_X86_USER_SPACE_MSR / KVM_X86_SET_MSR_FILTER; Linux 5.10 or later): {0}")]
+    MsrFilter(kvm_ioctls::Error),
+
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
+}
+
+impl VmState {
+    /// The CPUID table the snapshotted guest saw.
+    pub fn cpuid(&self) -> &[CpuidEntry] {
+        &self.vcpu.cpuid
+    }
 }
 
 impl From<InvalidState> for VmError {
@@ -193,8 +205,6 @@ pub struct Vm {
     last_exit: Instant,
     /// Whether the current stretch without exits was reported already.
     exitless_warned: bool,
-    /// The hidden CPU features KVM left visible (see `cpuid::unenforced`).
-    unenforced: Vec<&'static HiddenFeature>,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -207,17 +217,21 @@ impl Vm {
             path: boot.kernel.clone(),
             source,
         })?;
-        let vm = Self::build(config)?;
-        if !vm.unenforced.is_empty() {
+        let kvm = open_kvm()?;
+        let platform = Platform::detect();
+        let model = cpuid::guest_cpuid(&vcpu::supported_cpuid(&kvm)?, platform);
+        let vm = Self::build(kvm, config, &model)?;
+        let unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
+        if !unenforced.is_empty() {
             tracing::debug!(
-                count = vm.unenforced.len(),
+                count = unenforced.len(),
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
         let cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpuid::kernel_args_hiding(&vm.unenforced),
+            cpuid::kernel_args_hiding(&unenforced),
         );
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
@@ -226,10 +240,11 @@ impl Vm {
 
     /// Creates the VM in the state `snapshot` was taken in. `config` must
     /// describe the same machine (memory size, disk) as the one snapshotted.
-    /// The seam's clock must start at `snapshot.state.clock_ns`.
+    /// The seam's clock must start at `snapshot.state.clock_ns`. The vCPU
+    /// gets exactly the snapshot's CPUID, or the restore is refused.
     pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
-        let vm = Self::build(config)?;
         let state = snapshot.state;
+        let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid)?;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&state.vcpu)?;
         vm.pic.lock().unwrap().restore(&state.pic)?;
@@ -264,13 +279,14 @@ impl Vm {
         })
     }
 
-    /// The VM with its memory, vCPU and devices, before boot or restore.
-    fn build(config: VmConfig) -> Result<Self, VmError> {
-        let kvm = open_kvm()?;
+    /// The VM with its memory, vCPU (given `cpuid`) and devices, before boot
+    /// or restore.
+    fn build(kvm: Kvm, config: VmConfig, cpuid: &[CpuidEntry]) -> Result<Self, VmError> {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
+        msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
         register_memory(&vm, &memory)?;
-        let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
+        let vcpu = Vcpu::new(&kvm, &vm, cpuid)?;
         let kicker = Kicker::for_current_thread()?;
 
         let seam = config.seam;
@@ -344,7 +360,6 @@ impl Vm {
             at_exit: true,
             last_exit: Instant::now(),
             exitless_warned: false,
-            unenforced,
             _not_send: PhantomData,
         })
     }
@@ -474,6 +489,7 @@ impl Vm {
                 return Ok(Some(true));
             }
             VcpuExit::IrqWindowOpen => self.report(Exit::InterruptWindow)?,
+            VcpuExit::X86Rdmsr(..) => self.msr_read()?,
             VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             VcpuExit::InternalError => return Err(self.internal_error()),
             VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
@@ -511,6 +527,17 @@ impl Vm {
         let PioExit { port, size, data } = self.vcpu.pio_exit();
         self.seam.exit(Exit::PioWrite { port, data }, at);
         self.pio.write_elements(port.into(), size, data);
+        Ok(())
+    }
+
+    /// An RDMSR of an MSR the VMM answers (see `msr`): from its model.
+    fn msr_read(&mut self) -> Result<(), VmError> {
+        let at = self.vcpu.place()?;
+        let read = self.vcpu.msr_read_exit();
+        self.seam.exit(Exit::MsrRead { index: read.index }, at);
+        let value = msr::read(read.index, || self.seam.monotonic_ns());
+        *read.data = value;
+        self.seam.read_result(&value.to_le_bytes());
         Ok(())
     }
 
@@ -646,13 +673,34 @@ fn open_kvm() -> Result<Kvm, VmError> {
     })
 }
 
-/// The CPU model a VM gets on this host, without building one: the feature
-/// words its guest sees and the hidden features KVM leaves visible.
-pub fn probe_cpu() -> Result<(Vec<FeatureWord>, Vec<&'static str>), VmError> {
+/// The CPU model of this host, as a VM would get it.
+pub struct CpuProbe {
+    /// What KVM can offer a guest here (KVM_GET_SUPPORTED_CPUID).
+    pub supported: Vec<CpuidEntry>,
+    /// The CPUID a booted guest sees here (KVM_GET_CPUID2 after setting
+    /// the guest model).
+    pub guest: Vec<CpuidEntry>,
+    /// Hidden features KVM leaves visible, which the guest kernel is told
+    /// to ignore.
+    pub ignored_by_kernel: Vec<&'static str>,
+}
+
+/// The CPU model a VM gets on this host, without building one.
+pub fn probe_cpu() -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-    let (vcpu, unenforced) = Vcpu::new(&kvm, &vm)?;
-    Ok((vcpu.features, unenforced.iter().map(|f| f.name).collect()))
+    let platform = Platform::detect();
+    let supported = vcpu::supported_cpuid(&kvm)?;
+    let vcpu = Vcpu::new(&kvm, &vm, &cpuid::guest_cpuid(&supported, platform))?;
+    let ignored_by_kernel = cpuid::unenforced(&vcpu.cpuid, platform)
+        .iter()
+        .map(|f| f.name)
+        .collect();
+    Ok(CpuProbe {
+        supported,
+        guest: vcpu.cpuid,
+        ignored_by_kernel,
+    })
 }
 
 /// Fails early, before any other work, when KVM cannot be used.
@@ -697,14 +745,23 @@ mod tests {
 
     /// A vCPU about to run REP_INSW, with the VM and memory it needs.
     fn rep_insw_guest() -> (VmFd, GuestMemory, Vcpu) {
+        tiny_guest(REP_INSW, false)
+    }
+
+    /// A vCPU about to run `code` (32-bit, at CODE), with the VM and memory
+    /// it needs; `msrs_to_vmm` routes the MSR reads provm answers to it.
+    fn tiny_guest(code: &[u8], msrs_to_vmm: bool) -> (VmFd, GuestMemory, Vcpu) {
         let kvm = open_kvm().unwrap();
         let vm = kvm.create_vm().unwrap();
+        if msrs_to_vmm {
+            msr::route_reads_to_vmm(&vm).unwrap();
+        }
         let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         register_memory(&vm, &memory).unwrap();
         let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
         memory.write_slice(&gdt, GDT_START).unwrap();
-        memory.write_slice(REP_INSW, GuestAddress(CODE)).unwrap();
-        let (vcpu, _) = Vcpu::new(&kvm, &vm).unwrap();
+        memory.write_slice(code, GuestAddress(CODE)).unwrap();
+        let mut vcpu = Vcpu::new(&kvm, &vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
         vcpu.enter_pvh(EntryPoint {
             entry: GuestAddress(CODE),
             start_info: GuestAddress(0),
@@ -750,5 +807,29 @@ mod tests {
         assert_eq!(at_hlt, in_guest(&vcpu));
         assert_ne!(at_hlt.rip, at_insw.rip);
         assert_ne!(at_hlt.registers, at_insw.registers);
+    }
+
+    /// 32-bit code: RDMSR of the TSC, HLT.
+    const RDMSR_TSC: &[u8] = &[
+        0xb9, 0x10, 0x00, 0x00, 0x00, // mov ecx, 0x10
+        0x0f, 0x32, // rdmsr
+        0xf4, // hlt
+    ];
+
+    /// The guest's RDMSR of a host-dependent MSR reaches the VMM, and the
+    /// guest gets the VMM's answer, on this host's KVM.
+    #[test]
+    fn a_filtered_msr_read_exits_and_takes_the_vmms_value() {
+        let (_vm, _memory, mut vcpu) = tiny_guest(RDMSR_TSC, true);
+        match vcpu.fd.run() {
+            Ok(VcpuExit::X86Rdmsr(read)) => {
+                assert_eq!(read.index, msr::IA32_TSC);
+                *read.data = 0x1234_5678_9abc_def0;
+            }
+            other => panic!("expected an RDMSR exit, got {other:?}"),
+        }
+        assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::Hlt)));
+        let regs = vcpu.fd.get_regs().unwrap();
+        assert_eq!((regs.rdx, regs.rax), (0x1234_5678, 0x9abc_def0));
     }
 }

@@ -94,7 +94,7 @@ pub fn sample_sections() -> Sections {
         kernel_cmdline: String::new(),
         memory_mib: MEMORY_MIB,
         cpu: CpuModel {
-            features: Vec::new(),
+            cpuid: Vec::new(),
             ignored_by_kernel: Vec::new(),
         },
         host: HostDescription {

@@ -12,7 +12,14 @@ use std::fmt::Display;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// A device whose state a snapshot carries.
+/// The version of the VM state a snapshot carries: every `Persist::State`,
+/// `VcpuState` and `VmState`. Bump it with any change to their fields or to
+/// what a field means, so that cached snapshots of the old layout are not
+/// restored into the new devices (the snapshot cache is keyed on it).
+pub const DEVICE_MODEL_VERSION: u32 = 2;
+
+/// A device whose state a snapshot carries. Changing a `State`: bump
+/// `DEVICE_MODEL_VERSION`.
 pub trait Persist {
     type State: Serialize + DeserializeOwned;
 
