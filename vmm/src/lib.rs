@@ -14,4 +14,5 @@ pub mod disk;
 pub mod memory;
 pub mod seam;
 pub mod vcpu;
+pub mod vector_state;
 pub mod vm;

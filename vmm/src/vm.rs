@@ -35,6 +35,7 @@ use crate::disk::Disk;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::seam::{Exit, ObservedDisk, Seam};
 use crate::vcpu::{Kicker, PioExit, Vcpu, VcpuError, VcpuState};
+use crate::vector_state;
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -204,9 +205,10 @@ impl Vm {
             );
         }
         let cmdline = format!(
-            "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ}",
+            "{} {} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ}",
             boot.cmdline,
             cpuid::kernel_args_hiding(&vm.unenforced),
+            vector_state::kernel_args(&vm.unenforced),
         );
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
