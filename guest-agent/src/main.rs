@@ -58,7 +58,7 @@ struct Agent {
     null: File,
     /// The image's root, once a job has mounted it.
     root: Option<Root>,
-    /// Whether commands get [`cpu::GLIBC_TUNABLES`]: user space may use
+    /// Whether commands get [`cpu::LIBRARY_SWITCHES`]: user space may use
     /// vector state the guest kernel does not save.
     avoid_avx: bool,
 }
@@ -131,7 +131,7 @@ impl Agent {
         let mut guarded;
         let job = if self.avoid_avx {
             guarded = job.clone();
-            cpu::add_glibc_tunables(&mut guarded.env);
+            cpu::add_library_switches(&mut guarded.env);
             &guarded
         } else {
             job
@@ -188,20 +188,36 @@ impl Agent {
 
 /// Whether commands must keep away from AVX state, which the CPU lets user
 /// space use but this guest kernel does not save across context switches;
-/// says so on the console once. Needs /proc mounted.
+/// says so on the console once, with what protects the commands and what
+/// does not. Needs /proc mounted.
 fn avoid_avx() -> bool {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_else(|error| {
-        log(&format!("cannot read /proc/cpuinfo: {error}"));
-        String::new()
-    });
-    let Some(xcr0) = cpu::unmanaged_vector_state(&cpuinfo) else {
+    let read = |path: &str| {
+        std::fs::read_to_string(path).unwrap_or_else(|error| {
+            log(&format!("cannot read {path}: {error}"));
+            String::new()
+        })
+    };
+    let Some(xcr0) = cpu::unmanaged_vector_state(&read("/proc/cpuinfo")) else {
         return false;
+    };
+    // Kernel patch 0008's argument, which the VMM passes for this hazard.
+    // Only the command line says it was asked for: a kernel without the
+    // patch (`--kernel`) ignores it.
+    let asked_for_syscall_switches = read("/proc/cmdline")
+        .split_whitespace()
+        .any(|arg| arg == "provm.user_preempt=0");
+    let scheduling = if asked_for_syscall_switches {
+        "provm.user_preempt=0 is set, so processes are switched only at system \
+         calls (kernel patch 0008) and only a signal handler that uses AVX can \
+         clobber the registers of the code it interrupts"
+    } else {
+        "the kernel preempts processes anywhere, so any two that use AVX can \
+         corrupt each other's registers"
     };
     log(&format!(
         "the CPU lets user space use AVX state (XCR0 {xcr0:#x}) that this guest kernel \
-         does not save across context switches; glibc's AVX code paths are disabled \
-         for commands ({})",
-        cpu::GLIBC_TUNABLES
+         does not save across context switches: {scheduling}; commands get {}",
+        cpu::LIBRARY_SWITCHES.join(" ")
     ));
     true
 }

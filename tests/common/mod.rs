@@ -111,15 +111,29 @@ pub fn assert_replay_matches(trace: &Path) -> String {
 /// cached like the demo's).
 pub fn debian_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/debian-image");
-        let output = Command::new(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-        assert!(output.status.success(), "scripts/debian-image failed");
-        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim_end())
-    })
+    IMAGE.get_or_init(|| scripts_debian_image(&[]))
+}
+
+/// The same image with gcc and make (`--with build-essential`), cached in a
+/// file of its own.
+pub fn debian_build_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| scripts_debian_image(&["--with", "build-essential"]))
+}
+
+/// Runs scripts/debian-image with `args`; returns the path it prints.
+fn scripts_debian_image(args: &[&str]) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/debian-image");
+    let output = Command::new(&script)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "scripts/debian-image {args:?} failed"
+    );
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim_end())
 }
 
 pub fn path(path: &Path) -> &str {
@@ -220,6 +234,7 @@ fn populate_busybox_root(root: &Path) {
     std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
     for program in [
         "vector_copy",
+        "ymm_hold",
         "host_tsc",
         "sysv_shm",
         "tcp_echo",

@@ -16,4 +16,5 @@ pub mod memory;
 pub mod msr;
 pub mod seam;
 pub mod vcpu;
+pub mod vector_state;
 pub mod vm;
