@@ -763,7 +763,7 @@ mod tests {
         let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
         memory.write_slice(&gdt, GDT_START).unwrap();
         memory.write_slice(code, GuestAddress(CODE)).unwrap();
-        let mut vcpu = Vcpu::new(&kvm, &vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
+        let vcpu = Vcpu::new(&kvm, &vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
         vcpu.enter_pvh(EntryPoint {
             entry: GuestAddress(CODE),
             start_info: GuestAddress(0),
