@@ -18,6 +18,7 @@ use provm_recorder::Recorder;
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;
+use provm_vmm::vm::VmSnapshot;
 
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError};
@@ -79,7 +80,14 @@ pub fn record(
         path: options.output.clone(),
         source,
     };
-    let manifest = manifest(options, &prepared, &identity, &booted.sha256, &job);
+    let manifest = manifest(
+        options,
+        &prepared,
+        &identity,
+        &booted.sha256,
+        &snapshot,
+        &job,
+    );
     let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
     trace
         .section(
@@ -182,6 +190,7 @@ fn manifest(
     prepared: &Prepared,
     identity: &Identity,
     snapshot_sha256: &str,
+    snapshot: &VmSnapshot,
     job: &Job,
 ) -> Manifest {
     Manifest {
@@ -206,7 +215,10 @@ fn manifest(
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),
         memory_mib: prepared.memory_mib,
-        cpu: cpu_model::recorded(&identity.cpu.guest, &identity.cpu.ignored_by_kernel),
+        // The table the snapshot's vCPU holds, which a replay sets: read back
+        // from a guest that has booted, some bits are its own (OSXSAVE, the
+        // XSAVE area's size), not what a fresh vCPU shows.
+        cpu: cpu_model::recorded(snapshot.state.cpuid(), &identity.cpu.ignored_by_kernel),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
     }
