@@ -16,6 +16,7 @@ use std::time::Instant;
 use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
 use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
+use provm_vmm::cpuid_check;
 use provm_vmm::devices::persist::DEVICE_MODEL_VERSION;
 use provm_vmm::disk::image::ImageError;
 use provm_vmm::seam::LiveSeam;
@@ -103,7 +104,7 @@ pub fn booted(
         identity.initramfs_sha256,
         prepared.boot.cmdline,
         prepared.memory_mib,
-        identity.cpu.guest,
+        cpuid_check::model_only(&identity.cpu.guest),
         identity.cpu.ignored_by_kernel,
         identity
             .image

@@ -152,6 +152,10 @@ fn host_time_read_by_user_code_is_reported_as_a_divergence() {
 /// its --timeout, which leaves a trace that replays to where it stopped.
 fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
     let _guest = one_guest_at_a_time();
+    // The snapshot first, so that the time limit below is the command's,
+    // not the boot's.
+    let image = path(&images().tiny_qcow2);
+    assert_eq!(provm(&["run", image, "--", "true"]).status, 0);
     let trace = trace_path("spin");
     let spun = record(
         &trace,

@@ -43,7 +43,7 @@ impl CpuidEntry {
         }
     }
 
-    fn register_mut(&mut self, register: Register) -> &mut u32 {
+    pub fn register_mut(&mut self, register: Register) -> &mut u32 {
         match register {
             Register::Eax => &mut self.eax,
             Register::Ebx => &mut self.ebx,

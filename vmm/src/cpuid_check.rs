@@ -108,6 +108,21 @@ fn filled_mask(entry: &CpuidEntry, register: Register) -> u32 {
         .fold(0, |mask, f| mask | f.mask)
 }
 
+/// `table` without the fields KVM fills itself: the CPU model as such. Two
+/// vCPUs of one model can differ in those (on PVM the APIC ID is the host
+/// CPU the thread ran on), so this is what identifies the model, e.g. in
+/// the snapshot cache's key.
+pub fn model_only(table: &[CpuidEntry]) -> Vec<CpuidEntry> {
+    let mut model = table.to_vec();
+    for entry in &mut model {
+        for register in REGISTERS {
+            let filled = filled_mask(entry, register);
+            *entry.register_mut(register) &= !filled;
+        }
+    }
+    model
+}
+
 fn find(table: &[CpuidEntry], function: u32, index: u32) -> Option<&CpuidEntry> {
     table
         .iter()
@@ -228,6 +243,14 @@ mod tests {
             leaf(0xd, 0, 0x340, 0, 0),
         ];
         assert!(differences(&recorded, &presented).is_empty());
+    }
+
+    #[test]
+    fn the_model_leaves_out_what_kvm_fills() {
+        let on_cpu = |apic: u32| [leaf(1, 0, apic << 24 | 0x0800, 1 << 27 | 1, 0)];
+        assert_eq!(model_only(&on_cpu(0)), model_only(&on_cpu(3)));
+        assert_eq!(model_only(&on_cpu(3))[0].ebx, 0x0800);
+        assert_eq!(model_only(&on_cpu(3))[0].ecx, 1);
     }
 
     #[test]
