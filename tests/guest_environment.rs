@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -96,15 +95,8 @@ fn the_guest_tells_the_hosts_time_and_replays_it() {
 /// that only a delivered tick advances.
 #[test]
 fn a_computation_timed_inside_a_recording_takes_its_host_time() {
-    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/timed_loop.c");
-    let host_binary = images().dir.join("timed_loop-host");
-    let compiled = Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&host_binary)
-        .arg(&program)
-        .status()
-        .unwrap();
-    assert!(compiled.success());
+    // The very binary the test image holds, run on the host too.
+    let host_binary = common::test_program("timed_loop");
     let milliseconds = |output: &str| -> f64 {
         let first = output.split_whitespace().next();
         first

@@ -219,6 +219,12 @@ fn build_images() -> Images {
     }
 }
 
+/// A test program as built for the test images (static), runnable on the
+/// host too.
+pub fn test_program(name: &str) -> PathBuf {
+    images().dir.join("root/bin").join(name)
+}
+
 fn populate_busybox_root(root: &Path) {
     for dir in ["bin", "etc", "tmp", "proc", "sys", "dev", "data", "root"] {
         std::fs::create_dir_all(root.join(dir)).unwrap();
