@@ -125,8 +125,9 @@ impl GuestSession {
         loop {
             match self.vm.run(self.deadline) {
                 Ok(VmEvent::Halted) => return Ok(()),
-                // Late output (none is expected) does not stop the power-off.
-                Ok(VmEvent::AgentOutput(_)) => {}
+                // Late output (none is expected) does not stop the power-off;
+                // a session sets no breakpoints, so no debug stop comes.
+                Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
                 Err(error) => return Err(self.guest_error(GuestError::Vm(error))),
             }
@@ -146,6 +147,7 @@ impl GuestSession {
             }
             match self.vm.run(self.deadline) {
                 Ok(VmEvent::AgentOutput(bytes)) => self.frames.push(&bytes),
+                Ok(VmEvent::DebugStop(_)) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
                 Err(error) => return Err(self.guest_error(GuestError::Vm(error))),

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{kvm_regs, kvm_sregs, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -35,8 +35,10 @@ use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
 use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
+use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
+use crate::paging::{self, Unmapped};
 use crate::seam::{Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
@@ -153,6 +155,8 @@ pub enum VmError {
 
     #[error("KVM_RUN failed: {0}")]
     Run(kvm_ioctls::Error),
+    #[error(transparent)]
+    GuestDebug(#[from] GuestDebugError),
 }
 
 impl VmState {
@@ -177,6 +181,46 @@ pub enum VmEvent {
     Halted,
     /// The guest asked for a reset (a reboot, or a kernel panic with panic=-1).
     Reset,
+    /// A breakpoint or single-step set with `set_guest_debug` stopped the
+    /// guest. Not a VM exit: `run` goes on from there as if never stopped.
+    DebugStop(DebugStop),
+}
+
+/// How one entry into the guest ended.
+enum Entry {
+    /// The kick timer interrupted it: no exit, nothing to handle.
+    Kicked,
+    /// A VM exit, handled; `halted` if it was HLT.
+    Exited {
+        halted: bool,
+    },
+    Debug(DebugStop),
+}
+
+/// The guest as an observer sees it at a stop: its registers, and its
+/// memory through its page tables. Looking is not an input: nothing here
+/// changes the guest.
+pub struct GuestView<'a> {
+    pub regs: kvm_regs,
+    pub sregs: kvm_sregs,
+    memory: &'a GuestMemory,
+}
+
+impl GuestView<'_> {
+    /// Reads guest virtual memory under the current page tables.
+    pub fn read(&self, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
+        paging::read(self.memory, self.sregs.cr3, virt, buf)
+    }
+
+    /// Reads guest virtual memory under another address space's tables.
+    pub fn read_in(&self, cr3: u64, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
+        paging::read(self.memory, cr3, virt, buf)
+    }
+
+    /// Whether the guest was running user code (CPL 3).
+    pub fn in_user_mode(&self) -> bool {
+        self.sregs.cs.dpl == 3
+    }
 }
 
 pub struct Vm {
@@ -206,6 +250,12 @@ pub struct Vm {
     last_exit: Instant,
     /// Whether the current stretch without exits was reported already.
     exitless_warned: bool,
+    /// What the guest stops at (`set_guest_debug`).
+    guest_debug: GuestDebug,
+    /// The guest stopped at a breakpoint and must step over it on re-entry.
+    step_over_due: bool,
+    /// It is stepping over one, with its breakpoints lifted.
+    stepping_over: bool,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -362,6 +412,9 @@ impl Vm {
             at_exit: true,
             last_exit: Instant::now(),
             exitless_warned: false,
+            guest_debug: GuestDebug::default(),
+            step_over_due: false,
+            stepping_over: false,
             _not_send: PhantomData,
         })
     }
@@ -391,9 +444,13 @@ impl Vm {
             if self.at_exit || self.seam.preemptive() {
                 self.deliver_interrupts()?;
             }
-            let Some(halted) = self.run_once()? else {
-                self.check_exitless()?;
-                continue;
+            let halted = match self.run_once()? {
+                Entry::Kicked => {
+                    self.check_exitless()?;
+                    continue;
+                }
+                Entry::Debug(stop) => return Ok(VmEvent::DebugStop(stop)),
+                Entry::Exited { halted } => halted,
             };
             if self.i8042.lock().unwrap().take_reset_request() {
                 return Ok(VmEvent::Reset);
@@ -457,27 +514,44 @@ impl Vm {
         }
     }
 
-    /// Enters the guest once and handles the exit: `Some(true)` if the guest
-    /// halted, `None` if the kick timer interrupted it (not an exit).
-    fn run_once(&mut self) -> Result<Option<bool>, VmError> {
+    /// Enters the guest once and handles the exit.
+    fn run_once(&mut self) -> Result<Entry, VmError> {
         let kick_after = if self.seam.preemptive() {
             self.until_next_tick().unwrap_or(Duration::MAX)
         } else {
             // Only to check the deadline and the seam: ticks wait for an exit.
             Duration::MAX
         };
+        if std::mem::take(&mut self.step_over_due) {
+            self.apply_guest_debug(&guest_debug::step_over())?;
+            self.stepping_over = true;
+        }
         self.kicker.arm(kick_after);
         let result = self.vcpu.fd.run();
         self.kicker.disarm();
         let exit = match result {
             Ok(VcpuExit::Intr) => None,
+            // Not an exit either: the guest is where it would have been.
+            Ok(VcpuExit::Debug(debug)) => {
+                self.at_exit = false;
+                let stop = DebugStop::from_kvm(&debug);
+                if std::mem::take(&mut self.stepping_over) {
+                    // Stepped past the breakpoint: put the breakpoints back.
+                    self.apply_guest_debug(&self.guest_debug.clone())?;
+                    if !self.guest_debug.single_step {
+                        return Ok(Entry::Kicked);
+                    }
+                }
+                self.step_over_due = stop.needs_step_over();
+                return Ok(Entry::Debug(stop));
+            }
             Ok(exit) => Some(exit),
             Err(error) if error.errno() == libc::EINTR => None,
             Err(error) => return Err(VmError::Run(error)),
         };
         self.at_exit = exit.is_some();
         let Some(exit) = exit else {
-            return Ok(None);
+            return Ok(Entry::Kicked);
         };
         self.last_exit = Instant::now();
         self.exitless_warned = false;
@@ -488,7 +562,7 @@ impl Vm {
             VcpuExit::MmioWrite(..) => self.mmio_write()?,
             VcpuExit::Hlt => {
                 self.report(Exit::Halt)?;
-                return Ok(Some(true));
+                return Ok(Entry::Exited { halted: true });
             }
             VcpuExit::IrqWindowOpen => self.report(Exit::InterruptWindow)?,
             VcpuExit::X86Rdmsr(..) => self.msr_read()?,
@@ -497,7 +571,33 @@ impl Vm {
             VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
-        Ok(Some(false))
+        Ok(Entry::Exited { halted: false })
+    }
+
+    /// Stops the guest at `debug`'s breakpoints, or after every
+    /// instruction; an empty `debug` turns stopping off.
+    pub fn set_guest_debug(&mut self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.guest_debug = debug.clone();
+        if !self.stepping_over {
+            self.apply_guest_debug(debug)?;
+        }
+        Ok(())
+    }
+
+    fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.vcpu
+            .fd
+            .set_guest_debug(&debug.to_kvm()?)
+            .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
+    }
+
+    /// The guest as it stands, for an observer.
+    pub fn view(&self) -> Result<GuestView<'_>, VmError> {
+        Ok(GuestView {
+            regs: self.vcpu.fd.get_regs().map_err(VmError::Kvm)?,
+            sregs: self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?,
+            memory: &self.memory,
+        })
     }
 
     /// Reports an exit that carries no data, with where the guest was.
