@@ -4,13 +4,15 @@
 #   kernels/build.sh SRC_TARBALL OUT_DIR
 #
 # SRC_TARBALL: a Linux 6.1 source tarball (Debian: /usr/src/linux-source-6.1.tar.xz)
-# OUT_DIR:     receives vmlinux (PVH-bootable ELF, debug info stripped) and
-#              config (the final .config). Written atomically: built in
-#              OUT_DIR.tmp, then renamed.
+# OUT_DIR:     receives vmlinux (PVH-bootable ELF, debug info stripped),
+#              config (the final .config), System.map and profile.json (the
+#              offsets of the kernel structures provm reads from outside the
+#              guest). Written atomically: built in OUT_DIR.tmp, then renamed.
 #
-# The fragment (provm.config) and patches (patches/*.patch) are found next
-# to this script. No caching here: provm keys its cache on the tarball,
-# fragment, patches and this script.
+# The fragment (provm.config), patches (patches/*.patch) and the profile's
+# source (profile/provm_profile.c) are found next to this script. No
+# caching here: provm keys its cache on the tarball and every file under
+# kernels/ but its documentation.
 set -euo pipefail
 # Name order of patches/*.patch, independent of the caller's locale.
 export LC_ALL=C
@@ -86,10 +88,26 @@ fi
 echo "provm kernel: building (takes a few minutes)"
 mk -j"$jobs" vmlinux
 
+# The structure offsets, computed by the compiler as asm-offsets computes
+# its own: a single-target build to assembler (kbuild compiles it with the
+# kernel's own flags), whose '.ascii "->name $value ..."' lines hold them.
+echo "provm kernel: computing the kernel profile"
+cp "$here/profile/provm_profile.c" "$src/fs/provm_profile.c"
+mk fs/provm_profile.s
+profile_json() {
+	sed -n 's/^[[:space:]]*\.ascii[[:space:]]*"->\([a-z_0-9]*\) [$#]*\([0-9-]*\) .*/\1 \2/p' "$1" |
+		awk 'BEGIN { printf "{" } { printf "%s\n  \"%s\": %s", (NR > 1 ? "," : ""), $1, $2 } END { print "\n}" }'
+}
+
 echo "provm kernel: installing into $out"
 tmp="$out.tmp"
 rm -rf "$tmp"
 mkdir -p "$tmp"
+profile_json "$src/fs/provm_profile.s" > "$tmp/profile.json"
+if ! grep -q '"task_struct_pid"' "$tmp/profile.json"; then
+	echo "provm kernel: the kernel profile has no offsets (see $src/fs/provm_profile.s)" >&2
+	exit 1
+fi
 # Strip debug info only: keeps the symbol table and the .note sections,
 # among them the PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY).
 objcopy --strip-debug "$src/vmlinux" "$tmp/vmlinux"

@@ -73,6 +73,12 @@ fn build_dir() -> Result<PathBuf, KernelError> {
     Ok(cache_dir().join("kernels").join(digest(&source_version()?)))
 }
 
+/// The kernel profile built with `vmlinux`: the offsets of the structures
+/// an observer reads (kernels/profile/provm_profile.c), as JSON.
+pub fn profile_path(vmlinux: &Path) -> PathBuf {
+    vmlinux.with_file_name("profile.json")
+}
+
 /// The built vmlinux for the current inputs.
 pub fn find() -> Result<PathBuf, KernelError> {
     let vmlinux = build_dir()?.join("vmlinux");

@@ -21,8 +21,10 @@ use provm_vmm::cpuid::Platform;
 use provm_vmm::vm::VmSnapshot;
 
 use crate::cpu_model;
+use crate::digest;
 use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
+use crate::kernel;
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::session::{GuestSession, SessionError};
 use crate::utc::Utc;
@@ -50,6 +52,8 @@ pub enum RecordError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("the kernel has no profile {0} beside it (the offsets of its structures, which replay analyses read): `provm kernel build` makes one; a --kernel needs its own")]
+    ProfileMissing(PathBuf),
     #[error("cannot embed the image: {0}")]
     EmbedImage(#[from] ChainError),
     /// The run did not finish; the trace holds it up to that point.
@@ -80,7 +84,10 @@ pub fn record(
         path: options.output.clone(),
         source,
     };
-    let manifest = manifest(
+    let profile_path = kernel::profile_path(&prepared.boot.kernel);
+    let kernel_profile =
+        std::fs::read(&profile_path).map_err(|_| RecordError::ProfileMissing(profile_path))?;
+    let mut manifest = manifest(
         options,
         &prepared,
         &identity,
@@ -88,6 +95,7 @@ pub fn record(
         &snapshot,
         &job,
     );
+    manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
     let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
     trace
         .section(
@@ -98,6 +106,7 @@ pub fn record(
     let kernel = read_to_embed(&prepared.boot.kernel)?;
     for (kind, bytes) in [
         (SectionKind::Kernel, compress(&kernel)),
+        (SectionKind::KernelProfile, kernel_profile),
         (SectionKind::Initramfs, compress(&prepared.boot.initramfs)),
     ] {
         trace.section(kind, &bytes).map_err(trace_error)?;
@@ -211,6 +220,8 @@ fn manifest(
             chain: identity.image.clone(),
         },
         kernel_sha256: identity.kernel_sha256.clone(),
+        // Filled in by `record`, which reads the profile.
+        kernel_profile_sha256: String::new(),
         initramfs_sha256: identity.initramfs_sha256.clone(),
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),

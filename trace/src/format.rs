@@ -22,8 +22,9 @@ pub const MAGIC: &[u8; 8] = b"PROVMTRC";
 /// exit event carries the guest's place (RIP and register digest); the
 /// manifest records the guest's whole CPUID table (`cpu.cpuid`) instead of
 /// seven feature words, the snapshot codec has its own versioned header,
-/// and the event log has RDMSR exits (`Event::MsrRead`).
-pub const FORMAT_VERSION: u16 = 3;
+/// and the event log has RDMSR exits (`Event::MsrRead`). Version 4: the
+/// kernel's profile (its structure offsets) follows the kernel.
+pub const FORMAT_VERSION: u16 = 4;
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;
@@ -37,6 +38,8 @@ pub enum SectionKind {
     Manifest,
     /// zstd: the guest kernel (vmlinux).
     Kernel,
+    /// JSON: the offsets of the kernel's structures, for introspection.
+    KernelProfile,
     /// zstd: the initramfs (the agent).
     Initramfs,
     /// The booted guest the run starts from (see `snapshot`).
@@ -52,9 +55,10 @@ pub enum SectionKind {
 }
 
 impl SectionKind {
-    const ALL: [SectionKind; 8] = [
+    const ALL: [SectionKind; 9] = [
         SectionKind::Manifest,
         SectionKind::Kernel,
+        SectionKind::KernelProfile,
         SectionKind::Initramfs,
         SectionKind::Snapshot,
         SectionKind::Events,
@@ -67,6 +71,7 @@ impl SectionKind {
         *match self {
             SectionKind::Manifest => b"MANI",
             SectionKind::Kernel => b"KERN",
+            SectionKind::KernelProfile => b"KPRF",
             SectionKind::Initramfs => b"INRD",
             SectionKind::Snapshot => b"SNAP",
             SectionKind::Events => b"EVNT",
@@ -84,6 +89,7 @@ impl SectionKind {
         match self {
             SectionKind::Manifest => "manifest",
             SectionKind::Kernel => "kernel",
+            SectionKind::KernelProfile => "kernel profile",
             SectionKind::Initramfs => "initramfs",
             SectionKind::Snapshot => "snapshot",
             SectionKind::Events => "events",

@@ -14,6 +14,8 @@ pub struct Manifest {
     pub root_device: String,
     pub image: ImageIdentity,
     pub kernel_sha256: String,
+    /// Of the kernel profile's JSON (see `format::SectionKind::KernelProfile`).
+    pub kernel_profile_sha256: String,
     pub initramfs_sha256: String,
     pub snapshot_sha256: String,
     pub kernel_cmdline: String,

@@ -20,6 +20,8 @@ pub struct Trace {
     pub manifest: Manifest,
     pub outcome: Outcome,
     pub snapshot: Vec<u8>,
+    /// The kernel profile's JSON.
+    pub kernel_profile: Vec<u8>,
     pub provenance: Option<Vec<u8>>,
     /// Bytes per section kind, as stored (compressed where compressed).
     pub stored_bytes: BTreeMap<SectionKind, u64>,
@@ -51,6 +53,7 @@ impl Trace {
         let mut stored_bytes = BTreeMap::new();
         *stored_bytes.entry(first.kind).or_default() += first.payload.len() as u64;
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
+        let mut kernel_profile = None;
         let (mut chunks, mut has_image) = (0u32, false);
         let mut after_outcome = Vec::new();
         while let Some(header) = reader.next_header()? {
@@ -69,11 +72,14 @@ impl Trace {
                 SectionKind::Initramfs => {
                     check_digest(&reader.read_payload(header)?, &manifest.initramfs_sha256)?
                 }
+                SectionKind::KernelProfile => {
+                    let section = reader.read_payload(header)?;
+                    check_plain_digest(&section, &manifest.kernel_profile_sha256)?;
+                    kernel_profile = Some(section.payload);
+                }
                 SectionKind::Snapshot => {
                     let section = reader.read_payload(header)?;
-                    if hex(&Sha256::digest(&section.payload)) != manifest.snapshot_sha256 {
-                        return Err(section.decode_error("does not match the manifest's digest"));
-                    }
+                    check_plain_digest(&section, &manifest.snapshot_sha256)?;
                     snapshot = Some(section.payload);
                 }
                 SectionKind::Events => {
@@ -109,11 +115,14 @@ impl Trace {
             ));
         }
         let snapshot = snapshot.ok_or_else(|| structure(path, "no snapshot section"))?;
+        let kernel_profile =
+            kernel_profile.ok_or_else(|| structure(path, "no kernel profile section"))?;
         Ok(Trace {
             path: path.to_owned(),
             manifest,
             outcome,
             snapshot,
+            kernel_profile,
             provenance,
             stored_bytes,
             has_image,
@@ -139,9 +148,27 @@ impl Trace {
     /// (an image can be larger than memory). Its checksum is verified at
     /// its end: on an error, `out` holds garbage.
     pub fn extract_image(&self, out: &mut impl Write) -> Result<(), FormatError> {
+        self.extract(SectionKind::Image, out)
+    }
+
+    /// Writes the embedded kernel (vmlinux, with its symbols) to `out`,
+    /// decompressed, as `extract_image` does.
+    pub fn extract_kernel(&self, out: &mut impl Write) -> Result<(), FormatError> {
+        self.extract(SectionKind::Kernel, out)
+    }
+
+    /// The embedded kernel, decompressed.
+    pub fn kernel(&self) -> Result<Vec<u8>, FormatError> {
+        let mut kernel = Vec::new();
+        self.extract_kernel(&mut kernel)?;
+        Ok(kernel)
+    }
+
+    /// Decompresses the first section of `kind` into `out`.
+    fn extract(&self, kind: SectionKind, out: &mut impl Write) -> Result<(), FormatError> {
         let mut reader = TraceReader::open(&self.path)?;
         while let Some(header) = reader.next_header()? {
-            if header.kind != SectionKind::Image {
+            if header.kind != kind {
                 continue;
             }
             let output_error = |source| FormatError::Output {
@@ -153,12 +180,23 @@ impl Trace {
             reader.copy_payload(&mut decoder)?;
             return decoder.flush().map_err(output_error);
         }
-        Err(structure(&self.path, "no embedded image"))
+        Err(structure(
+            &self.path,
+            format!("no embedded {}", kind.name()),
+        ))
     }
 }
 
 fn json<T: serde::de::DeserializeOwned>(section: &Section) -> Result<T, FormatError> {
     serde_json::from_slice(&section.payload).map_err(|e| section.decode_error(e))
+}
+
+/// Checks a section's payload against its manifest digest.
+fn check_plain_digest(section: &Section, expected: &str) -> Result<(), FormatError> {
+    if hex(&Sha256::digest(&section.payload)) != expected {
+        return Err(section.decode_error("does not match the manifest's digest"));
+    }
+    Ok(())
 }
 
 /// Checks a zstd-compressed embedded file against its manifest digest.

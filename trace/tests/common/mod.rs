@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 pub const MEMORY_MIB: u64 = 1;
 pub const EVENT_CHUNKS: u32 = 3;
 pub const EVENTS_PER_CHUNK: u32 = 20;
+pub const KERNEL_PROFILE: &[u8] = b"{\"task_struct_pid\": 696}";
 
 pub type Sections = Vec<(SectionKind, Vec<u8>)>;
 
@@ -89,6 +90,7 @@ pub fn sample_sections() -> Sections {
             }],
         },
         kernel_sha256: sha(&kernel),
+        kernel_profile_sha256: sha(KERNEL_PROFILE),
         initramfs_sha256: sha(&initramfs),
         snapshot_sha256: sha(&snapshot),
         kernel_cmdline: String::new(),
@@ -117,6 +119,7 @@ pub fn sample_sections() -> Sections {
             serde_json::to_vec(&manifest).unwrap(),
         ),
         (SectionKind::Kernel, compress(&kernel)),
+        (SectionKind::KernelProfile, KERNEL_PROFILE.to_vec()),
         (SectionKind::Initramfs, compress(&initramfs)),
         (SectionKind::Snapshot, snapshot),
     ];

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The layout of the kernel structures provm reads from outside the guest
+ * (process, memory map, open files, paths, saved registers), as asm-offsets
+ * computes its own: compiled to assembler only, never linked. kernels/build.sh
+ * turns the "->name value" lines into the kernel profile (profile.json) that
+ * provm keeps with the kernel and embeds in every trace.
+ */
+#include <linux/kbuild.h>
+#include <linux/sched.h>
+#include <linux/mm_types.h>
+#include <linux/fs.h>
+#include <linux/fs_struct.h>
+#include <linux/fdtable.h>
+#include <linux/dcache.h>
+#include <linux/mount.h>
+#include <linux/path.h>
+#include <asm/ptrace.h>
+#include "mount.h"
+
+void provm_profile(void);
+
+void provm_profile(void)
+{
+	OFFSET(task_struct_pid, task_struct, pid);
+	OFFSET(task_struct_tgid, task_struct, tgid);
+	OFFSET(task_struct_comm, task_struct, comm);
+	OFFSET(task_struct_real_parent, task_struct, real_parent);
+	OFFSET(task_struct_group_leader, task_struct, group_leader);
+	OFFSET(task_struct_mm, task_struct, mm);
+	OFFSET(task_struct_fs, task_struct, fs);
+	OFFSET(task_struct_files, task_struct, files);
+	DEFINE(task_struct_comm_len, TASK_COMM_LEN);
+
+	OFFSET(mm_struct_pgd, mm_struct, pgd);
+	OFFSET(mm_struct_exe_file, mm_struct, exe_file);
+	OFFSET(mm_struct_arg_start, mm_struct, arg_start);
+	OFFSET(mm_struct_arg_end, mm_struct, arg_end);
+
+	OFFSET(fs_struct_root, fs_struct, root);
+	OFFSET(fs_struct_pwd, fs_struct, pwd);
+	OFFSET(files_struct_fdt, files_struct, fdt);
+	OFFSET(fdtable_max_fds, fdtable, max_fds);
+	OFFSET(fdtable_fd, fdtable, fd);
+
+	OFFSET(file_f_path, file, f_path);
+	OFFSET(file_f_inode, file, f_inode);
+	OFFSET(file_f_pos, file, f_pos);
+	OFFSET(path_mnt, path, mnt);
+	OFFSET(path_dentry, path, dentry);
+	OFFSET(dentry_d_parent, dentry, d_parent);
+	OFFSET(dentry_d_name, dentry, d_name);
+	OFFSET(qstr_name, qstr, name);
+	OFFSET(inode_i_mode, inode, i_mode);
+	OFFSET(inode_i_ino, inode, i_ino);
+	OFFSET(inode_i_size, inode, i_size);
+	OFFSET(vfsmount_mnt_root, vfsmount, mnt_root);
+	OFFSET(mount_mnt, mount, mnt);
+	OFFSET(mount_mnt_parent, mount, mnt_parent);
+	OFFSET(mount_mnt_mountpoint, mount, mnt_mountpoint);
+
+	OFFSET(pt_regs_di, pt_regs, di);
+	OFFSET(pt_regs_si, pt_regs, si);
+	OFFSET(pt_regs_dx, pt_regs, dx);
+	OFFSET(pt_regs_r10, pt_regs, r10);
+	OFFSET(pt_regs_r8, pt_regs, r8);
+	OFFSET(pt_regs_r9, pt_regs, r9);
+	OFFSET(pt_regs_ax, pt_regs, ax);
+	OFFSET(pt_regs_orig_ax, pt_regs, orig_ax);
+	OFFSET(pt_regs_ip, pt_regs, ip);
+	OFFSET(pt_regs_sp, pt_regs, sp);
+
+	DEFINE(page_offset, __PAGE_OFFSET_BASE_L4);
+}
