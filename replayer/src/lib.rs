@@ -4,4 +4,6 @@
 
 mod replayer;
 
-pub use replayer::{Divergence, Expected, RecordedEnd, ReplayEnd, Replayer};
+pub use replayer::{
+    Divergence, EventTap, Expected, Position, RecordedEnd, ReplayEnd, Replayer, StopHandler,
+};

@@ -11,6 +11,7 @@ use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
 use provm_trace::manifest::Outcome;
 use provm_vmm::clock::Clock;
+use provm_vmm::guest_debug::DebugStop;
 use provm_vmm::seam::{Exit, Place, Seam};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
@@ -119,8 +120,32 @@ pub enum ReplayEnd {
     },
 }
 
+/// How far a replay has got: the point an observer stands at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// Log events consumed so far: the next one has this index.
+    pub events: u64,
+    /// VM exits so far.
+    pub exits: u64,
+    /// The guest's clock (the last logged reading), in nanoseconds.
+    pub guest_ns: u64,
+}
+
+/// Sees every log event as the replay consumes it, in order.
+pub trait EventTap: Send {
+    fn event(&mut self, index: u64, event: &Event);
+}
+
+/// What a replay does at a debug stop (see `Vm::set_guest_debug`); the
+/// replay goes on when it returns. It may look at the guest and change the
+/// breakpoints, but must not change the guest.
+pub trait StopHandler {
+    fn stopped(&mut self, vm: &mut Vm, stop: DebugStop, at: Position) -> Result<(), VmError>;
+}
+
 pub struct Replayer {
     state: Mutex<State>,
+    tap: Mutex<Option<Box<dyn EventTap>>>,
 }
 
 struct State {
@@ -161,6 +186,21 @@ impl Replayer {
                 agent_frames: FrameReader::default(),
                 exit_status: None,
             }),
+            tap: Mutex::new(None),
+        }
+    }
+
+    /// Shows every event the replay consumes to `tap`.
+    pub fn set_tap(&self, tap: Box<dyn EventTap>) {
+        *self.tap.lock().unwrap() = Some(tap);
+    }
+
+    pub fn position(&self) -> Position {
+        let state = self.state.lock().unwrap();
+        Position {
+            events: state.position,
+            exits: state.exits,
+            guest_ns: state.clock_ns,
         }
     }
 
@@ -182,12 +222,27 @@ impl Replayer {
     /// Drives `vm`, restored from the trace's snapshot with this replayer
     /// as its seam, through the whole log.
     pub fn replay(&self, vm: &mut Vm, deadline: Instant) -> Result<ReplayEnd, VmError> {
+        self.replay_observed(vm, deadline, &mut NoStops)
+    }
+
+    /// Like `replay`, handing each debug stop to `handler`.
+    pub fn replay_observed(
+        &self,
+        vm: &mut Vm,
+        deadline: Instant,
+        handler: &mut dyn StopHandler,
+    ) -> Result<ReplayEnd, VmError> {
         loop {
             while let Some(bytes) = self.pending_agent_input() {
                 vm.send_to_agent(&bytes);
             }
             match vm.run(deadline) {
                 Ok(VmEvent::AgentOutput(_)) => continue,
+                Ok(VmEvent::DebugStop(stop)) => {
+                    if let Err(error) = handler.stopped(vm, stop, self.position()) {
+                        return self.finish(Err(error), vm.rip());
+                    }
+                }
                 stopped => return self.finish(stopped, vm.rip()),
             }
         }
@@ -204,7 +259,7 @@ impl Replayer {
     ) -> Result<ReplayEnd, VmError> {
         let powered_off = match stopped {
             Ok(VmEvent::Halted) => true,
-            Ok(VmEvent::AgentOutput(_)) | Err(VmError::Stopped(_)) => false,
+            Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) | Err(VmError::Stopped(_)) => false,
             Ok(VmEvent::Reset) => {
                 self.vm_ended("the guest reset".into());
                 false
@@ -275,6 +330,9 @@ impl Replayer {
         };
         match next {
             Some(event) if matches(&event) => {
+                if let Some(tap) = self.tap.lock().unwrap().as_mut() {
+                    tap.event(state.position, &event);
+                }
                 state.consumed(event.clone());
                 Some(event)
             }
@@ -285,6 +343,15 @@ impl Replayer {
                 None
             }
         }
+    }
+}
+
+/// Replays without stopping.
+struct NoStops;
+
+impl StopHandler for NoStops {
+    fn stopped(&mut self, _: &mut Vm, _: DebugStop, _: Position) -> Result<(), VmError> {
+        Ok(())
     }
 }
 
