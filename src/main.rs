@@ -132,6 +132,23 @@ struct ReplayArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
+    /// Run analyses on the replay (repeatable, or comma-separated):
+    /// `syscalls` logs every system call of every guest process, `processes`
+    /// shows the process tree. Text goes to standard output.
+    #[arg(long, value_name = "NAME", value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(provm_analysis::builtin::NAMES))]
+    analyze: Vec<String>,
+    /// Write the analyses' findings here as JSON lines (with --analyze), or
+    /// the kernel (with --extract-kernel).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write the trace's guest kernel (vmlinux, with its symbols, for gdb)
+    /// to --output instead of replaying.
+    #[arg(long, requires = "output", conflicts_with = "analyze")]
+    extract_kernel: bool,
+    /// Overwrite --output if it exists.
+    #[arg(long)]
+    force: bool,
     /// The trace (.provm).
     trace: PathBuf,
 }
@@ -219,13 +236,37 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    refuse_to_overwrite(args.force, &[&args.output])?;
+    if args.extract_kernel {
+        let output = args.output.expect("clap requires --output");
+        let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;
+        provm::digest::write_atomically(&output, &kernel)?;
+        eprintln!("provm: wrote the guest kernel to {}", output.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = ReplayOptions {
         trace: args.trace,
         image: args.image,
         timeout: Duration::from_secs(args.timeout),
         echo_console: verbose,
     };
-    match provm::replay::replay(&options)? {
+    let analyses = args
+        .analyze
+        .iter()
+        .map(|name| provm_analysis::builtin::by_name(name).expect("clap checked the name"))
+        .collect();
+    let (report, analyses) = provm::replay::replay(&options, analyses)?;
+    for analysis in &analyses {
+        analysis.report_text(&mut std::io::stdout().lock())?;
+    }
+    if let Some(output) = &args.output {
+        let mut lines = Vec::new();
+        for analysis in &analyses {
+            analysis.report_json(&mut lines)?;
+        }
+        provm::digest::write_atomically(output, &lines)?;
+    }
+    match report {
         ReplayReport::Matched {
             events,
             guest_seconds,

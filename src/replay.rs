@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use provm_analysis::profile::ProfileError;
+use provm_analysis::{Analysis, Instrument, KernelInfo};
 use provm_replayer::{RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
@@ -45,6 +47,8 @@ pub enum ReplayError {
     Machine(#[from] MachineError),
     #[error("the trace's snapshot cannot be restored: {0}")]
     Snapshot(#[from] SnapshotError),
+    #[error("cannot analyse this trace: {0}")]
+    Profile(#[from] ProfileError),
 }
 
 /// What a replay found.
@@ -65,7 +69,12 @@ pub enum ReplayReport {
     },
 }
 
-pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
+/// Replays the trace, running `analyses` on it (none: a plain replay);
+/// returns the verdict and the analyses with what they found.
+pub fn replay(
+    options: &ReplayOptions,
+    analyses: Vec<Box<dyn Analysis>>,
+) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
     let trace = Trace::open(&options.trace)?;
     let manifest = &trace.manifest;
     if manifest.provm_version != env!("CARGO_PKG_VERSION") {
@@ -103,8 +112,28 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
     let (mut vm, replayer) = machine.restore(snapshot, |start_ns| {
         Replayer::new(events, start_ns, recorded)
     })?;
+    let deadline = Instant::now() + options.timeout;
+    let (end, analyses) = if analyses.is_empty() {
+        (replayer.replay(&mut vm, deadline)?, analyses)
+    } else {
+        let kernel = KernelInfo::load(&trace.kernel()?, &trace.kernel_profile)?;
+        let mut instrument = Instrument::new(kernel, analyses);
+        vm.set_guest_debug(&instrument.guest_debug())?;
+        replayer.set_tap(instrument.event_tap());
+        let end = replayer.replay_observed(&mut vm, deadline, &mut instrument)?;
+        if instrument.stops == 0 {
+            eprintln!("provm: the guest never stopped at the analyses' kernel breakpoints: this host's KVM does not deliver hardware breakpoints, and the analyses saw nothing");
+        }
+        if instrument.unreadable > 0 {
+            eprintln!(
+                "provm: at {} breakpoint stops the guest's structures could not be read; what they held is missing from the analyses",
+                instrument.unreadable
+            );
+        }
+        (end, instrument.into_analyses())
+    };
     let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(start_ns) as f64 / 1e9;
-    let report = match replayer.replay(&mut vm, Instant::now() + options.timeout)? {
+    let report = match end {
         ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
             events,
             guest_seconds: guest_seconds(guest_ns),
@@ -121,7 +150,7 @@ pub fn replay(options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
             ),
         },
     };
-    Ok(report)
+    Ok((report, analyses))
 }
 
 /// The image to replay against: the one named, else the recorded path,

@@ -1,0 +1,18 @@
+//! The analyses `provm replay --analyze NAME` runs.
+
+pub mod processes;
+pub mod syscalls;
+
+use crate::api::Analysis;
+
+/// The names `--analyze` takes.
+pub const NAMES: &[&str] = &["syscalls", "processes"];
+
+/// A new analysis by its `--analyze` name.
+pub fn by_name(name: &str) -> Option<Box<dyn Analysis>> {
+    Some(match name {
+        "syscalls" => Box::new(syscalls::SyscallLog::default()),
+        "processes" => Box::new(processes::ProcessTree::default()),
+        _ => return None,
+    })
+}

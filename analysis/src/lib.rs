@@ -1,0 +1,17 @@
+//! Analyses of provm replays. A replay re-executes the recorded guest on
+//! KVM with every input fixed; this crate watches it without changing it:
+//! it reads the guest kernel's structures at hardware breakpoints (see
+//! `guest`, `profile`), derives system calls and process changes from them
+//! (`syscall`, `instrument`), and hands them to analyses written against
+//! one trait (`api`), such as the built-in ones (`builtin`).
+
+pub mod api;
+pub mod builtin;
+pub mod guest;
+pub mod instrument;
+pub mod profile;
+pub mod syscall;
+
+pub use api::{Analysis, ProcessEvent};
+pub use instrument::Instrument;
+pub use profile::KernelInfo;

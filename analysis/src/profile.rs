@@ -1,0 +1,141 @@
+//! What provm knows of its guest kernel's insides: the addresses of a few
+//! symbols (from the vmlinux a trace embeds) and the offsets of the
+//! structure fields it reads (the kernel profile, computed at kernel build
+//! time by kernels/profile/provm_profile.c and embedded beside it).
+
+use std::collections::HashMap;
+
+use object::{Object, ObjectSymbol};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("the embedded kernel is not a readable ELF file: {0}")]
+    Elf(#[from] object::Error),
+    #[error("the kernel has no symbol {0}: it is not a provm kernel")]
+    MissingSymbol(&'static str),
+    #[error("the kernel profile does not fit this provm ({0}): the trace was recorded by another version")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The kernel functions and variables an observer uses.
+#[derive(Clone, Debug)]
+pub struct Symbols {
+    /// `do_syscall_64(regs, nr)`: every system call enters here.
+    pub do_syscall_64: u64,
+    /// `syscall_exit_to_user_mode(regs)`: every system call returns here,
+    /// and a new task's first return to user mode (from `ret_from_fork`).
+    pub syscall_exit_to_user_mode: u64,
+    /// `do_exit(code)`: every task ends here.
+    pub do_exit: u64,
+    /// The running task (a per-CPU variable; provm's kernel is
+    /// uniprocessor, where it is a plain global).
+    pub current_task: u64,
+}
+
+impl Symbols {
+    /// Reads the symbols from a vmlinux's symbol table.
+    pub fn from_vmlinux(vmlinux: &[u8]) -> Result<Symbols, ProfileError> {
+        let elf = object::File::parse(vmlinux)?;
+        let wanted = [
+            "do_syscall_64",
+            "syscall_exit_to_user_mode",
+            "do_exit",
+            "current_task",
+        ];
+        let found: HashMap<&str, u64> = elf
+            .symbols()
+            .filter_map(|symbol| {
+                let name = symbol.name().ok()?;
+                wanted.contains(&name).then(|| (name, symbol.address()))
+            })
+            .collect();
+        let address = |name: &'static str| {
+            found
+                .get(name)
+                .copied()
+                .ok_or(ProfileError::MissingSymbol(name))
+        };
+        Ok(Symbols {
+            do_syscall_64: address("do_syscall_64")?,
+            syscall_exit_to_user_mode: address("syscall_exit_to_user_mode")?,
+            do_exit: address("do_exit")?,
+            current_task: address("current_task")?,
+        })
+    }
+}
+
+/// Field offsets, named `<struct>_<field>` as the profile names them (it
+/// has more; only these are read).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Offsets {
+    pub task_struct_pid: u64,
+    pub task_struct_tgid: u64,
+    pub task_struct_comm: u64,
+    pub task_struct_comm_len: u64,
+    pub task_struct_real_parent: u64,
+    pub task_struct_mm: u64,
+    pub task_struct_fs: u64,
+    pub task_struct_files: u64,
+    pub mm_struct_exe_file: u64,
+    pub fs_struct_root: u64,
+    pub fs_struct_pwd: u64,
+    pub files_struct_fdt: u64,
+    pub fdtable_max_fds: u64,
+    pub fdtable_fd: u64,
+    pub file_f_path: u64,
+    pub file_f_inode: u64,
+    pub path_mnt: u64,
+    pub path_dentry: u64,
+    pub dentry_d_parent: u64,
+    pub dentry_d_name: u64,
+    pub qstr_name: u64,
+    pub inode_i_mode: u64,
+    pub inode_i_ino: u64,
+    pub vfsmount_mnt_root: u64,
+    pub mount_mnt: u64,
+    pub mount_mnt_parent: u64,
+    pub mount_mnt_mountpoint: u64,
+    pub pt_regs_di: u64,
+    pub pt_regs_si: u64,
+    pub pt_regs_dx: u64,
+    pub pt_regs_r10: u64,
+    pub pt_regs_r8: u64,
+    pub pt_regs_r9: u64,
+    pub pt_regs_ax: u64,
+    pub pt_regs_orig_ax: u64,
+}
+
+impl Offsets {
+    /// Reads the profile's JSON object of names to values.
+    pub fn from_json(json: &[u8]) -> Result<Offsets, ProfileError> {
+        Ok(serde_json::from_slice(json)?)
+    }
+}
+
+/// Everything an observer needs to know of the guest kernel.
+#[derive(Clone, Debug)]
+pub struct KernelInfo {
+    pub symbols: Symbols,
+    pub offsets: Offsets,
+}
+
+impl KernelInfo {
+    pub fn load(vmlinux: &[u8], profile_json: &[u8]) -> Result<KernelInfo, ProfileError> {
+        Ok(KernelInfo {
+            symbols: Symbols::from_vmlinux(vmlinux)?,
+            offsets: Offsets::from_json(profile_json)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_missing_an_offset_names_it() {
+        let error = Offsets::from_json(br#"{"task_struct_pid": 696}"#).unwrap_err();
+        assert!(error.to_string().contains("task_struct_tgid"), "{error}");
+    }
+}
