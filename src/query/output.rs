@@ -61,7 +61,8 @@ fn text(value: &Value) -> String {
     match value {
         Value::Null => String::new(),
         Value::Integer(n) => n.to_string(),
-        Value::Real(x) => x.to_string(),
+        // Debug keeps a whole number's `.0`: 72.0, as SQLite prints it.
+        Value::Real(x) => format!("{x:?}"),
         Value::Text(s) => s.clone(),
         Value::Blob(bytes) => provm_trace::hex(bytes),
     }

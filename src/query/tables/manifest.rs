@@ -12,7 +12,7 @@ pub const MANIFEST: Table = Table {
         column(
             "env",
             "TEXT",
-            "the environment given with --env, a JSON array",
+            "the command's whole environment, a JSON array",
         ),
         column("cwd", "TEXT", "its working directory in the guest"),
         column("image", "TEXT", "the disk image's path at record time"),
