@@ -3,12 +3,14 @@
 pub mod cpu_model;
 pub mod digest;
 pub mod disk;
+pub mod export;
 pub mod fast_start;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;
 pub mod machine;
 pub mod provenance;
+pub mod query;
 pub mod record;
 pub mod replay;
 pub mod run;

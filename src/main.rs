@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use provm::provenance::{self, Direction, Format};
+use provm::query::OutputFormat;
 use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
 use provm::run::RunOptions;
@@ -56,6 +57,17 @@ enum Command {
     /// wrote, or the trace of `provm record --prov`): which processes read
     /// and wrote which files.
     Graph(GraphArgs),
+    /// Ask recorded runs a question in SQL (SQLite's): `provm query
+    /// run.provm "SELECT kind, count(*) FROM events GROUP BY kind"`. Several
+    /// runs load into the same tables, told apart by their `run` column;
+    /// `--schema` lists the tables.
+    Query(QueryArgs),
+    /// Write a run out for other tools: its tables as a SQLite database, its
+    /// timeline for Perfetto, its provenance as a Makefile.
+    Export {
+        #[command(subcommand)]
+        what: ExportCommand,
+    },
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -177,6 +189,55 @@ struct GraphArgs {
     force: bool,
 }
 
+#[derive(clap::Args)]
+struct QueryArgs {
+    /// How to print the rows.
+    #[arg(long, value_enum, default_value = "table")]
+    format: OutputFormat,
+    /// Print the tables, their columns and what they hold, and exit.
+    #[arg(long, exclusive = true)]
+    schema: bool,
+    /// The traces (.provm), then the query.
+    #[arg(
+        value_name = "RUN... SQL",
+        num_args = 2..,
+        required_unless_present = "schema"
+    )]
+    runs_then_sql: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum ExportCommand {
+    /// `provm query`'s tables, filled, as a SQLite database file (for any
+    /// SQLite client, Python's sqlite3, pandas or DuckDB).
+    Sqlite {
+        /// The traces (.provm).
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
+        #[command(flatten)]
+        output: ExportOutput,
+    },
+    /// The run as a timeline in the Trace Event Format, for Perfetto
+    /// (ui.perfetto.dev) or chrome://tracing: one track per guest process
+    /// (with --prov), VM exits by device, interrupts and disk writes.
+    Timeline {
+        /// The trace (.provm).
+        run: PathBuf,
+        #[command(flatten)]
+        output: ExportOutput,
+    },
+}
+
+#[derive(clap::Args)]
+struct ExportOutput {
+    /// The file to write.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Overwrite FILE if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
 #[derive(Subcommand)]
 enum KernelAction {
     /// Build the guest kernel from Debian's linux-source-6.1 (cached).
@@ -199,6 +260,8 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::Graph(args) => graph(args),
+        Command::Query(args) => query(args),
+        Command::Export { what } => export(what),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -341,6 +404,48 @@ fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Some(path) => std::fs::write(path, bytes)
             .map_err(|error| format!("cannot write {}: {error}", path.display()))?,
         None => std::io::Write::write_all(&mut std::io::stdout(), &bytes)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn query(args: QueryArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.schema {
+        print!("{}", provm::query::schema(true));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (sql, runs) = args
+        .runs_then_sql
+        .split_last()
+        .expect("clap requires a run and a query");
+    let runs = open_runs(runs.iter().map(PathBuf::from))?;
+    let db = provm::query::in_memory(&runs)?;
+    provm::query::print(&db, sql, args.format, &mut std::io::stdout().lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn open_runs(
+    paths: impl IntoIterator<Item = PathBuf>,
+) -> Result<Vec<provm::query::Run>, provm::query::QueryError> {
+    paths
+        .into_iter()
+        .map(|path| provm::query::Run::open(&path))
+        .collect()
+}
+
+fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    match what {
+        ExportCommand::Sqlite { runs, output } => {
+            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            let runs = open_runs(runs)?;
+            provm::export::sqlite(&runs, &output.output, output.force)?;
+        }
+        ExportCommand::Timeline { run, output } => {
+            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            let run = provm::query::Run::open(&run)?;
+            if !provm::export::timeline(&run, &output.output, output.force)? {
+                eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov to have them", run.name);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

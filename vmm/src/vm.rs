@@ -54,6 +54,46 @@ const PIT_IRQ: u8 = 0;
 /// Where x86-64 Linux maps its kernel: addresses from here up are its.
 const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
 
+/// The name of the device behind I/O port `port` (`none` where no device
+/// sits: the guest probed an empty port), for people reading a trace.
+pub fn port_device(port: u16) -> &'static str {
+    let port = u64::from(port);
+    let within = |base: u64, len: u64| (base..base + len).contains(&port);
+    // The PIC's three blocks are two ports each (`pic::pio_devices`).
+    if [pic::MASTER_PORT, pic::SLAVE_PORT, pic::ELCR_PORT]
+        .into_iter()
+        .any(|base| within(base, 2))
+    {
+        "pic"
+    } else if within(PIT_PORT, PIT_PORT_LEN) {
+        "pit"
+    } else if within(CMOS_PORT, CMOS_PORT_LEN) {
+        "cmos"
+    } else if within(COM1_BASE, UART_REGISTERS) {
+        "serial"
+    } else if within(DOORBELL_PORT.into(), DOORBELL_PORT_LEN) {
+        "doorbell"
+    } else if port == i8042::DATA_PORT || port == i8042::COMMAND_PORT {
+        "i8042"
+    } else {
+        "none"
+    }
+}
+
+/// The name of the device behind guest-physical MMIO `address`.
+pub fn mmio_device(address: u64) -> &'static str {
+    let within = |base: u64| (base..base + MMIO_DEVICE_SIZE).contains(&address);
+    if within(BLOCK_MMIO) {
+        "virtio-blk"
+    } else if within(CONSOLE_MMIO) {
+        "virtio-console"
+    } else if within(CLOCK_MMIO) {
+        "clock"
+    } else {
+        "none"
+    }
+}
+
 /// What a VM boots: the kernel, its initial root and its arguments.
 #[derive(Clone)]
 pub struct BootSource {
@@ -831,6 +871,18 @@ mod tests {
     use super::*;
     use crate::boot::{EntryPoint, GDT, GDT_START};
     use crate::seam::Place;
+
+    #[test]
+    fn exits_are_named_by_the_device_at_their_address() {
+        assert_eq!(port_device(0x3fd), "serial");
+        assert_eq!(port_device(0x21), "pic");
+        assert_eq!(port_device(0x43), "pit");
+        assert_eq!(port_device(0x441), "doorbell");
+        assert_eq!(port_device(0x80), "none");
+        assert_eq!(mmio_device(CLOCK_MMIO + 8), "clock");
+        assert_eq!(mmio_device(BLOCK_MMIO), "virtio-blk");
+        assert_eq!(mmio_device(MMIO_START - 1), "none");
+    }
 
     const CODE: u64 = 0x1000;
     const BUFFER: u64 = 0x2000;

@@ -1,0 +1,105 @@
+//! An output file that is never seen half-written and never replaces the
+//! user's file without `--force`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use tempfile::NamedTempFile;
+
+use super::ExportError;
+
+/// A file written under a temporary name beside its destination
+/// (`.NAME.XXXXXX.partial`, deleted if dropped unfinished) and renamed onto
+/// it by `commit`. Without `force`, `commit` refuses a destination that
+/// exists, even one that appeared while the file was being written.
+pub struct AtomicFile {
+    temp: NamedTempFile,
+    path: PathBuf,
+    force: bool,
+}
+
+impl AtomicFile {
+    pub fn create(path: &Path, force: bool) -> Result<Self, ExportError> {
+        if path.exists() && !force {
+            return Err(ExportError::Exists(path.to_owned()));
+        }
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let temp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            // Like any new file: 0666 less the umask (tempfile's own is 0600).
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(dir)
+            .map_err(|source| ExportError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(AtomicFile {
+            temp,
+            path: path.to_owned(),
+            force,
+        })
+    }
+
+    /// Where the file is while it is written (for writers that open paths).
+    pub fn temp_path(&self) -> &Path {
+        self.temp.path()
+    }
+
+    pub fn file(&mut self) -> &mut File {
+        self.temp.as_file_mut()
+    }
+
+    /// Syncs the file and renames it onto its destination.
+    pub fn commit(self) -> Result<PathBuf, ExportError> {
+        let io_error = |source| ExportError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.temp.as_file().sync_all().map_err(io_error)?;
+        let persisted = match self.force {
+            true => self.temp.persist(&self.path),
+            false => self.temp.persist_noclobber(&self.path),
+        };
+        match persisted {
+            Ok(_) => Ok(self.path),
+            Err(error) if error.error.kind() == std::io::ErrorKind::AlreadyExists => {
+                Err(ExportError::Exists(self.path))
+            }
+            Err(error) => Err(io_error(error.error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn an_existing_file_is_kept_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        let mut file = AtomicFile::create(&path, false).unwrap();
+        file.file().write_all(b"new").unwrap();
+        // Someone else wrote the destination meanwhile.
+        std::fs::write(&path, "theirs").unwrap();
+        assert!(matches!(file.commit(), Err(ExportError::Exists(_))));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "theirs");
+        assert!(matches!(
+            AtomicFile::create(&path, false),
+            Err(ExportError::Exists(_))
+        ));
+
+        let mut file = AtomicFile::create(&path, true).unwrap();
+        file.file().write_all(b"new").unwrap();
+        file.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        // Nothing temporary is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

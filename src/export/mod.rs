@@ -1,0 +1,30 @@
+//! `provm export`: a recorded run written out for the tools researchers
+//! already use. Every output is written beside its destination under a
+//! temporary name and renamed into place when complete (`atomic`).
+
+mod atomic;
+mod sqlite;
+mod timeline;
+
+use std::path::PathBuf;
+
+pub use atomic::AtomicFile;
+pub use sqlite::sqlite;
+pub use timeline::timeline;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} exists; pass --force to overwrite it, or choose another path")]
+    Exists(PathBuf),
+    #[error(transparent)]
+    Query(#[from] crate::query::QueryError),
+    #[error(transparent)]
+    Trace(#[from] provm_trace::format::FormatError),
+    #[error("{what} needs the run's provenance, and {path} was recorded without it; record with: provm record --prov FILE IMAGE -- CMD")]
+    NoProvenance { what: &'static str, path: PathBuf },
+}

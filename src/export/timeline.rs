@@ -1,0 +1,292 @@
+//! `provm export timeline`: the run in the Trace Event Format, the JSON
+//! that Perfetto and chrome://tracing open: a `traceEvents` array of
+//! events, each with a phase `ph`, a time `ts` in microseconds, a process
+//! `pid` and a thread `tid`.
+//!
+//! - pid 1, "guest processes": one thread per guest process (its tid the
+//!   guest's pid) holding each program it ran as a complete event (`X`,
+//!   with `dur`), from the provenance graph when the run has one;
+//! - pid 2, "VMM": the run itself as a complete event, and counters (`C`)
+//!   of the VM exits by device, the interrupts injected and the bytes
+//!   written to disk in every 10 ms of guest time;
+//! - names for both processes and every thread as metadata events (`M`).
+//!
+//! Times are the guest's monotonic clock, the one the event log reads. The
+//! processes' times are the guest's wall clock, which the agent set from
+//! the job's clock when the command started: a process's place on the
+//! monotonic clock is its wall time less the job's, plus the first clock
+//! reading after the job arrived.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use provm_guest_agent::{FrameReader, HostMessage};
+use provm_trace::events::Event;
+use provm_vmm::vm::{mmio_device, port_device};
+use serde_json::{json, Value};
+
+use super::{AtomicFile, ExportError};
+use crate::provenance::{Provenance, VM_ACTIVITY};
+use crate::query::Run;
+
+const GUEST_PID: u32 = 1;
+const VMM_PID: u32 = 2;
+/// The VMM's thread holding the run as a whole.
+const RUN_TID: u32 = 1;
+/// Counters sum what happened in each slice of guest time this long.
+const BUCKET_NS: u64 = 10_000_000;
+
+/// Writes the timeline of `run` to `path`; says whether it has process
+/// tracks (not without provenance).
+pub fn timeline(run: &Run, path: &Path, force: bool) -> Result<bool, ExportError> {
+    let mut file = AtomicFile::create(path, force)?;
+    let document = document(run)?;
+    let has_processes = run.provenance.is_some();
+    serde_json::to_writer(std::io::BufWriter::new(file.file()), &document).map_err(|error| {
+        ExportError::Io {
+            path: path.to_owned(),
+            source: error.into(),
+        }
+    })?;
+    file.commit()?;
+    Ok(has_processes)
+}
+
+/// The timeline as a JSON document.
+fn document(run: &Run) -> Result<Value, ExportError> {
+    let mut events = vec![
+        process_name(GUEST_PID, "guest processes"),
+        process_name(VMM_PID, "VMM"),
+        thread_name(VMM_PID, RUN_TID, "run"),
+    ];
+    let vmm = vmm_events(run)?;
+    events.push(json!({
+        "ph": "X", "pid": VMM_PID, "tid": RUN_TID,
+        "name": run.trace.manifest.argv.join(" "),
+        "ts": micros(vmm.start_ns), "dur": micros(vmm.end_ns.saturating_sub(vmm.start_ns)),
+        "args": { "ended": run.trace.outcome.ended, "exits": run.trace.outcome.exits },
+    }));
+    if let (Some(graph), Some(job_wall_ns)) = (&run.provenance, vmm.job_wall_ns) {
+        let to_guest = |wall_ns: u64| (wall_ns + vmm.start_ns).saturating_sub(job_wall_ns);
+        events.extend(process_events(graph, to_guest));
+    }
+    events.extend(vmm.counters);
+    Ok(json!({ "traceEvents": events, "displayTimeUnit": "ms" }))
+}
+
+fn micros(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn process_name(pid: u32, name: &str) -> Value {
+    json!({ "ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": { "name": name } })
+}
+
+fn thread_name(pid: u32, tid: u32, name: &str) -> Value {
+    json!({ "ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": { "name": name } })
+}
+
+/// One thread per guest process, named after its first program, and one
+/// complete event per program it ran.
+fn process_events(graph: &Provenance, to_guest: impl Fn(u64) -> u64) -> Vec<Value> {
+    let mut events = Vec::new();
+    let mut named = std::collections::HashSet::new();
+    for process in graph.activities.iter().filter(|a| a.id != VM_ACTIVITY) {
+        let label = process.label();
+        if named.insert(process.pid) {
+            events.push(thread_name(
+                GUEST_PID,
+                process.pid,
+                &format!("{} {}", process.pid, label),
+            ));
+        }
+        let (start, end) = (to_guest(process.start_ns), to_guest(process.end_ns));
+        events.push(json!({
+            "ph": "X", "pid": GUEST_PID, "tid": process.pid, "name": label,
+            "ts": micros(start), "dur": micros(end.saturating_sub(start)),
+            "args": { "id": process.id, "exe": process.exe, "outcome": process.outcome },
+        }));
+    }
+    events
+}
+
+/// What the event log gives the timeline.
+struct VmmEvents {
+    /// The first and last clock readings.
+    start_ns: u64,
+    end_ns: u64,
+    /// The wall clock the job set, from the host's message to the agent.
+    job_wall_ns: Option<u64>,
+    counters: Vec<Value>,
+}
+
+fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
+    let mut log = run.trace.events()?;
+    let mut agent_input = FrameReader::default();
+    let (mut start_ns, mut now_ns, mut job_wall_ns) = (None, 0, None);
+    let mut counters = Counters::default();
+    while let Some(event) = log.next_event()? {
+        let device = match &event {
+            Event::Clock(ns) => {
+                now_ns = *ns;
+                start_ns.get_or_insert(*ns);
+                None
+            }
+            Event::AgentInput(bytes) if job_wall_ns.is_none() => {
+                agent_input.push(bytes);
+                job_wall_ns = job_clock(&mut agent_input);
+                None
+            }
+            Event::PioRead { port, .. } | Event::PioWrite { port, .. } => Some(port_device(*port)),
+            Event::MmioRead { address, .. } | Event::MmioWrite { address, .. } => {
+                Some(mmio_device(*address))
+            }
+            Event::Inject(_) => {
+                counters.add(now_ns, "interrupts injected", "interrupts", 1);
+                None
+            }
+            Event::DiskWrite { len, .. } => {
+                counters.add(now_ns, "disk writes", "bytes", u64::from(*len));
+                None
+            }
+            _ => None,
+        };
+        if let Some(device) = device {
+            counters.add(now_ns, "VM exits by device", device, 1);
+        }
+    }
+    Ok(VmmEvents {
+        start_ns: start_ns.unwrap_or(0),
+        end_ns: now_ns,
+        job_wall_ns,
+        counters: counters.finish(),
+    })
+}
+
+/// The wall clock of the first job in the agent's input so far, if a whole
+/// job message has arrived.
+fn job_clock(input: &mut FrameReader) -> Option<u64> {
+    while let Ok(Some((kind, payload))) = input.next_frame() {
+        if let Ok(HostMessage::Run(job)) = HostMessage::decode(kind, &payload) {
+            return Some(job.wall_clock_ns);
+        }
+    }
+    None
+}
+
+/// Counter events: per counter, the sum of each series in every bucket of
+/// guest time that has any, and a zero after a bucket that the next one
+/// does not follow, so that a viewer does not draw a value through a quiet
+/// stretch.
+#[derive(Default)]
+struct Counters {
+    /// Per counter name: the bucket being summed, its series, and the
+    /// samples so far.
+    open: BTreeMap<&'static str, (u64, BTreeMap<&'static str, u64>)>,
+    samples: Vec<Value>,
+}
+
+impl Counters {
+    fn add(&mut self, now_ns: u64, counter: &'static str, series: &'static str, amount: u64) {
+        let bucket = now_ns / BUCKET_NS;
+        let (open_bucket, sums) = self
+            .open
+            .entry(counter)
+            .or_insert((bucket, BTreeMap::new()));
+        if *open_bucket != bucket {
+            let previous = std::mem::take(sums);
+            self.samples
+                .extend(samples(counter, *open_bucket, previous, bucket));
+            *open_bucket = bucket;
+        }
+        *sums.entry(series).or_default() += amount;
+    }
+
+    fn finish(mut self) -> Vec<Value> {
+        for (counter, (bucket, sums)) in std::mem::take(&mut self.open) {
+            self.samples
+                .extend(samples(counter, bucket, sums, bucket + 2));
+        }
+        self.samples
+    }
+}
+
+/// The sample of `bucket`, and a zero sample after it unless `next` follows
+/// it directly.
+fn samples(counter: &str, bucket: u64, sums: BTreeMap<&str, u64>, next: u64) -> Vec<Value> {
+    let sample = |bucket: u64, args: Value| {
+        json!({ "ph": "C", "pid": VMM_PID, "tid": 0, "name": counter,
+                "ts": micros(bucket * BUCKET_NS), "args": args })
+    };
+    let zeros: BTreeMap<&str, u64> = sums.keys().map(|series| (*series, 0)).collect();
+    let mut out = vec![sample(bucket, json!(sums))];
+    if next > bucket + 1 {
+        out.push(sample(bucket + 1, json!(zeros)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provenance::Activity;
+
+    #[test]
+    fn counters_sum_per_bucket_and_drop_to_zero_in_gaps() {
+        let mut counters = Counters::default();
+        counters.add(1_000, "exits", "pic", 1);
+        counters.add(2_000, "exits", "pic", 1);
+        counters.add(3_000, "exits", "serial", 1);
+        counters.add(BUCKET_NS + 5, "exits", "pic", 1);
+        counters.add(5 * BUCKET_NS, "exits", "pic", 1);
+        let samples = counters.finish();
+        let shown: Vec<(f64, String)> = samples
+            .iter()
+            .map(|s| (s["ts"].as_f64().unwrap(), s["args"].to_string()))
+            .collect();
+        let at = |bucket: u64| micros(bucket * BUCKET_NS);
+        assert_eq!(
+            shown,
+            [
+                (at(0), r#"{"pic":2,"serial":1}"#.into()),
+                (at(1), r#"{"pic":1}"#.into()),
+                (at(2), r#"{"pic":0}"#.into()),
+                (at(5), r#"{"pic":1}"#.into()),
+                (at(6), r#"{"pic":0}"#.into()),
+            ]
+        );
+        assert!(samples
+            .iter()
+            .all(|s| s["ph"] == "C" && s["pid"] == VMM_PID));
+    }
+
+    #[test]
+    fn processes_are_threads_on_the_guest_clock() {
+        let activity = |id: &str, pid, argv: &[&str], start_ns, end_ns| Activity {
+            id: id.into(),
+            pid,
+            exe: "/bin/busybox".into(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            start_ns,
+            end_ns,
+            outcome: None,
+        };
+        let graph = Provenance {
+            activities: vec![
+                activity(VM_ACTIVITY, 0, &[], 0, 0),
+                activity("process/0", 7, &["sh", "-c", "x"], 5_000, 9_000),
+                activity("process/1", 7, &["wc"], 9_000, 10_000),
+            ],
+            ..Provenance::default()
+        };
+        let events = process_events(&graph, |wall| wall - 1_000);
+        let phases: Vec<&str> = events.iter().map(|e| e["ph"].as_str().unwrap()).collect();
+        assert_eq!(phases, ["M", "X", "X"], "one thread per pid");
+        assert_eq!(events[0]["args"]["name"], "7 sh -c x");
+        assert_eq!(
+            (events[1]["ts"].as_f64(), events[1]["dur"].as_f64()),
+            (Some(4.0), Some(4.0))
+        );
+        assert_eq!(events[2]["name"], "wc");
+    }
+}

@@ -1,0 +1,33 @@
+//! One recorded run as the tables see it: its verified trace and, when it
+//! was recorded with `--prov`, its provenance graph.
+
+use std::path::Path;
+
+use provm_trace::reader::Trace;
+
+use super::QueryError;
+use crate::provenance::Provenance;
+
+pub struct Run {
+    /// What the `run` column holds: the trace's path as given.
+    pub name: String,
+    pub trace: Trace,
+    pub provenance: Option<Provenance>,
+}
+
+impl Run {
+    /// Opens and verifies the trace at `path`.
+    pub fn open(path: &Path) -> Result<Run, QueryError> {
+        let trace = Trace::open(path)?;
+        let provenance = trace
+            .provenance
+            .as_deref()
+            .map(|bytes| Provenance::from_bytes(bytes, path))
+            .transpose()?;
+        Ok(Run {
+            name: path.display().to_string(),
+            trace,
+            provenance,
+        })
+    }
+}

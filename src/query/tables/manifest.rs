@@ -1,0 +1,89 @@
+//! `manifest`: one row per run, what was run where and how it ended (the
+//! trace's manifest and outcome).
+
+use super::{column, Rows, Table};
+use crate::query::{QueryError, Run};
+
+pub const MANIFEST: Table = Table {
+    name: "manifest",
+    doc: "one row per run: what ran, where, and how it ended",
+    columns: &[
+        column("argv", "TEXT", "the command, a JSON array"),
+        column(
+            "env",
+            "TEXT",
+            "the command's whole environment, a JSON array",
+        ),
+        column("cwd", "TEXT", "its working directory in the guest"),
+        column("image", "TEXT", "the disk image's path at record time"),
+        column("image_sha256", "TEXT", "the image file's SHA-256"),
+        column("kernel_sha256", "TEXT", "the guest kernel's SHA-256"),
+        column("memory_mib", "INTEGER", "guest memory"),
+        column(
+            "started_unix",
+            "INTEGER",
+            "when the recording started, seconds since the epoch",
+        ),
+        column("provm_version", "TEXT", "the provm that recorded it"),
+        column("host_cpu", "TEXT", "the host's CPU model"),
+        column("hypervisor", "TEXT", "the host's KVM"),
+        column(
+            "complete",
+            "INTEGER",
+            "1 if the run ended normally, 0 if it was cut short",
+        ),
+        column("ended", "TEXT", "what ended it, in words"),
+        column(
+            "exit_status",
+            "INTEGER",
+            "the command's exit status, as a shell reports it",
+        ),
+        column("events", "INTEGER", "events in the log"),
+        column("exits", "INTEGER", "VM exits in the log"),
+        column(
+            "guest_ns",
+            "INTEGER",
+            "virtual time from the snapshot to the end",
+        ),
+        column("host_seconds", "REAL", "host time the recording took"),
+        column("disk_writes", "INTEGER", "disk writes"),
+        column("trace_bytes", "INTEGER", "the trace file's size"),
+        column(
+            "has_provenance",
+            "INTEGER",
+            "1 if recorded with --prov (processes, files and edges are filled)",
+        ),
+    ],
+    indexes: &[],
+    fill,
+};
+
+fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let (m, o) = (&run.trace.manifest, &run.trace.outcome);
+    let json = |items: &[String]| serde_json::to_string(items).expect("strings serialise");
+    let image_sha256 = m.image.chain.first().map(|file| file.sha256.as_str());
+    let trace_bytes = std::fs::metadata(&run.trace.path)?.len() as i64;
+    rows.insert(&[
+        &json(&m.argv),
+        &json(&m.env),
+        &m.cwd,
+        &m.image.path,
+        &image_sha256,
+        &m.kernel_sha256,
+        &(m.memory_mib as i64),
+        &(m.started_unix as i64),
+        &m.provm_version,
+        &m.host.cpu,
+        &m.host.hypervisor,
+        &o.complete,
+        &o.ended,
+        &o.exit_status,
+        &(o.events as i64),
+        &(o.exits as i64),
+        &(o.guest_ns as i64),
+        &o.host_seconds,
+        &(o.disk_writes as i64),
+        &trace_bytes,
+        &run.provenance.is_some(),
+    ])
+}

@@ -1,0 +1,130 @@
+//! The tables a run is loaded into. Each is a [`Table`]: its name, what a
+//! row is, its columns, the indexes worth having, and the function that
+//! produces its rows from a [`Run`]; a [`View`] is a query over them. A new
+//! table (system calls from a replay analysis, blame rows) is one more
+//! entry in [`TABLES`]: the schema, the loading, `export sqlite`, the error
+//! listing and `provm query --schema` all follow from the list.
+
+mod events;
+mod manifest;
+mod provenance;
+
+use rusqlite::{Statement, ToSql, Transaction};
+
+use super::{QueryError, Run};
+
+/// Every table, in the order they are created and listed.
+pub const TABLES: &[Table] = &[
+    manifest::MANIFEST,
+    events::EVENTS,
+    provenance::PROCESSES,
+    provenance::FILES,
+    provenance::EDGES,
+];
+
+/// Every view.
+pub const VIEWS: &[View] = &[events::EXITS];
+
+pub struct Column {
+    pub name: &'static str,
+    /// SQLite's type affinity: INTEGER, REAL or TEXT.
+    pub sql_type: &'static str,
+    pub doc: &'static str,
+}
+
+pub(super) const fn column(
+    name: &'static str,
+    sql_type: &'static str,
+    doc: &'static str,
+) -> Column {
+    Column {
+        name,
+        sql_type,
+        doc,
+    }
+}
+
+/// Every table's first column: which run a row is of.
+pub const RUN_COLUMN: Column = Column {
+    name: "run",
+    sql_type: "TEXT",
+    doc: "the run's trace, as its path was given",
+};
+
+pub struct Table {
+    pub name: &'static str,
+    /// What one row is.
+    pub doc: &'static str,
+    /// The columns after `run`.
+    pub columns: &'static [Column],
+    /// Column lists (after `run`) indexed once the rows are in.
+    pub indexes: &'static [&'static str],
+    /// Inserts the rows of one run.
+    pub fill: fn(&Run, &mut Rows<'_>) -> Result<(), QueryError>,
+}
+
+pub struct View {
+    pub name: &'static str,
+    pub doc: &'static str,
+    /// The SELECT that defines it.
+    pub select: &'static str,
+    pub columns: &'static [Column],
+}
+
+impl Table {
+    pub fn create_sql(&self) -> String {
+        let columns: Vec<String> = std::iter::once(&RUN_COLUMN)
+            .chain(self.columns)
+            .map(|column| format!("{} {}", column.name, column.sql_type))
+            .collect();
+        format!("CREATE TABLE {} ({})", self.name, columns.join(", "))
+    }
+
+    pub fn index_sql(&self) -> impl Iterator<Item = String> + '_ {
+        self.indexes.iter().enumerate().map(|(n, columns)| {
+            format!(
+                "CREATE INDEX {}_{n} ON {} (run, {columns})",
+                self.name, self.name
+            )
+        })
+    }
+
+    fn insert_sql(&self) -> String {
+        let placeholders = vec!["?"; self.columns.len() + 1].join(", ");
+        format!("INSERT INTO {} VALUES ({placeholders})", self.name)
+    }
+}
+
+impl View {
+    pub fn create_sql(&self) -> String {
+        format!("CREATE VIEW {} AS {}", self.name, self.select)
+    }
+}
+
+/// Where a table's fill function puts its rows: one prepared INSERT,
+/// reused for every row, inside the loading transaction.
+pub struct Rows<'a> {
+    insert: Statement<'a>,
+    run: &'a str,
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    pub fn new(tx: &'a Transaction<'_>, table: &Table, run: &'a str) -> Result<Self, QueryError> {
+        Ok(Rows {
+            insert: tx.prepare(&table.insert_sql())?,
+            run,
+            width: table.columns.len(),
+        })
+    }
+
+    /// Inserts one row: `values` are the columns after `run`, in order.
+    pub fn insert(&mut self, values: &[&dyn ToSql]) -> Result<(), QueryError> {
+        debug_assert_eq!(values.len(), self.width, "one value per column");
+        let mut row: Vec<&dyn ToSql> = Vec::with_capacity(values.len() + 1);
+        row.push(&self.run);
+        row.extend_from_slice(values);
+        self.insert.execute(row.as_slice())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! `processes`, `files` and `edges`: the provenance graph of a run
+//! recorded with `--prov` (empty for the others; `manifest.has_provenance`
+//! tells them apart).
+
+use std::collections::HashMap;
+
+use super::{column, Rows, Table};
+use crate::provenance::{Provenance, Relation, VM_ACTIVITY};
+use crate::query::{QueryError, Run};
+
+pub const PROCESSES: Table = Table {
+    name: "processes",
+    doc: "one row per program a guest process ran (an exec starts a new row)",
+    columns: &[
+        column(
+            "id",
+            "TEXT",
+            "its node in the graph (edges.source, edges.target)",
+        ),
+        column("pid", "INTEGER", "the guest's process id"),
+        column("exe", "TEXT", "the executable"),
+        column("argv", "TEXT", "its arguments, a JSON array"),
+        column(
+            "command",
+            "TEXT",
+            "its name as called and its arguments, for people",
+        ),
+        column(
+            "start_ns",
+            "INTEGER",
+            "start, guest wall clock, ns since the epoch",
+        ),
+        column(
+            "end_ns",
+            "INTEGER",
+            "end, guest wall clock, ns since the epoch",
+        ),
+        column(
+            "outcome",
+            "TEXT",
+            "exit N, signal N, or NULL when it went on with an exec",
+        ),
+        column(
+            "started_by",
+            "TEXT",
+            "the id of the process that started it (vm: the command itself)",
+        ),
+        column(
+            "how",
+            "TEXT",
+            "how: fork, exec, or job (the VM started the command)",
+        ),
+    ],
+    indexes: &["id", "pid"],
+    fill: fill_processes,
+};
+
+pub const FILES: Table = Table {
+    name: "files",
+    doc: "one row per version of a file (and per environment and VM input or output)",
+    columns: &[
+        column(
+            "id",
+            "TEXT",
+            "its node in the graph (edges.source, edges.target)",
+        ),
+        column("kind", "TEXT", "file, environment, vm-input or vm-output"),
+        column(
+            "name",
+            "TEXT",
+            "the file's path in the guest, or the input's or output's name",
+        ),
+        column(
+            "sha256",
+            "TEXT",
+            "the content's SHA-256 (NULL where it was not read: devices, /proc)",
+        ),
+        column("size", "INTEGER", "bytes"),
+        column(
+            "content",
+            "TEXT",
+            "an environment's entries or a VM input's text, a JSON array",
+        ),
+    ],
+    indexes: &["id", "name"],
+    fill: fill_files,
+};
+
+pub const EDGES: Table = Table {
+    name: "edges",
+    doc: "one row per PROV relation between a process and a file or two of either",
+    columns: &[
+        column("relation", "TEXT", "used, wasGeneratedBy, wasInformedBy, wasStartedBy, wasDerivedFrom, wasInvalidatedBy"),
+        column("source", "TEXT", "the subject's id: the process that used, the file generated..."),
+        column("target", "TEXT", "the object's id"),
+        column("detail", "TEXT", "used: read, execute or environment; wasInformedBy: fork, exec or job; wasDerivedFrom: write or rename"),
+        column("via", "TEXT", "wasDerivedFrom: the process that made the derivation"),
+    ],
+    indexes: &["source", "target"],
+    fill: fill_edges,
+};
+
+fn graph(run: &Run) -> Option<&Provenance> {
+    run.provenance.as_ref()
+}
+
+fn json(items: &[String]) -> String {
+    serde_json::to_string(items).expect("strings serialise")
+}
+
+fn fill_processes(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(graph) = graph(run) else {
+        return Ok(());
+    };
+    let mut started_by = HashMap::new();
+    let mut how = HashMap::new();
+    for relation in &graph.relations {
+        match relation {
+            Relation::WasStartedBy { activity, starter } => {
+                started_by.insert(activity.as_str(), starter.as_str());
+            }
+            Relation::WasInformedBy {
+                informed, how: h, ..
+            } => {
+                how.insert(informed.as_str(), h.as_str());
+            }
+            _ => {}
+        }
+    }
+    for process in graph.activities.iter().filter(|a| a.id != VM_ACTIVITY) {
+        let id = process.id.as_str();
+        rows.insert(&[
+            &id,
+            &process.pid,
+            &process.exe,
+            &json(&process.argv),
+            &process.label(),
+            &(process.start_ns as i64),
+            &(process.end_ns as i64),
+            &process.outcome,
+            &started_by.get(id),
+            &how.get(id),
+        ])?;
+    }
+    Ok(())
+}
+
+fn fill_files(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(graph) = graph(run) else {
+        return Ok(());
+    };
+    for entity in &graph.entities {
+        let kind = serde_json::to_value(entity.kind).expect("a kind serialises");
+        let content = (!entity.content.is_empty()).then(|| json(&entity.content));
+        rows.insert(&[
+            &entity.id,
+            &kind.as_str(),
+            &entity.name,
+            &entity.sha256,
+            &(entity.size as i64),
+            &content,
+        ])?;
+    }
+    Ok(())
+}
+
+fn fill_edges(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(graph) = graph(run) else {
+        return Ok(());
+    };
+    for relation in &graph.relations {
+        let (source, target) = relation.ends();
+        let (name, detail, via) = match relation {
+            Relation::Used { role, .. } => ("used", Some(role), None),
+            Relation::WasGeneratedBy { .. } => ("wasGeneratedBy", None, None),
+            Relation::WasInformedBy { how, .. } => ("wasInformedBy", Some(how), None),
+            Relation::WasStartedBy { .. } => ("wasStartedBy", None, None),
+            Relation::WasDerivedFrom { how, activity, .. } => {
+                ("wasDerivedFrom", Some(how), Some(activity))
+            }
+            Relation::WasInvalidatedBy { .. } => ("wasInvalidatedBy", None, None),
+        };
+        rows.insert(&[&name, &source, &target, &detail, &via])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,396 @@
+//! End-to-end `provm query` and `provm export` on real recordings: one run
+//! of the provenance tests' pipeline recorded with `--prov`, and one
+//! without provenance, shared by every test of this binary (the first
+//! record boots the guest; the second starts from its snapshot).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::{digest, images, one_guest_at_a_time, path, provm, record_shell, PROVM_FAILED};
+use serde_json::Value;
+
+const PIPELINE: &str = "sort in.txt > mid.txt; wc -l mid.txt > out.txt";
+
+struct Recorded {
+    /// Recorded with --prov.
+    pipeline: PathBuf,
+    /// Recorded without.
+    plain: PathBuf,
+}
+
+fn recorded() -> &'static Recorded {
+    static RECORDED: OnceLock<Recorded> = OnceLock::new();
+    RECORDED.get_or_init(|| {
+        let _guest = one_guest_at_a_time();
+        let dir = &images().dir;
+        let record = |name: &str, extra: &[&str], script: &str| {
+            let trace = dir.join(format!("{name}.provm"));
+            let finished = record_shell(&images().tiny_qcow2, &trace, extra, script);
+            assert_eq!(finished.status, 0, "{name}: {}", finished.stderr);
+            trace
+        };
+        let document = dir.join("pipeline.prov");
+        Recorded {
+            pipeline: record(
+                "pipeline",
+                &["--prov", path(&document), "--cwd", "/data"],
+                PIPELINE,
+            ),
+            plain: record("plain", &[], "echo plain"),
+        }
+    })
+}
+
+/// `provm ARGS` that must succeed; its standard output.
+fn succeeds(args: &[&str]) -> String {
+    let finished = provm(args);
+    assert_eq!(finished.status, 0, "provm {args:?}: {}", finished.stderr);
+    finished.stdout
+}
+
+/// `provm query --format json TRACES... SQL`, parsed.
+fn query_json(traces: &[&Path], sql: &str) -> Vec<Value> {
+    let mut args = vec!["query", "--format", "json"];
+    args.extend(traces.iter().map(|trace| path(trace)));
+    args.push(sql);
+    let rows: Value = serde_json::from_str(&succeeds(&args)).expect("query's JSON parses");
+    rows.as_array().expect("an array of rows").clone()
+}
+
+/// The event counts by kind that `provm inspect` prints, and its total.
+fn inspect_counts(trace: &Path) -> (u64, BTreeMap<String, u64>) {
+    let text = succeeds(&["inspect", path(trace)]);
+    let mut lines = text.lines().skip_while(|line| !line.starts_with("events "));
+    let total = lines.next().expect("inspect prints the events")["events".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let counts = lines
+        .take_while(|line| line.starts_with("  "))
+        .map(|line| {
+            let (kind, count) = line.trim().rsplit_once(' ').unwrap();
+            (kind.trim().to_owned(), count.parse().unwrap())
+        })
+        .collect();
+    (total, counts)
+}
+
+#[test]
+fn queries_see_the_log_and_the_provenance() {
+    let trace = &recorded().pipeline;
+    let (total, by_kind) = inspect_counts(trace);
+    let counted = query_json(
+        &[trace],
+        "SELECT kind, count(*) AS n FROM events GROUP BY kind",
+    );
+    let counted: BTreeMap<String, u64> = counted
+        .iter()
+        .map(|row| {
+            (
+                row["kind"].as_str().unwrap().into(),
+                row["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counted, by_kind);
+    assert_eq!(counted.values().sum::<u64>(), total);
+
+    let manifest = &query_json(&[trace], "SELECT * FROM manifest")[0];
+    assert_eq!(manifest["events"].as_u64(), Some(total));
+    assert_eq!(manifest["has_provenance"], 1);
+    assert_eq!(manifest["cwd"], "/data");
+    let exits = &query_json(
+        &[trace],
+        "SELECT count(*) AS n, max(exit) AS last FROM exits",
+    )[0];
+    assert_eq!(exits["n"], manifest["exits"]);
+    assert_eq!(
+        exits["last"].as_u64(),
+        Some(manifest["exits"].as_u64().unwrap() - 1)
+    );
+
+    // What sort wrote, through the graph: processes, edges and files joined.
+    let generated = query_json(
+        &[trace],
+        "SELECT p.command, f.name FROM edges e \
+         JOIN processes p ON p.id = e.target AND p.run = e.run \
+         JOIN files f ON f.id = e.source AND f.run = e.run \
+         WHERE e.relation = 'wasGeneratedBy' ORDER BY f.name",
+    );
+    let generated: Vec<(&str, &str)> = generated
+        .iter()
+        .map(|row| {
+            (
+                row["command"].as_str().unwrap(),
+                row["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        generated,
+        [
+            ("sort", "/data/mid.txt"),
+            ("wc -l mid.txt", "/data/out.txt")
+        ]
+    );
+
+    // Every port exit has a device, and the guest used the console's.
+    let devices = query_json(
+        &[trace],
+        "SELECT DISTINCT device FROM exits WHERE kind LIKE 'port%' OR kind LIKE 'MMIO%'",
+    );
+    let devices: Vec<&str> = devices
+        .iter()
+        .map(|row| row["device"].as_str().unwrap())
+        .collect();
+    for device in ["pic", "virtio-console", "clock"] {
+        assert!(devices.contains(&device), "{device} not in {devices:?}");
+    }
+
+    // The aligned table and CSV say the same.
+    let sql = "SELECT kind, count(*) AS n FROM events GROUP BY kind ORDER BY kind";
+    let table = succeeds(&["query", path(trace), sql]);
+    let mut lines = table.lines();
+    assert!(lines.next().unwrap().starts_with("kind"), "{table}");
+    assert!(lines.next().unwrap().starts_with("----"), "{table}");
+    let csv = succeeds(&["query", "--format", "csv", path(trace), sql]);
+    assert_eq!(csv.lines().count(), table.lines().count() - 1, "{csv}");
+    assert!(
+        csv.contains(&format!("clock,{}", by_kind["clock"])),
+        "{csv}"
+    );
+}
+
+#[test]
+fn several_runs_are_told_apart_by_their_run_column() {
+    let Recorded { pipeline, plain } = recorded();
+    let rows = query_json(
+        &[pipeline, plain],
+        "SELECT m.run, m.events, m.has_provenance, \
+                (SELECT count(*) FROM events e WHERE e.run = m.run) AS loaded, \
+                (SELECT count(*) FROM processes p WHERE p.run = m.run) AS processes \
+         FROM manifest m ORDER BY m.run",
+    );
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["loaded"], row["events"], "{row}");
+    }
+    let by_run: BTreeMap<&str, &Value> = rows
+        .iter()
+        .map(|row| (row["run"].as_str().unwrap(), row))
+        .collect();
+    assert_eq!(by_run[path(pipeline)]["has_provenance"], 1);
+    assert_eq!(by_run[path(pipeline)]["processes"], 3);
+    assert_eq!(by_run[path(plain)]["has_provenance"], 0);
+    assert_eq!(by_run[path(plain)]["processes"], 0);
+}
+
+#[test]
+fn bad_queries_say_what_is_wrong_and_what_there_is() {
+    let trace = path(&recorded().pipeline);
+    for (sql, expected) in [
+        ("SELEC * FROM events", "syntax error"),
+        ("SELECT * FROM syscalls", "no such table: syscalls"),
+        ("SELECT nope FROM events", "no such column: nope"),
+    ] {
+        let refused = provm(&["query", trace, sql]);
+        assert_eq!(refused.status, PROVM_FAILED, "{sql}: {}", refused.stdout);
+        for needed in [
+            expected,
+            "the tables and their columns",
+            "events(run, idx, exit, kind",
+        ] {
+            assert!(refused.stderr.contains(needed), "{sql}: {}", refused.stderr);
+        }
+    }
+    let schema = succeeds(&["query", "--schema"]);
+    for table in [
+        "manifest (table)",
+        "events (table)",
+        "exits (view)",
+        "edges (table)",
+    ] {
+        assert!(schema.contains(table), "{schema}");
+    }
+}
+
+#[test]
+fn export_sqlite_writes_a_database_python_opens() {
+    let Recorded { pipeline, plain } = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("run.db");
+    succeeds(&[
+        "export",
+        "sqlite",
+        path(pipeline),
+        path(plain),
+        "-o",
+        path(&db),
+    ]);
+    let script = "import json, sqlite3, sys\n\
+                  db = sqlite3.connect(sys.argv[1])\n\
+                  print(json.dumps({run: {t: db.execute(f'SELECT count(*) FROM {t} WHERE run = ?', (run,)).fetchone()[0]\n\
+                  for t in ['manifest', 'events', 'exits', 'processes', 'files', 'edges']}\n\
+                  for (run,) in db.execute('SELECT run FROM manifest')}))";
+    let python = Command::new("python3")
+        .args(["-c", script, path(&db)])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        python.status.success(),
+        "{}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    let counts: Value = serde_json::from_slice(&python.stdout).unwrap();
+    for trace in [pipeline, plain] {
+        let (total, by_kind) = inspect_counts(trace);
+        let exits: u64 = by_kind
+            .iter()
+            .filter(|(kind, _)| is_exit_kind(kind))
+            .map(|(_, n)| n)
+            .sum();
+        let run = &counts[path(trace)];
+        assert_eq!(run["manifest"], 1, "{counts}");
+        assert_eq!(run["events"].as_u64(), Some(total), "{counts}");
+        assert_eq!(run["exits"].as_u64(), Some(exits), "{counts}");
+    }
+    assert!(
+        counts[path(pipeline)]["edges"].as_u64().unwrap() > 10,
+        "{counts}"
+    );
+
+    // An output that exists is the user's.
+    let before = digest(&db);
+    let refused = provm(&["export", "sqlite", path(plain), "-o", path(&db)]);
+    assert_eq!(refused.status, PROVM_FAILED);
+    assert!(
+        refused.stderr.contains("pass --force"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(digest(&db), before);
+    succeeds(&["export", "sqlite", path(plain), "-o", path(&db), "--force"]);
+    assert_ne!(digest(&db), before);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no temporary file is left"
+    );
+}
+
+fn is_exit_kind(kind: &str) -> bool {
+    [
+        "port read",
+        "port write",
+        "MMIO read",
+        "MMIO write",
+        "HLT",
+        "interrupt window",
+        "RDMSR",
+    ]
+    .contains(&kind)
+}
+
+#[test]
+fn export_timeline_writes_the_trace_event_format() {
+    let Recorded { pipeline, plain } = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    succeeds(&["export", "timeline", path(pipeline), "-o", path(&json)]);
+    let document: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = document["traceEvents"]
+        .as_array()
+        .expect("a traceEvents array");
+    check_trace_event_format(events);
+
+    // One thread per guest process, named, each with its programs.
+    let processes = query_json(&[pipeline], "SELECT pid, command FROM processes");
+    for process in &processes {
+        let pid = process["pid"].as_u64().unwrap();
+        let on_thread = |phase: &str| {
+            events
+                .iter()
+                .filter(|e| e["ph"] == phase && e["pid"] == 1 && e["tid"].as_u64() == Some(pid))
+                .count()
+        };
+        assert_eq!(on_thread("M"), 1, "pid {pid}");
+        assert!(on_thread("X") >= 1, "pid {pid}");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "X" && e["name"] == process["command"]),
+            "{process}"
+        );
+    }
+    // Exits by device, as counters; their sum is the run's port and MMIO exits.
+    let counted: u64 = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "VM exits by device")
+        .flat_map(|e| e["args"].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    let expected = &query_json(
+        &[pipeline],
+        "SELECT count(*) AS n FROM exits WHERE device IS NOT NULL",
+    )[0]["n"];
+    assert_eq!(Some(counted), expected.as_u64());
+
+    // Without provenance: the VMM's tracks only, and a word about --prov.
+    let plain_json = dir.path().join("plain.json");
+    let finished = provm(&["export", "timeline", path(plain), "-o", path(&plain_json)]);
+    assert_eq!(finished.status, 0, "{}", finished.stderr);
+    assert!(finished.stderr.contains("--prov"), "{}", finished.stderr);
+    let document: Value = serde_json::from_slice(&std::fs::read(&plain_json).unwrap()).unwrap();
+    let events = document["traceEvents"].as_array().unwrap();
+    check_trace_event_format(events);
+    assert!(!events.iter().any(|e| e["ph"] == "X" && e["pid"] == 1));
+
+    let refused = provm(&["export", "timeline", path(plain), "-o", path(&json)]);
+    assert_eq!(refused.status, PROVM_FAILED);
+    assert!(
+        refused.stderr.contains("pass --force"),
+        "{}",
+        refused.stderr
+    );
+}
+
+/// The Trace Event Format's documented shape: every event has a phase, a
+/// name, and integer pid and tid; complete (X), counter (C) and instant
+/// (i) events have a time in microseconds, X a duration, C numeric series
+/// in args; metadata (M) names a process or thread in args.name.
+fn check_trace_event_format(events: &[Value]) {
+    assert!(!events.is_empty());
+    for event in events {
+        let phase = event["ph"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no ph: {event}"));
+        assert!(event["name"].is_string(), "{event}");
+        assert!(event["pid"].is_u64() && event["tid"].is_u64(), "{event}");
+        match phase {
+            "M" => {
+                assert!(
+                    ["process_name", "thread_name"].contains(&event["name"].as_str().unwrap()),
+                    "{event}"
+                );
+                assert!(event["args"]["name"].is_string(), "{event}");
+            }
+            "X" | "C" | "i" => {
+                assert!(event["ts"].as_f64().is_some_and(|ts| ts >= 0.0), "{event}");
+                if phase == "X" {
+                    assert!(event["dur"].as_f64().is_some_and(|d| d >= 0.0), "{event}");
+                }
+                if phase == "C" {
+                    let args = event["args"].as_object().expect("counter args");
+                    assert!(args.values().all(Value::is_number), "{event}");
+                }
+            }
+            other => panic!("unexpected phase {other}: {event}"),
+        }
+    }
+}
