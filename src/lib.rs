@@ -8,6 +8,7 @@ pub mod initramfs;
 pub mod inspect;
 pub mod kernel;
 pub mod machine;
+pub mod pinning;
 pub mod provenance;
 pub mod record;
 pub mod replay;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
@@ -98,11 +99,42 @@ struct RunArgs {
     /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    pinning: PinningArgs,
     /// The disk image: qcow2 or raw.
     image: PathBuf,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+#[derive(clap::Args)]
+struct PinningArgs {
+    /// Make the run reproducible: guest time is logical (it starts at
+    /// --epoch and moves with the guest's progress, never with the host's)
+    /// and the guest's entropy comes from --seed. Two pinned runs of a
+    /// command on an image are the same run: same output, same event log
+    /// (its SHA-256 is printed on stderr).
+    #[arg(long)]
+    pinned: bool,
+    /// The pinned run's entropy seed: up to 64 hex digits.
+    #[arg(long, value_name = "HEX", requires = "pinned", value_parser = provm::pinning::parse_seed)]
+    seed: Option<[u8; 32]>,
+    /// The pinned run's wall-clock time at the start: RFC 3339
+    /// (2000-01-01T00:00:00Z, the default) or seconds since the Unix epoch.
+    #[arg(long, value_name = "TIME", requires = "pinned", value_parser = provm::pinning::parse_epoch)]
+    epoch: Option<u64>,
+}
+
+impl PinningArgs {
+    fn pinning(&self) -> Option<Pinning> {
+        let default = Pinning::default();
+        self.pinned.then(|| Pinning {
+            seed: self.seed.unwrap_or(default.seed),
+            epoch_ns: self.epoch.unwrap_or(default.epoch_ns),
+            ..default
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -193,8 +225,11 @@ fn main() -> ExitCode {
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_to_overwrite(args.force, &[&args.provenance, &args.keep_overlay])?;
     let options = run_options(args, verbose);
-    let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
-    Ok(ExitCode::from(outcome.shell_status() as u8))
+    let ran = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    if let Some(digest) = &ran.events_sha256 {
+        eprintln!("provm: event log sha256 {digest}");
+    }
+    Ok(ExitCode::from(ran.outcome.shell_status() as u8))
 }
 
 fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -212,10 +247,10 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
     };
-    let (outcome, trace) =
-        provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
-    eprintln!("provm: recorded {}", trace.display());
-    Ok(ExitCode::from(outcome.shell_status() as u8))
+    let recorded = provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    eprintln!("provm: recorded {}", recorded.trace.display());
+    eprintln!("provm: event log sha256 {}", recorded.events_sha256);
+    Ok(ExitCode::from(recorded.outcome.shell_status() as u8))
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -267,6 +302,7 @@ fn refuse_to_overwrite(force: bool, outputs: &[&Option<PathBuf>]) -> Result<(), 
 
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
+        pinned: args.pinning.pinning(),
         image: args.image,
         command: args.command,
         env: args.env,
