@@ -12,6 +12,7 @@ pub mod pinning;
 pub mod provenance;
 pub mod record;
 pub mod replay;
+pub mod repro;
 pub mod run;
 pub mod session;
 pub mod snapshot;

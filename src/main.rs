@@ -11,6 +11,7 @@ use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
+use provm::repro::{ReproOptions, Verdict};
 use provm::run::RunOptions;
 
 /// provm's own failures exit with this status, so that they are not mistaken
@@ -48,6 +49,12 @@ enum Command {
     /// the guest's power-off, 1 at the first divergence, 3 when the
     /// recording was cut short and the replay matched it up to there.
     Replay(ReplayArgs),
+    /// Is CMD reproducible? Runs it twice (--runs) with the clock and the
+    /// entropy varied, compares exit status, stdout, stderr and every file
+    /// written, and if they differ re-runs with one input pinned at a time
+    /// to name the cause. Prints one verdict; exits 0 when reproducible, 1
+    /// when not. With --pinned nothing is varied: a check of provm itself.
+    Repro(ReproArgs),
     /// Verify a trace and show what it holds.
     Inspect {
         /// The trace (.provm).
@@ -66,6 +73,26 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    /// Keep the overlay holding the guest's writes at this path (a qcow2
+    /// whose backing file is IMAGE).
+    #[arg(long, value_name = "PATH")]
+    keep_overlay: Option<PathBuf>,
+    /// Capture the command's provenance (its processes and the files they
+    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
+    /// recording also keeps it in its trace (`provm graph TRACE`).
+    #[arg(long = "prov", value_name = "FILE")]
+    provenance: Option<PathBuf>,
+    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    guest: GuestArgs,
+}
+
+/// The command and the machine it runs in: what `run`, `record` and
+/// `repro` share.
+#[derive(clap::Args)]
+struct GuestArgs {
     /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
     /// ring 0 is emulated).
     #[arg(long, default_value_t = provm::run::DEFAULT_MEMORY_MIB)]
@@ -84,21 +111,9 @@ struct RunArgs {
     /// whole disk if it holds a file system, else the Linux root partition.
     #[arg(long)]
     root: Option<String>,
-    /// Keep the overlay holding the guest's writes at this path (a qcow2
-    /// whose backing file is IMAGE).
-    #[arg(long, value_name = "PATH")]
-    keep_overlay: Option<PathBuf>,
     /// Boot this vmlinux instead of the one `provm kernel build` made.
     #[arg(long)]
     kernel: Option<PathBuf>,
-    /// Capture the command's provenance (its processes and the files they
-    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
-    /// recording also keeps it in its trace (`provm graph TRACE`).
-    #[arg(long = "prov", value_name = "FILE")]
-    provenance: Option<PathBuf>,
-    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
-    #[arg(long)]
-    force: bool,
     #[command(flatten)]
     pinning: PinningArgs,
     /// The disk image: qcow2 or raw.
@@ -106,6 +121,15 @@ struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+#[derive(clap::Args)]
+struct ReproArgs {
+    /// How many runs with varied inputs to compare.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    runs: u64,
+    #[command(flatten)]
+    guest: GuestArgs,
 }
 
 #[derive(clap::Args)]
@@ -207,6 +231,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args, cli.verbose > 0),
         Command::Record(args) => record(args, cli.verbose > 0),
         Command::Replay(args) => replay(args, cli.verbose > 0),
+        Command::Repro(args) => repro(args, cli.verbose > 0),
         Command::Inspect { trace } => provm::inspect::inspect(&trace)
             .map(|text| {
                 print!("{text}");
@@ -235,7 +260,7 @@ fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Err
 fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let output = args
         .output
-        .unwrap_or_else(|| provm::record::default_output(&args.run.image));
+        .unwrap_or_else(|| provm::record::default_output(&args.run.guest.image));
     let run = &args.run;
     refuse_to_overwrite(
         run.force,
@@ -302,19 +327,37 @@ fn refuse_to_overwrite(force: bool, outputs: &[&Option<PathBuf>]) -> Result<(), 
 
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
+        keep_overlay: args.keep_overlay,
+        provenance: args.provenance,
+        ..guest_options(args.guest, verbose)
+    }
+}
+
+fn guest_options(args: GuestArgs, verbose: bool) -> RunOptions {
+    RunOptions {
         pinned: args.pinning.pinning(),
-        image: args.image,
-        command: args.command,
         env: args.env,
         cwd: args.cwd,
         root: args.root,
-        keep_overlay: args.keep_overlay,
         memory_mib: args.memory,
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
-        provenance: args.provenance,
+        ..RunOptions::new(args.image, args.command)
     }
+}
+
+fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let options = ReproOptions {
+        run: guest_options(args.guest, verbose),
+        runs: args.runs as usize,
+    };
+    let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
+    println!("{verdict}");
+    Ok(match verdict {
+        Verdict::Reproducible { .. } => ExitCode::SUCCESS,
+        Verdict::Irreproducible { .. } => ExitCode::from(1),
+    })
 }
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -346,6 +346,7 @@ pub fn run_job(
         session,
         job,
         (&options.image, &prepared.boot.kernel),
+        options.pinned.as_ref(),
         (stdout, stderr),
     )?;
     provenance::save(&document, path)?;

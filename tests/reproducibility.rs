@@ -112,3 +112,62 @@ fn a_bad_seed_or_epoch_is_refused_naming_the_fix() {
         );
     }
 }
+
+/// `provm repro EXTRA... IMAGE -- /bin/sh -c SCRIPT` on the test image.
+fn repro_shell(extra: &[&str], script: &str) -> Finished {
+    let mut args = vec!["repro"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);
+    provm(&args)
+}
+
+#[test]
+fn repro_names_the_one_source_of_variation() {
+    let _guest = one_guest_at_a_time();
+    let clock = "; cause: clock (stable when the clock is pinned); not: entropy\n";
+    let entropy = "; cause: entropy (stable when the entropy is pinned); not: clock\n";
+    for (script, what_differs, cause) in [
+        ("date", "irreproducible: stdout differs", clock),
+        (
+            "head -c8 /dev/urandom | od -An -tx1",
+            "irreproducible: stdout differs",
+            entropy,
+        ),
+        (
+            // Fresh files: their times are in the archive.
+            "mkdir /out && cd /out && echo a > a && echo b > b && tar -cf result.tar a b && echo done",
+            "irreproducible: /out/result.tar differs (written by tar, pid ",
+            clock,
+        ),
+    ] {
+        let repro = repro_shell(&[], script);
+        assert_eq!(repro.status, 1, "{script}: {}{}", repro.stdout, repro.stderr);
+        assert!(
+            repro.stdout.starts_with(what_differs) && repro.stdout.ends_with(cause),
+            "{script}: {}",
+            repro.stdout
+        );
+    }
+    let echo = repro_shell(&[], "echo hi");
+    assert_eq!(echo.status, 0, "{}{}", echo.stdout, echo.stderr);
+    assert!(
+        echo.stdout
+            .starts_with("reproducible: 2 runs with the clock and entropy varied"),
+        "{}",
+        echo.stdout
+    );
+}
+
+#[test]
+fn a_pinned_repro_is_always_reproducible() {
+    let _guest = one_guest_at_a_time();
+    let repro = repro_shell(&["--pinned", "--runs", "3"], CLOCK_ENTROPY_FILES);
+    assert_eq!(repro.status, 0, "{}{}", repro.stdout, repro.stderr);
+    assert!(
+        repro
+            .stdout
+            .starts_with("reproducible: 3 runs with every input pinned"),
+        "{}",
+        repro.stdout
+    );
+}
