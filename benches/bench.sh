@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
 # cached), boot and command latency against QEMU TCG (benches/boot.rs), the
-# cost of provenance capture (benches/provenance.rs), then record and replay
+# cost of provenance capture (benches/provenance.rs), pinned runs against
+# plain ones (benches/pinned.rs), then record and replay
 # cost against QEMU TCG's record/replay (benches/replay.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
@@ -23,5 +24,7 @@ echo
 cargo bench -q --bench boot 2>/dev/null
 echo
 cargo bench -q --bench provenance 2>/dev/null
+echo
+cargo bench -q --bench pinned 2>/dev/null
 echo
 cargo bench -q --bench replay 2>/dev/null

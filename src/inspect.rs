@@ -79,6 +79,9 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
             "events     {} ({} VM exits) in {} chunks",
             o.events, o.exits, o.event_chunks
         )?;
+        if let Some(digest) = &o.events_sha256 {
+            writeln!(out, "  sha256 {digest}")?;
+        }
         for (kind, count) in &counts {
             writeln!(out, "  {:<20} {count}", kind.name())?;
         }

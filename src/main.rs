@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
 use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
+use provm::repro::{ReproOptions, Verdict};
 use provm::run::RunOptions;
 
 /// provm's own failures exit with this status, so that they are not mistaken
@@ -48,6 +50,12 @@ enum Command {
     /// the guest's power-off, 1 at the first divergence, 3 when the
     /// recording was cut short and the replay matched it up to there.
     Replay(ReplayArgs),
+    /// Is CMD reproducible? Runs it twice (--runs) with the clock and the
+    /// entropy varied, compares exit status, stdout, stderr and every file
+    /// written, and if they differ re-runs with one input pinned at a time
+    /// to name the cause. Prints one verdict; exits 0 when reproducible, 1
+    /// when not. With --pinned nothing is varied: a check of provm itself.
+    Repro(ReproArgs),
     /// Verify a trace and show what it holds.
     Inspect {
         /// The trace (.provm).
@@ -77,6 +85,26 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    /// Keep the overlay holding the guest's writes at this path (a qcow2
+    /// whose backing file is IMAGE).
+    #[arg(long, value_name = "PATH")]
+    keep_overlay: Option<PathBuf>,
+    /// Capture the command's provenance (its processes and the files they
+    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
+    /// recording also keeps it in its trace (`provm graph TRACE`).
+    #[arg(long = "prov", value_name = "FILE")]
+    provenance: Option<PathBuf>,
+    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    guest: GuestArgs,
+}
+
+/// The command and the machine it runs in: what `run`, `record` and
+/// `repro` share.
+#[derive(clap::Args)]
+struct GuestArgs {
     /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
     /// ring 0 is emulated).
     #[arg(long, default_value_t = provm::run::DEFAULT_MEMORY_MIB)]
@@ -95,26 +123,54 @@ struct RunArgs {
     /// whole disk if it holds a file system, else the Linux root partition.
     #[arg(long)]
     root: Option<String>,
-    /// Keep the overlay holding the guest's writes at this path (a qcow2
-    /// whose backing file is IMAGE).
-    #[arg(long, value_name = "PATH")]
-    keep_overlay: Option<PathBuf>,
     /// Boot this vmlinux instead of the one `provm kernel build` made.
     #[arg(long)]
     kernel: Option<PathBuf>,
-    /// Capture the command's provenance (its processes and the files they
-    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
-    /// recording also keeps it in its trace (`provm graph TRACE`).
-    #[arg(long = "prov", value_name = "FILE")]
-    provenance: Option<PathBuf>,
-    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
-    #[arg(long)]
-    force: bool,
+    #[command(flatten)]
+    pinning: PinningArgs,
     /// The disk image: qcow2 or raw.
     image: PathBuf,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+#[derive(clap::Args)]
+struct ReproArgs {
+    /// How many runs with varied inputs to compare.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    runs: u64,
+    #[command(flatten)]
+    guest: GuestArgs,
+}
+
+#[derive(clap::Args)]
+struct PinningArgs {
+    /// Make the run reproducible: guest time is logical (it starts at
+    /// --epoch and moves with the guest's progress, never with the host's)
+    /// and the guest's entropy comes from --seed. Two pinned runs of a
+    /// command on an image are the same run: same output, same event log
+    /// (its SHA-256 is printed on stderr).
+    #[arg(long)]
+    pinned: bool,
+    /// The pinned run's entropy seed: up to 64 hex digits.
+    #[arg(long, value_name = "HEX", requires = "pinned", value_parser = provm::pinning::parse_seed)]
+    seed: Option<[u8; 32]>,
+    /// The pinned run's wall-clock time at the start: RFC 3339
+    /// (2000-01-01T00:00:00Z, the default) or seconds since the Unix epoch.
+    #[arg(long, value_name = "TIME", requires = "pinned", value_parser = provm::pinning::parse_epoch)]
+    epoch: Option<u64>,
+}
+
+impl PinningArgs {
+    fn pinning(&self) -> Option<Pinning> {
+        let default = Pinning::default();
+        self.pinned.then(|| Pinning {
+            seed: self.seed.unwrap_or(default.seed),
+            epoch_ns: self.epoch.unwrap_or(default.epoch_ns),
+            ..default
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -253,6 +309,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args, cli.verbose > 0),
         Command::Record(args) => record(args, cli.verbose > 0),
         Command::Replay(args) => replay(args, cli.verbose > 0),
+        Command::Repro(args) => repro(args, cli.verbose > 0),
         Command::Inspect { trace } => provm::inspect::inspect(&trace)
             .map(|text| {
                 print!("{text}");
@@ -273,14 +330,17 @@ fn main() -> ExitCode {
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_to_overwrite(args.force, &[&args.provenance, &args.keep_overlay])?;
     let options = run_options(args, verbose);
-    let outcome = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
-    Ok(ExitCode::from(outcome.shell_status() as u8))
+    let ran = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    if let Some(digest) = &ran.events_sha256 {
+        eprintln!("provm: event log sha256 {digest}");
+    }
+    Ok(ExitCode::from(ran.outcome.shell_status() as u8))
 }
 
 fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let output = args
         .output
-        .unwrap_or_else(|| provm::record::default_output(&args.run.image));
+        .unwrap_or_else(|| provm::record::default_output(&args.run.guest.image));
     let run = &args.run;
     refuse_to_overwrite(
         run.force,
@@ -292,10 +352,10 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
     };
-    let (outcome, trace) =
-        provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
-    eprintln!("provm: recorded {}", trace.display());
-    Ok(ExitCode::from(outcome.shell_status() as u8))
+    let recorded = provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    eprintln!("provm: recorded {}", recorded.trace.display());
+    eprintln!("provm: event log sha256 {}", recorded.events_sha256);
+    Ok(ExitCode::from(recorded.outcome.shell_status() as u8))
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -371,18 +431,37 @@ fn refuse_to_overwrite(force: bool, outputs: &[&Option<PathBuf>]) -> Result<(), 
 
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
-        image: args.image,
-        command: args.command,
+        keep_overlay: args.keep_overlay,
+        provenance: args.provenance,
+        ..guest_options(args.guest, verbose)
+    }
+}
+
+fn guest_options(args: GuestArgs, verbose: bool) -> RunOptions {
+    RunOptions {
+        pinned: args.pinning.pinning(),
         env: args.env,
         cwd: args.cwd,
         root: args.root,
-        keep_overlay: args.keep_overlay,
         memory_mib: args.memory,
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
-        provenance: args.provenance,
+        ..RunOptions::new(args.image, args.command)
     }
+}
+
+fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let options = ReproOptions {
+        run: guest_options(args.guest, verbose),
+        runs: args.runs as usize,
+    };
+    let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
+    println!("{verdict}");
+    Ok(match verdict {
+        Verdict::Reproducible { .. } => ExitCode::SUCCESS,
+        Verdict::Irreproducible { .. } => ExitCode::from(1),
+    })
 }
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {

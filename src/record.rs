@@ -66,12 +66,20 @@ pub enum RecordError {
 /// Set by SIGINT (Ctrl-C) so that the recording ends cleanly.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Records the command; returns how it ended and the trace's path.
+/// A finished recording.
+pub struct Recorded {
+    pub outcome: CommandOutcome,
+    pub trace: PathBuf,
+    /// SHA-256 of the trace's event log (see `LogTotals::events_sha256`).
+    pub events_sha256: String,
+}
+
+/// Records the command; returns how it ended and where the trace is.
 pub fn record(
     options: &RecordOptions,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<(CommandOutcome, PathBuf), RecordError> {
+) -> Result<Recorded, RecordError> {
     let start = Instant::now();
     let deadline = start + options.run.timeout;
     let prepared = run::prepare(&options.run)?;
@@ -118,13 +126,22 @@ pub fn record(
     install_interrupt_handler();
     let recording_start = Instant::now();
     let guest_start_ns = snapshot.state.clock_ns;
+    let pinned = options.run.pinned.as_ref();
     let (vm, recorder) = prepared
         .machine(overlay_location(&options.run), options.exitless_limit)
-        .restore(snapshot, |start_ns| {
-            Recorder::new(trace, start_ns, &INTERRUPTED)
+        .restore(snapshot, |start_ns| match pinned {
+            Some(pinning) => Recorder::pinned(
+                Some(trace),
+                run::pinned_clock(pinning, start_ns),
+                &INTERRUPTED,
+            ),
+            None => Recorder::new(trace, start_ns, &INTERRUPTED),
         })
         .map_err(RunError::from)?;
     let mut session = GuestSession::resume(vm, deadline);
+    if let Some(pinning) = pinned {
+        session.pin_wall_clock(pinning.epoch_ns);
+    }
     let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
         .and_then(|ran| {
             session.power_off()?;
@@ -133,7 +150,8 @@ pub fn record(
     let console_tail = session.console_tail();
     drop(session);
 
-    let (mut trace, totals) = recorder.finish().map_err(trace_error)?;
+    let (trace, totals) = recorder.finish().map_err(trace_error)?;
+    let mut trace = trace.expect("a recording's log goes to its trace");
     let provenance = match &result {
         Ok((_, Some(document))) => Some(document.to_bytes()),
         _ => None,
@@ -160,6 +178,7 @@ pub fn record(
         guest_ns: totals.last_clock_ns.saturating_sub(guest_start_ns),
         disk_writes: totals.disk_writes,
         disk_writes_sha256: totals.disk_writes_sha256,
+        events_sha256: Some(totals.events_sha256.clone()),
         host_seconds: recording_start.elapsed().as_secs_f64(),
         console_tail,
         sections_after: Some(
@@ -188,7 +207,11 @@ pub fn record(
     }
     let path = trace.finish().map_err(trace_error)?;
     match result {
-        Ok((outcome, _)) => Ok((outcome, path)),
+        Ok((outcome, _)) => Ok(Recorded {
+            outcome,
+            trace: path,
+            events_sha256: totals.events_sha256,
+        }),
         Err(error) => Err(RecordError::CutShort { error, trace: path }),
     }
 }

@@ -6,10 +6,13 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
+use provm_recorder::Recorder;
+use provm_vmm::clock::PinnedClock;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::{LiveSeam, Seam};
 use provm_vmm::vm::{BootSource, VmConfig, VmError};
@@ -20,6 +23,7 @@ use crate::fast_start::{self, FastStartError, Identity};
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::machine::{Machine, MachineError};
+use crate::pinning::Pinning;
 use crate::provenance::{self, Provenance, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
@@ -69,6 +73,8 @@ pub struct RunOptions {
     pub echo_console: bool,
     /// Capture the command's provenance and write it here.
     pub provenance: Option<PathBuf>,
+    /// Logical time and seeded entropy instead of the host's (`--pinned`).
+    pub pinned: Option<Pinning>,
 }
 
 impl RunOptions {
@@ -87,6 +93,7 @@ impl RunOptions {
             kernel: None,
             echo_console: false,
             provenance: None,
+            pinned: None,
         }
     }
 }
@@ -217,7 +224,10 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
-        entropy: fresh_entropy()?,
+        entropy: match &options.pinned {
+            Some(pinning) => pinning.entropy(),
+            None => fresh_entropy()?,
+        },
         // Stamped when the job is sent (GuestSession::run).
         wall_clock_ns: 0,
         provenance: options.provenance.is_some(),
@@ -242,13 +252,46 @@ pub fn start(
     prepared: &Prepared,
     deadline: Instant,
 ) -> Result<GuestSession, RunError> {
+    Ok(start_observed(options, prepared, deadline)?.0)
+}
+
+/// `start`, and for a pinned run the recorder (with no trace) that is its
+/// seam: it digests the run's event log.
+pub fn start_observed(
+    options: &RunOptions,
+    prepared: &Prepared,
+    deadline: Instant,
+) -> Result<(GuestSession, Option<Arc<Recorder>>), RunError> {
     let identity = Identity::of(prepared)?;
     let snapshot =
         fast_start::booted(prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
-    let (vm, _) = prepared
-        .machine(overlay_location(options), None)
-        .restore(snapshot, LiveSeam::starting_at)?;
-    Ok(GuestSession::resume(vm, deadline))
+    let machine = prepared.machine(overlay_location(options), None);
+    let Some(pinning) = &options.pinned else {
+        let (vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
+        return Ok((GuestSession::resume(vm, deadline), None));
+    };
+    // A plain run's Ctrl-C ends provm at once; a pinned one's too.
+    static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+    let (vm, recorder) = machine.restore(snapshot, |start_ns| {
+        Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
+    })?;
+    let mut session = GuestSession::resume(vm, deadline);
+    session.pin_wall_clock(pinning.epoch_ns);
+    Ok((session, Some(recorder)))
+}
+
+/// The logical clock of a pinned run whose guest starts at `start_ns`.
+pub fn pinned_clock(pinning: &Pinning, start_ns: u64) -> PinnedClock {
+    PinnedClock::new(start_ns, pinning.epoch_ns, pinning.exit_step_ns)
+}
+
+/// How a run went.
+pub struct Ran {
+    pub outcome: Outcome,
+    /// With `--prov`: the run's provenance (saved too).
+    pub provenance: Option<Provenance>,
+    /// A pinned run's event log digest (see `LogTotals::events_sha256`).
+    pub events_sha256: Option<String>,
 }
 
 /// Starts the guest, runs the command with its output streamed to `stdout`
@@ -257,14 +300,34 @@ pub fn run(
     options: &RunOptions,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<Outcome, RunError> {
+) -> Result<Ran, RunError> {
     let deadline = Instant::now() + options.timeout;
     let prepared = prepare(options)?;
+    run_prepared(options, &prepared, deadline, (stdout, stderr))
+}
+
+/// `run`, on an image checked already.
+pub fn run_prepared(
+    options: &RunOptions,
+    prepared: &Prepared,
+    deadline: Instant,
+    (stdout, stderr): (&mut dyn Write, &mut dyn Write),
+) -> Result<Ran, RunError> {
     let job = job(options, &prepared.root_device)?;
-    let mut session = start(options, &prepared, deadline)?;
-    let (outcome, _) = run_job(&mut session, job, options, &prepared, (stdout, stderr))?;
+    let (mut session, recorder) = start_observed(options, prepared, deadline)?;
+    let (outcome, provenance) = run_job(&mut session, job, options, prepared, (stdout, stderr))?;
     session.power_off()?;
-    Ok(outcome)
+    drop(session);
+    // Without a trace the log writes nothing, so it cannot fail.
+    let events_sha256 = recorder.map(|recorder| {
+        let (_, totals) = recorder.finish().expect("a digest-only log has no writes");
+        totals.events_sha256
+    });
+    Ok(Ran {
+        outcome,
+        provenance,
+        events_sha256,
+    })
 }
 
 /// Runs `job` in `session`; with `--prov`, captures its provenance, saves it
@@ -283,6 +346,7 @@ pub fn run_job(
         session,
         job,
         (&options.image, &prepared.boot.kernel),
+        options.pinned.as_ref(),
         (stdout, stderr),
     )?;
     provenance::save(&document, path)?;

@@ -44,6 +44,9 @@ pub struct GuestSession {
     deadline: Instant,
     /// Provenance records of the jobs run so far that asked for them.
     provenance: Vec<ProvRecord>,
+    /// The wall-clock time jobs carry (a pinned run's epoch); `None`: the
+    /// host's when each is sent.
+    pinned_wall_clock_ns: Option<u64>,
 }
 
 impl GuestSession {
@@ -69,7 +72,13 @@ impl GuestSession {
             frames: FrameReader::default(),
             deadline,
             provenance: Vec::new(),
+            pinned_wall_clock_ns: None,
         }
+    }
+
+    /// Jobs carry `epoch_ns` as the guest's wall-clock time, not the host's.
+    pub fn pin_wall_clock(&mut self, epoch_ns: u64) {
+        self.pinned_wall_clock_ns = Some(epoch_ns);
     }
 
     /// The VM's state, between jobs.
@@ -91,9 +100,11 @@ impl GuestSession {
     ) -> Result<Outcome, SessionError> {
         // The host's time as the job leaves: part of the job's bytes, so a
         // recording logs it and a replay sends the same.
-        job.wall_clock_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_nanos() as u64);
+        job.wall_clock_ns = self.pinned_wall_clock_ns.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos() as u64)
+        });
         self.vm.send_to_agent(&HostMessage::Run(job).encode());
         loop {
             match self.next_message()? {

@@ -34,6 +34,18 @@ impl Utc {
     }
 }
 
+/// Days from 1970-01-01 to the proleptic Gregorian date (H. Hinnant's
+/// days_from_civil), the inverse of `civil_from_days`.
+pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let mp = i64::from((month + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// The proleptic Gregorian date `days` after 1970-01-01 (H. Hinnant's
 /// civil_from_days).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -52,6 +64,15 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn days_from_civil_inverts_civil_from_days() {
+        for days in [-800_000, -1, 0, 59, 10_956, 11_016, 20_779, 2_932_896] {
+            let (year, month, day) = civil_from_days(days);
+            assert_eq!(days_from_civil(year, month, day), days);
+        }
+        assert_eq!(days_from_civil(2000, 1, 1), 10_957);
+    }
 
     #[test]
     fn calendar_dates_in_utc() {

@@ -1,6 +1,8 @@
-//! The recorder: the seam at record time. The guest's clock is host time,
-//! ticks wait for exits, and every crossing is appended to the event log,
-//! which goes to the trace in compressed chunks as the guest runs.
+//! The recorder: the seam at record time. The guest's clock is host time
+//! (or, pinned, logical time), ticks wait for exits, and every crossing is
+//! appended to the event log, which goes to the trace in compressed chunks
+//! as the guest runs. A pinned `provm run` uses it too, with no trace: only
+//! the log's digest is kept.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -9,11 +11,13 @@ use std::time::Instant;
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::{self, Event};
 use provm_trace::format::{FormatError, TraceWriter};
-use provm_vmm::clock::{Clock, HostClock};
+use provm_vmm::clock::{Clock, HostClock, PinnedClock};
 use provm_vmm::seam::{Exit, Place, Seam};
 
+use crate::clock::RecorderClock;
+
 pub struct Recorder {
-    clock: HostClock,
+    clock: RecorderClock,
     log: Mutex<Log>,
     /// Set from outside (Ctrl-C) to end the recording at the next exit.
     interrupted: &'static AtomicBool,
@@ -39,10 +43,37 @@ impl Recorder {
     /// A recorder appending to `trace`, whose clock starts at `start_ns` (the
     /// snapshot's virtual time).
     pub fn new(trace: TraceWriter, start_ns: u64, interrupted: &'static AtomicBool) -> Self {
+        Self::logging_to(
+            EventLogWriter::new(trace, start_ns),
+            RecorderClock::Host(HostClock::starting_at(start_ns)),
+            interrupted,
+        )
+    }
+
+    /// A recorder of a pinned run, whose guest time is `clock`: appending
+    /// to `trace`, or with none only digesting the log.
+    pub fn pinned(
+        trace: Option<TraceWriter>,
+        clock: PinnedClock,
+        interrupted: &'static AtomicBool,
+    ) -> Self {
+        let start_ns = clock.monotonic_ns();
+        let writer = match trace {
+            Some(trace) => EventLogWriter::new(trace, start_ns),
+            None => EventLogWriter::digest_only(start_ns),
+        };
+        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted)
+    }
+
+    fn logging_to(
+        writer: EventLogWriter,
+        clock: RecorderClock,
+        interrupted: &'static AtomicBool,
+    ) -> Self {
         Recorder {
-            clock: HostClock::starting_at(start_ns),
+            clock,
             log: Mutex::new(Log {
-                writer: Some(EventLogWriter::new(trace, start_ns)),
+                writer: Some(writer),
                 error: None,
             }),
             interrupted,
@@ -53,9 +84,9 @@ impl Recorder {
         self.log.lock().unwrap().record(|log| log.append(&event));
     }
 
-    /// Writes the last chunk and hands the trace back for the sections that
-    /// follow the log.
-    pub fn finish(&self) -> Result<(TraceWriter, LogTotals), FormatError> {
+    /// Writes the last chunk and hands the trace (if it has one) back for
+    /// the sections that follow the log.
+    pub fn finish(&self) -> Result<(Option<TraceWriter>, LogTotals), FormatError> {
         let mut log = self.log.lock().unwrap();
         log.writer
             .take()
@@ -109,10 +140,11 @@ impl Seam for Recorder {
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {
-        self.clock.sleep_until(ns, limit);
+        self.clock.wait_until(ns, limit);
     }
 
     fn exit(&self, exit: Exit<'_>, at: Place) {
+        self.clock.exit();
         self.log(exit_event(exit, at));
     }
 

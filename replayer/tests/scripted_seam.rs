@@ -146,7 +146,7 @@ fn record(path: &Path, calls: &[Call]) -> (Vec<u64>, RecordedEnd) {
     );
     let readings = run(&recorder, calls);
     let (trace, totals) = recorder.finish().unwrap();
-    trace.finish().unwrap();
+    trace.unwrap().finish().unwrap();
     assert_eq!(totals.events, first_event_of(calls, calls.len()));
     let end = RecordedEnd {
         complete: true,
@@ -364,7 +364,7 @@ fn a_log_cut_after_a_clock_reading_always_replays_as_cut_short() {
     // the exit the guest made after it is not: the recording ended between.
     recorder.monotonic_ns();
     let (trace, _) = recorder.finish().unwrap();
-    trace.finish().unwrap();
+    trace.unwrap().finish().unwrap();
     let next_exit = Call::Exit(
         Exit::MmioWrite {
             address: 0xd000_1050,

@@ -7,15 +7,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use provm_guest_agent::{Job, Outcome};
 
 use super::{build, file_boundary, text_boundary, HashingWriter, Provenance, VmBoundary};
+use crate::pinning::Pinning;
 use crate::run::RunError;
 use crate::session::GuestSession;
 
 /// Runs `job` (which asks for capture) in `session`, which booted `kernel`
-/// on `image`; returns how it ended and its provenance.
+/// on `image` (with its clock and entropy `pinned`, or the host's); returns
+/// how it ended and its provenance.
 pub fn run_captured(
     session: &mut GuestSession,
     job: Job,
     (image, kernel): (&Path, &Path),
+    pinned: Option<&Pinning>,
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<(Outcome, Provenance), RunError> {
     let start_ns = now_ns();
@@ -33,14 +36,25 @@ pub fn run_captured(
         text_boundary(
             "entropy",
             vec![format!(
-                "{} bytes from the host, sha256 {}",
+                "{} bytes {}, sha256 {}",
                 job.entropy.len(),
+                match pinned {
+                    Some(pinning) => format!("from --seed {}", pinning.seed_hex()),
+                    None => "from the host".into(),
+                },
                 crate::digest::bytes_sha256(&job.entropy)
             )],
         ),
         text_boundary(
             "clock",
-            vec!["host time, read by the guest through the PIT and CMOS (logged in the trace when recording)".into()],
+            vec![match pinned {
+                Some(pinning) => format!(
+                    "logical time from {} (--pinned): {} ns per VM exit, and to the next timer deadline when the guest halts",
+                    crate::record::utc_date_time(pinning.epoch_ns / 1_000_000_000),
+                    pinning.exit_step_ns
+                ),
+                None => "host time, read by the guest through the PIT and CMOS (logged in the trace when recording)".into(),
+            }],
         ),
     ];
     let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));

@@ -31,6 +31,9 @@ pub struct LogTotals {
     pub disk_writes_sha256: String,
     /// The guest's last clock reading: how far its virtual time got.
     pub last_clock_ns: u64,
+    /// SHA-256 over the encoded events, in order: two runs with equal
+    /// digests received the same inputs and did the same things.
+    pub events_sha256: String,
 }
 
 /// SHA-256 over every disk write in order: offset, length, bytes. The
@@ -53,9 +56,11 @@ impl DiskWritesDigest {
     }
 }
 
-/// Appends events to a trace in chunks.
+/// Appends events to a trace in chunks, or only digests them (a pinned run
+/// without a trace).
 pub struct EventLogWriter {
-    trace: TraceWriter,
+    /// `None`: the events are digested, and stored nowhere.
+    trace: Option<TraceWriter>,
     encoder: Encoder,
     pending: Vec<u8>,
     events: u64,
@@ -64,12 +69,23 @@ pub struct EventLogWriter {
     disk_writes: u64,
     disk_digest: DiskWritesDigest,
     last_clock_ns: u64,
+    events_digest: Sha256,
 }
 
 impl EventLogWriter {
     /// A log appended to `trace`, for a guest whose clock starts at
     /// `start_ns`.
     pub fn new(trace: TraceWriter, start_ns: u64) -> Self {
+        Self::to(Some(trace), start_ns)
+    }
+
+    /// A log that only digests its events: what `LogTotals` says of a run
+    /// that keeps no trace.
+    pub fn digest_only(start_ns: u64) -> Self {
+        Self::to(None, start_ns)
+    }
+
+    fn to(trace: Option<TraceWriter>, start_ns: u64) -> Self {
         EventLogWriter {
             trace,
             encoder: Encoder::default(),
@@ -80,6 +96,7 @@ impl EventLogWriter {
             disk_writes: 0,
             disk_digest: DiskWritesDigest::default(),
             last_clock_ns: start_ns,
+            events_digest: Sha256::new(),
         }
     }
 
@@ -91,7 +108,9 @@ impl EventLogWriter {
         }
         self.events += 1;
         self.exits += u64::from(event.is_exit());
+        let start = self.pending.len();
         self.encoder.encode(event, &mut self.pending);
+        self.events_digest.update(&self.pending[start..]);
         if self.pending.len() >= CHUNK_BYTES {
             self.flush()?;
         }
@@ -106,9 +125,9 @@ impl EventLogWriter {
         self.append(&Event::disk_write(offset, data))
     }
 
-    /// Writes the last chunk and hands the trace back for the sections that
-    /// follow the log.
-    pub fn finish(mut self) -> Result<(TraceWriter, LogTotals), FormatError> {
+    /// Writes the last chunk and hands the trace (if any) back for the
+    /// sections that follow the log.
+    pub fn finish(mut self) -> Result<(Option<TraceWriter>, LogTotals), FormatError> {
         self.flush()?;
         let totals = LogTotals {
             events: self.events,
@@ -117,16 +136,21 @@ impl EventLogWriter {
             disk_writes: self.disk_writes,
             disk_writes_sha256: self.disk_digest.hex(),
             last_clock_ns: self.last_clock_ns,
+            events_sha256: hex(&self.events_digest.finalize()),
         };
         Ok((self.trace, totals))
     }
 
     fn flush(&mut self) -> Result<(), FormatError> {
+        let Some(trace) = self.trace.as_mut() else {
+            self.pending.clear();
+            return Ok(());
+        };
         if self.pending.is_empty() {
             return Ok(());
         }
         let payload = encode_chunk(self.chunks, &self.pending).map_err(FormatError::Write)?;
-        self.trace.section(SectionKind::Events, &payload)?;
+        trace.section(SectionKind::Events, &payload)?;
         self.chunks += 1;
         self.pending.clear();
         Ok(())

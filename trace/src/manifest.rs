@@ -110,4 +110,8 @@ pub struct Outcome {
     /// noticed. Absent from traces of older provm versions.
     #[serde(default)]
     pub sections_after: Option<Vec<String>>,
+    /// SHA-256 over the encoded event log (`LogTotals::events_sha256`): a
+    /// pinned run's is the same every time. Absent from older traces.
+    #[serde(default)]
+    pub events_sha256: Option<String>,
 }

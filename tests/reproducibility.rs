@@ -1,0 +1,173 @@
+//! End-to-end reproducibility on the real guest, through the provm binary:
+//! pinned runs are the same run every time. All runs start from one cached
+//! snapshot of the booted guest (the first run boots it).
+
+mod common;
+
+use common::{assert_replay_matches, images, one_guest_at_a_time, path, provm, Finished};
+
+/// The check: the clock, the entropy and files, in one command.
+const CLOCK_ENTROPY_FILES: &str =
+    "date; head -c 16 /dev/urandom | sha256sum; tar -cf - /data | sha256sum";
+
+/// `provm run EXTRA... IMAGE -- /bin/sh -c SCRIPT` on the test image.
+fn run_shell(extra: &[&str], script: &str) -> Finished {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);
+    provm(&args)
+}
+
+/// The event log digest provm printed on stderr.
+fn event_log_digest(finished: &Finished) -> &str {
+    finished
+        .stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("provm: event log sha256 "))
+        .unwrap_or_else(|| panic!("no event log digest in: {}", finished.stderr))
+}
+
+#[test]
+fn pinned_runs_are_the_same_run_and_the_seed_changes_only_the_entropy() {
+    let _guest = one_guest_at_a_time();
+    let first = run_shell(&["--pinned"], CLOCK_ENTROPY_FILES);
+    assert_eq!(first.status, 0, "{}", first.stderr);
+    let second = run_shell(&["--pinned"], CLOCK_ENTROPY_FILES);
+    assert_eq!(second.status, 0, "{}", second.stderr);
+    assert_eq!(first.stdout, second.stdout);
+    assert_eq!(event_log_digest(&first), event_log_digest(&second));
+    assert!(
+        first.stdout.starts_with("Sat Jan  1 00:00"),
+        "the default epoch is 2000-01-01: {}",
+        first.stdout
+    );
+
+    let reseeded = run_shell(&["--pinned", "--seed", "5eed"], CLOCK_ENTROPY_FILES);
+    assert_eq!(reseeded.status, 0, "{}", reseeded.stderr);
+    let lines = |finished: &Finished| -> Vec<String> {
+        finished.stdout.lines().map(str::to_owned).collect()
+    };
+    let (pinned, reseeded_lines) = (lines(&first), lines(&reseeded));
+    assert_eq!(pinned.len(), 3, "{}", first.stdout);
+    assert_eq!(pinned[0], reseeded_lines[0], "the date");
+    assert_ne!(pinned[1], reseeded_lines[1], "the random line");
+    assert_eq!(pinned[2], reseeded_lines[2], "the tar of /data");
+    assert_ne!(event_log_digest(&first), event_log_digest(&reseeded));
+}
+
+#[test]
+fn a_pinned_recording_is_the_pinned_run_and_replays() {
+    let _guest = one_guest_at_a_time();
+    let script = "date +%s; sleep 1; date +%s; head -c 8 /dev/urandom | od -An -tx1";
+    let epoch = ["--pinned", "--epoch", "2024-02-29T12:00:00Z"];
+    let ran = run_shell(&epoch, script);
+    assert_eq!(ran.status, 0, "{}", ran.stderr);
+    assert!(
+        ran.stdout.starts_with("1709208000\n1709208001\n"),
+        "{}",
+        ran.stdout
+    );
+
+    let trace = images().dir.join("pinned.provm");
+    let mut args = vec!["record", "-o", path(&trace)];
+    args.extend_from_slice(&epoch);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);
+    let recorded = provm(&args);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    assert_eq!(recorded.stdout, ran.stdout);
+    assert_eq!(event_log_digest(&recorded), event_log_digest(&ran));
+    assert_replay_matches(&trace);
+    let inspect = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspect.stdout.contains(event_log_digest(&ran)),
+        "{}",
+        inspect.stdout
+    );
+}
+
+#[test]
+fn a_bad_seed_or_epoch_is_refused_naming_the_fix() {
+    let image = path(&images().tiny_qcow2);
+    for (args, expected) in [
+        (
+            vec!["--pinned", "--seed", "xyz"],
+            "give up to 64 hex digits",
+        ),
+        (
+            vec!["--pinned", "--epoch", "2000-13-01T00:00:00Z"],
+            "month 13",
+        ),
+        (vec!["--pinned", "--epoch", "yesterday"], "RFC 3339"),
+        (vec!["--seed", "1"], "--pinned"),
+    ] {
+        let mut command = vec!["run"];
+        command.extend_from_slice(&args);
+        command.extend_from_slice(&[image, "--", "true"]);
+        let refused = provm(&command);
+        assert_ne!(refused.status, 0, "{args:?}");
+        assert!(
+            refused.stderr.contains(expected),
+            "{args:?}: {}",
+            refused.stderr
+        );
+    }
+}
+
+/// `provm repro EXTRA... IMAGE -- /bin/sh -c SCRIPT` on the test image.
+fn repro_shell(extra: &[&str], script: &str) -> Finished {
+    let mut args = vec!["repro"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);
+    provm(&args)
+}
+
+#[test]
+fn repro_names_the_one_source_of_variation() {
+    let _guest = one_guest_at_a_time();
+    let clock = "; cause: clock (stable when the clock is pinned); not: entropy\n";
+    let entropy = "; cause: entropy (stable when the entropy is pinned); not: clock\n";
+    for (script, what_differs, cause) in [
+        ("date", "irreproducible: stdout differs", clock),
+        (
+            "head -c8 /dev/urandom | od -An -tx1",
+            "irreproducible: stdout differs",
+            entropy,
+        ),
+        (
+            // Fresh files: their times are in the archive.
+            "mkdir /out && cd /out && echo a > a && echo b > b && tar -cf result.tar a b && echo done",
+            "irreproducible: /out/result.tar differs (written by tar, pid ",
+            clock,
+        ),
+    ] {
+        let repro = repro_shell(&[], script);
+        assert_eq!(repro.status, 1, "{script}: {}{}", repro.stdout, repro.stderr);
+        assert!(
+            repro.stdout.starts_with(what_differs) && repro.stdout.ends_with(cause),
+            "{script}: {}",
+            repro.stdout
+        );
+    }
+    let echo = repro_shell(&[], "echo hi");
+    assert_eq!(echo.status, 0, "{}{}", echo.stdout, echo.stderr);
+    assert!(
+        echo.stdout
+            .starts_with("reproducible: 2 runs with the clock and entropy varied"),
+        "{}",
+        echo.stdout
+    );
+}
+
+#[test]
+fn a_pinned_repro_is_always_reproducible() {
+    let _guest = one_guest_at_a_time();
+    let repro = repro_shell(&["--pinned", "--runs", "3"], CLOCK_ENTROPY_FILES);
+    assert_eq!(repro.status, 0, "{}{}", repro.stdout, repro.stderr);
+    assert!(
+        repro
+            .stdout
+            .starts_with("reproducible: 3 runs with every input pinned"),
+        "{}",
+        repro.stdout
+    );
+}
