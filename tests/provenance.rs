@@ -211,7 +211,7 @@ fn check_graph_command(document: &Provenance) {
             .unwrap()
     };
     let svg = artifacts.join("pipeline.svg");
-    let drawn = graph(&["--format", "svg", "-o", svg.to_str().unwrap()]);
+    let drawn = graph(&["--format", "svg", "--force", "-o", svg.to_str().unwrap()]);
     assert!(
         drawn.status.success(),
         "{}",
