@@ -43,12 +43,9 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, creating
-/// the directory: a reader never sees half a file.
+/// the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
+    let dir = path.parent().expect("cache files live in a directory");
     fs::create_dir_all(dir)?;
     let mut temporary = tempfile::NamedTempFile::new_in(dir)?;
     io::Write::write_all(&mut temporary, bytes)?;

@@ -363,7 +363,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     if args.extract_kernel {
         let output = args.output.expect("clap requires --output");
         let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;
-        provm::digest::write_atomically(&output, &kernel)?;
+        provm::export::AtomicFile::write(&output, args.force, &kernel)?;
         eprintln!("provm: wrote the guest kernel to {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
@@ -387,7 +387,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         for analysis in &analyses {
             analysis.report_json(&mut lines)?;
         }
-        provm::digest::write_atomically(output, &lines)?;
+        provm::export::AtomicFile::write(output, args.force, &lines)?;
     }
     match report {
         ReplayReport::Matched {

@@ -54,6 +54,16 @@ impl AtomicFile {
         self.temp.as_file_mut()
     }
 
+    /// Writes `bytes` to `path` as one atomic file.
+    pub fn write(path: &Path, force: bool, bytes: &[u8]) -> Result<PathBuf, ExportError> {
+        let mut file = AtomicFile::create(path, force)?;
+        std::io::Write::write_all(file.file(), bytes).map_err(|source| ExportError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        file.commit()
+    }
+
     /// Syncs the file and renames it onto its destination.
     pub fn commit(self) -> Result<PathBuf, ExportError> {
         let io_error = |source| ExportError::Io {
