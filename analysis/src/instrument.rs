@@ -74,8 +74,7 @@ impl Instrument {
 
     /// The analyses, with what they found.
     pub fn into_analyses(self) -> Vec<Box<dyn Analysis>> {
-        let analyses = std::mem::take(&mut *self.analyses.lock().unwrap());
-        analyses
+        std::mem::take(&mut *self.analyses.lock().unwrap())
     }
 
     fn each(&self, mut call: impl FnMut(&mut dyn Analysis)) {
@@ -125,9 +124,8 @@ impl Instrument {
             return Ok(());
         };
         let ret = guest.read_u64(guest.view.regs.rdi + self.kernel.offsets.pt_regs_ax)? as i64;
-        let mut call = entered
-            .clone()
-            .returned(guest, ret, (at.events, at.guest_ns));
+        let raw = entered.raw;
+        let mut call = entered.returned(guest, ret, (at.events, at.guest_ns));
         // After an execve the task has its new name.
         call.task = guest.task(task_address)?;
         let derived = match Sysno::new(call.number as usize) {
@@ -149,7 +147,7 @@ impl Instrument {
                     argv: argv.unwrap_or_default(),
                 })
             }
-            Some(call_number) if ret > 0 && made_process(guest, call_number, &entered.raw)? => {
+            Some(call_number) if ret > 0 && made_process(guest, call_number, &raw)? => {
                 Some(ProcessEvent::Forked {
                     parent: call.task.clone(),
                     child: ret as i32,

@@ -208,8 +208,8 @@ impl Entered {
     }
 
     /// The call as it returned `ret`, its buffers read.
-    pub fn returned(self, guest: &Guest, ret: i64, (event, guest_ns): (u64, u64)) -> Syscall {
-        let mut args = self.args.clone();
+    pub fn returned(mut self, guest: &Guest, ret: i64, (event, guest_ns): (u64, u64)) -> Syscall {
+        let mut args = std::mem::take(&mut self.args);
         for (arg, &raw) in args.iter_mut().zip(&self.raw) {
             if matches!(arg, Arg::Data { .. }) {
                 *arg =
@@ -221,8 +221,8 @@ impl Entered {
 
     /// The call as it ended without returning (exit, exit_group, a
     /// successful execve's caller is not this).
-    pub fn never_returned(self, (event, guest_ns): (u64, u64)) -> Syscall {
-        let args = self.args.clone();
+    pub fn never_returned(mut self, (event, guest_ns): (u64, u64)) -> Syscall {
+        let args = std::mem::take(&mut self.args);
         self.finish(args, None, (event, guest_ns))
     }
 

@@ -228,7 +228,8 @@ pub enum VmEvent {
 
 /// How one entry into the guest ended.
 enum Entry {
-    /// The kick timer interrupted it: no exit, nothing to handle.
+    /// No exit, nothing to handle: the kick timer interrupted it, or it
+    /// stepped over a breakpoint.
     Kicked,
     /// A VM exit, handled; `halted` if it was HLT.
     Exited {
@@ -250,16 +251,6 @@ impl GuestView<'_> {
     /// Reads guest virtual memory under the current page tables.
     pub fn read(&self, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
         paging::read(self.memory, self.sregs.cr3, virt, buf)
-    }
-
-    /// Reads guest virtual memory under another address space's tables.
-    pub fn read_in(&self, cr3: u64, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
-        paging::read(self.memory, cr3, virt, buf)
-    }
-
-    /// Whether the guest was running user code (CPL 3).
-    pub fn in_user_mode(&self) -> bool {
-        self.sregs.cs.dpl == 3
     }
 }
 
@@ -577,7 +568,7 @@ impl Vm {
                 let stop = DebugStop::from_kvm(&debug);
                 if std::mem::take(&mut self.stepping_over) {
                     // Stepped past the breakpoint: put the breakpoints back.
-                    self.apply_guest_debug(&self.guest_debug.clone())?;
+                    self.apply_guest_debug(&self.guest_debug)?;
                     if !self.guest_debug.single_step {
                         return Ok(Entry::Kicked);
                     }
