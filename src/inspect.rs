@@ -74,14 +74,14 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
             "disk       {} writes, sha256 {}",
             o.disk_writes, o.disk_writes_sha256
         )?;
+        if let Some(digest) = &o.events_sha256 {
+            writeln!(out, "event log  sha256 {digest}")?;
+        }
         writeln!(
             out,
             "events     {} ({} VM exits) in {} chunks",
             o.events, o.exits, o.event_chunks
         )?;
-        if let Some(digest) = &o.events_sha256 {
-            writeln!(out, "  sha256 {digest}")?;
-        }
         for (kind, count) in &counts {
             writeln!(out, "  {:<20} {count}", kind.name())?;
         }
