@@ -48,6 +48,10 @@ fn main() {
     for (what, args) in [
         ("inspect", vec!["inspect", trace]),
         (
+            "query: the manifest only (the log is not loaded)",
+            vec!["query", trace, "SELECT events, exits FROM manifest"],
+        ),
+        (
             "query: events by kind",
             vec![
                 "query",

@@ -390,7 +390,7 @@ fn query(args: QueryArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .split_last()
         .expect("clap requires a run and a query");
     let runs = open_runs(runs.iter().map(PathBuf::from))?;
-    let db = provm::query::in_memory(&runs)?;
+    let db = provm::query::for_query(&runs, sql)?;
     provm::query::print(&db, sql, args.format, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }

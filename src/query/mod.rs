@@ -20,7 +20,7 @@ mod tables;
 
 use std::path::PathBuf;
 
-pub use database::{in_memory, index, load, schema};
+pub use database::{for_query, index, load, schema};
 pub use output::{print, OutputFormat};
 pub use run::Run;
 pub use tables::{Column, Rows, Table, View, TABLES, VIEWS};
