@@ -2,7 +2,8 @@
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
 # cached), boot and command latency against QEMU TCG (benches/boot.rs), the
 # cost of provenance capture (benches/provenance.rs), then record and replay
-# cost against QEMU TCG's record/replay (benches/replay.rs).
+# cost against QEMU TCG's record/replay (benches/replay.rs), and query and
+# export times on a million-event trace (benches/query.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +26,5 @@ echo
 cargo bench -q --bench provenance 2>/dev/null
 echo
 cargo bench -q --bench replay 2>/dev/null
+echo
+cargo bench -q --bench query 2>/dev/null
