@@ -2,8 +2,9 @@
 # provm's benchmark table: kernel build (cold, in a scratch cache, and
 # cached), boot and command latency against QEMU TCG (benches/boot.rs), the
 # cost of provenance capture (benches/provenance.rs), pinned runs against
-# plain ones (benches/pinned.rs), then record and replay
-# cost against QEMU TCG's record/replay (benches/replay.rs).
+# plain ones (benches/pinned.rs), then record and replay cost against QEMU
+# TCG's record/replay (benches/replay.rs), and query and export times on a
+# million-event trace (benches/query.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +29,5 @@ echo
 cargo bench -q --bench pinned 2>/dev/null
 echo
 cargo bench -q --bench replay 2>/dev/null
+echo
+cargo bench -q --bench query 2>/dev/null

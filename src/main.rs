@@ -282,6 +282,19 @@ enum ExportCommand {
         #[command(flatten)]
         output: ExportOutput,
     },
+    /// The run's provenance (recorded with --prov) as a Makefile: one rule
+    /// per file it generated, the files its writer read as prerequisites,
+    /// the writer's command line as recipe.
+    Makefile {
+        /// The trace (.provm).
+        run: PathBuf,
+        /// Write here instead of standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Overwrite --output if it exists.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -497,7 +510,7 @@ fn query(args: QueryArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .split_last()
         .expect("clap requires a run and a query");
     let runs = open_runs(runs.iter().map(PathBuf::from))?;
-    let db = provm::query::in_memory(&runs)?;
+    let db = provm::query::for_query(&runs, sql)?;
     provm::query::print(&db, sql, args.format, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
@@ -523,6 +536,18 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             let run = provm::query::Run::open(&run)?;
             if !provm::export::timeline(&run, &output.output, output.force)? {
                 eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov to have them", run.name);
+            }
+        }
+        ExportCommand::Makefile { run, output, force } => {
+            refuse_to_overwrite(force, &[&output])?;
+            let makefile = provm::export::makefile(&provm::query::Run::open(&run)?)?;
+            match output {
+                Some(path) => {
+                    let mut file = provm::export::AtomicFile::create(&path, force)?;
+                    std::io::Write::write_all(file.file(), makefile.as_bytes())?;
+                    file.commit()?;
+                }
+                None => print!("{makefile}"),
             }
         }
     }

@@ -3,12 +3,14 @@
 //! temporary name and renamed into place when complete (`atomic`).
 
 mod atomic;
+mod makefile;
 mod sqlite;
 mod timeline;
 
 use std::path::PathBuf;
 
 pub use atomic::AtomicFile;
+pub use makefile::makefile;
 pub use sqlite::sqlite;
 pub use timeline::timeline;
 

@@ -13,6 +13,7 @@ pub fn sqlite(runs: &[Run], path: &Path, force: bool) -> Result<(), ExportError>
     // SQLite takes the empty temporary file as a new database.
     let mut db = Connection::open(file.temp_path()).map_err(query::QueryError::from)?;
     query::load(&mut db, runs)?;
+    query::index(&db)?;
     db.close()
         .map_err(|(_, error)| query::QueryError::from(error))?;
     file.commit()?;

@@ -7,8 +7,8 @@
 //! must write a real database file that any SQLite client, Python's
 //! sqlite3, pandas or DuckDB opens, and SQLite *is* that file format, so one
 //! engine serves both commands; the analytical queries people ask of a run
-//! (counts, groups, joins over a few million event rows) take seconds with
-//! the indexes `tables` creates; and it costs one C file (its build time
+//! (counts, groups, joins over a million event rows) take seconds, and the
+//! exported file is indexed for many more; and it costs one C file (its build time
 //! and binary size are measured in the README) where DataFusion or DuckDB
 //! would add hundreds of crates or a C++ library and minutes of build for a
 //! columnar speed that one run's rows do not need.
@@ -20,7 +20,7 @@ mod tables;
 
 use std::path::PathBuf;
 
-pub use database::{in_memory, load, schema};
+pub use database::{for_query, index, load, schema};
 pub use output::{print, OutputFormat};
 pub use run::Run;
 pub use tables::{Column, Rows, Table, View, TABLES, VIEWS};

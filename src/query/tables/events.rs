@@ -29,7 +29,7 @@ pub const EVENTS: Table = Table {
         column("rip", "TEXT", "where the guest was at an exit, in hex"),
         column("guest_ns", "INTEGER", "the guest's monotonic clock: its last reading at or before the event"),
     ],
-    indexes: &["idx", "exit", "kind", "device"],
+    indexes: &["exit", "kind"],
     fill,
 };
 

@@ -57,7 +57,8 @@ pub struct Table {
     pub doc: &'static str,
     /// The columns after `run`.
     pub columns: &'static [Column],
-    /// Column lists (after `run`) indexed once the rows are in.
+    /// Column lists indexed in an exported database. Without `run`: it is
+    /// long text, repeated in every entry of an index.
     pub indexes: &'static [&'static str],
     /// Inserts the rows of one run.
     pub fill: fn(&Run, &mut Rows<'_>) -> Result<(), QueryError>,
@@ -83,7 +84,7 @@ impl Table {
     pub fn index_sql(&self) -> impl Iterator<Item = String> + '_ {
         self.indexes.iter().enumerate().map(|(n, columns)| {
             format!(
-                "CREATE INDEX {}_{n} ON {} (run, {columns})",
+                "CREATE INDEX {}_{n} ON {} ({columns})",
                 self.name, self.name
             )
         })
@@ -102,29 +103,31 @@ impl View {
 }
 
 /// Where a table's fill function puts its rows: one prepared INSERT,
-/// reused for every row, inside the loading transaction.
+/// reused for every row, inside the loading transaction; `run` is bound
+/// once, the other columns row by row.
 pub struct Rows<'a> {
     insert: Statement<'a>,
-    run: &'a str,
     width: usize,
 }
 
 impl<'a> Rows<'a> {
-    pub fn new(tx: &'a Transaction<'_>, table: &Table, run: &'a str) -> Result<Self, QueryError> {
+    pub fn new(tx: &'a Transaction<'_>, table: &Table, run: &str) -> Result<Self, QueryError> {
+        let mut insert = tx.prepare(&table.insert_sql())?;
+        insert.raw_bind_parameter(1, run)?;
         Ok(Rows {
-            insert: tx.prepare(&table.insert_sql())?,
-            run,
+            insert,
             width: table.columns.len(),
         })
     }
 
     /// Inserts one row: `values` are the columns after `run`, in order.
     pub fn insert(&mut self, values: &[&dyn ToSql]) -> Result<(), QueryError> {
-        debug_assert_eq!(values.len(), self.width, "one value per column");
-        let mut row: Vec<&dyn ToSql> = Vec::with_capacity(values.len() + 1);
-        row.push(&self.run);
-        row.extend_from_slice(values);
-        self.insert.execute(row.as_slice())?;
+        assert_eq!(values.len(), self.width, "one value per column");
+        for (index, value) in values.iter().enumerate() {
+            // Parameters count from 1, and 1 is `run`.
+            self.insert.raw_bind_parameter(index + 2, value)?;
+        }
+        self.insert.raw_execute()?;
         Ok(())
     }
 }
