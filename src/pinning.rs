@@ -58,14 +58,14 @@ pub enum PinningError {
     #[error(
         "{0:?} is not a hex seed ({1}); give up to 64 hex digits, e.g. --seed 0 or --seed 5eed"
     )]
-    Seed(String, &'static str),
+    Seed(String, String),
     #[error("{0:?} is not a time ({1}); give RFC 3339 UTC or with an offset (2000-01-01T00:00:00Z, 2024-05-01T12:00:00+02:00) or seconds since the Unix epoch (946684800)")]
     Epoch(String, String),
 }
 
 /// `--seed HEX`: up to 64 hex digits, `0x` allowed.
 pub fn parse_seed(text: &str) -> Result<[u8; SEED_BYTES], PinningError> {
-    let error = |why| PinningError::Seed(text.to_owned(), why);
+    let error = |why: &str| PinningError::Seed(text.to_owned(), why.to_owned());
     let digits = text
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))
