@@ -80,7 +80,8 @@ pub fn parse_seed(text: &str) -> Result<[u8; SEED_BYTES], PinningError> {
     for (index, digit) in digits.chars().rev().enumerate() {
         let value = digit
             .to_digit(16)
-            .ok_or_else(|| error("not a hex digit in it"))? as u8;
+            .ok_or_else(|| error(&format!("{digit:?} is not a hex digit")))?
+            as u8;
         seed[SEED_BYTES - 1 - index / 2] |= value << (4 * (index % 2));
     }
     Ok(seed)
@@ -211,6 +212,10 @@ mod tests {
 
     #[test]
     fn a_seed_that_is_not_hex_is_refused_naming_the_fix() {
+        assert!(parse_seed("12g4")
+            .unwrap_err()
+            .to_string()
+            .contains("'g' is not a hex digit"));
         for bad in ["", "0x", "xyz", "12g4", &"1".repeat(65)] {
             let message = parse_seed(bad).unwrap_err().to_string();
             assert!(message.contains("--seed 0"), "{bad}: {message}");
