@@ -137,9 +137,9 @@ struct GuestArgs {
 
 #[derive(clap::Args)]
 struct ReproArgs {
-    /// How many runs with varied inputs to compare.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
-    runs: u64,
+    /// How many runs with varied inputs to compare (at least 2).
+    #[arg(long, default_value_t = 2, value_parser = parse_runs)]
+    runs: usize,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -464,10 +464,18 @@ fn guest_options(args: GuestArgs, verbose: bool) -> RunOptions {
     }
 }
 
+/// `--runs N`: a comparison needs two runs at least.
+fn parse_runs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(runs) if runs >= 2 => Ok(runs),
+        _ => Err("give a number of runs of 2 or more (a comparison needs two)".into()),
+    }
+}
+
 fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let options = ReproOptions {
         run: guest_options(args.guest, verbose),
-        runs: args.runs as usize,
+        runs: args.runs,
     };
     let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
     println!("{verdict}");

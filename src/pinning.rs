@@ -58,14 +58,14 @@ pub enum PinningError {
     #[error(
         "{0:?} is not a hex seed ({1}); give up to 64 hex digits, e.g. --seed 0 or --seed 5eed"
     )]
-    Seed(String, &'static str),
+    Seed(String, String),
     #[error("{0:?} is not a time ({1}); give RFC 3339 UTC or with an offset (2000-01-01T00:00:00Z, 2024-05-01T12:00:00+02:00) or seconds since the Unix epoch (946684800)")]
     Epoch(String, String),
 }
 
 /// `--seed HEX`: up to 64 hex digits, `0x` allowed.
 pub fn parse_seed(text: &str) -> Result<[u8; SEED_BYTES], PinningError> {
-    let error = |why| PinningError::Seed(text.to_owned(), why);
+    let error = |why: &str| PinningError::Seed(text.to_owned(), why.to_owned());
     let digits = text
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))
@@ -80,7 +80,8 @@ pub fn parse_seed(text: &str) -> Result<[u8; SEED_BYTES], PinningError> {
     for (index, digit) in digits.chars().rev().enumerate() {
         let value = digit
             .to_digit(16)
-            .ok_or_else(|| error("not a hex digit in it"))? as u8;
+            .ok_or_else(|| error(&format!("{digit:?} is not a hex digit")))?
+            as u8;
         seed[SEED_BYTES - 1 - index / 2] |= value << (4 * (index % 2));
     }
     Ok(seed)
@@ -211,6 +212,10 @@ mod tests {
 
     #[test]
     fn a_seed_that_is_not_hex_is_refused_naming_the_fix() {
+        assert!(parse_seed("12g4")
+            .unwrap_err()
+            .to_string()
+            .contains("'g' is not a hex digit"));
         for bad in ["", "0x", "xyz", "12g4", &"1".repeat(65)] {
             let message = parse_seed(bad).unwrap_err().to_string();
             assert!(message.contains("--seed 0"), "{bad}: {message}");

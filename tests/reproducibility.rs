@@ -86,22 +86,29 @@ fn a_pinned_recording_is_the_pinned_run_and_replays() {
 }
 
 #[test]
-fn a_bad_seed_or_epoch_is_refused_naming_the_fix() {
+fn a_bad_seed_epoch_or_run_count_is_refused_naming_the_fix() {
     let image = path(&images().tiny_qcow2);
     for (args, expected) in [
         (
-            vec!["--pinned", "--seed", "xyz"],
+            vec!["run", "--pinned", "--seed", "xyz"],
             "give up to 64 hex digits",
         ),
         (
-            vec!["--pinned", "--epoch", "2000-13-01T00:00:00Z"],
+            vec!["record", "--pinned", "--seed", "12g"],
+            "'g' is not a hex digit",
+        ),
+        (
+            vec!["run", "--pinned", "--epoch", "2000-13-01T00:00:00Z"],
             "month 13",
         ),
-        (vec!["--pinned", "--epoch", "yesterday"], "RFC 3339"),
-        (vec!["--seed", "1"], "--pinned"),
+        (
+            vec!["repro", "--pinned", "--epoch", "yesterday"],
+            "RFC 3339",
+        ),
+        (vec!["run", "--seed", "1"], "--pinned"),
+        (vec!["repro", "--runs", "1"], "2 or more"),
     ] {
-        let mut command = vec!["run"];
-        command.extend_from_slice(&args);
+        let mut command = args.clone();
         command.extend_from_slice(&[image, "--", "true"]);
         let refused = provm(&command);
         assert_ne!(refused.status, 0, "{args:?}");

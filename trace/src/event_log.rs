@@ -231,3 +231,39 @@ impl EventStream {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digest of `events` as a log that only digests sees them.
+    fn digest(events: &[Event]) -> String {
+        let mut log = EventLogWriter::digest_only(0);
+        for event in events {
+            log.append(event).unwrap();
+        }
+        let (trace, totals) = log.finish().unwrap();
+        assert!(trace.is_none());
+        totals.events_sha256
+    }
+
+    #[test]
+    fn a_digest_only_log_digests_what_a_trace_would_hold() {
+        let events = [
+            Event::Clock(5),
+            Event::ReadResult(vec![1, 2]),
+            Event::Clock(9),
+        ];
+        let path = std::env::temp_dir().join(format!("provm-event-log-{}", std::process::id()));
+        let mut traced = EventLogWriter::new(TraceWriter::create(&path).unwrap(), 0);
+        for event in &events {
+            traced.append(event).unwrap();
+        }
+        let (trace, totals) = traced.finish().unwrap();
+        let _ = std::fs::remove_file(trace.unwrap().finish().unwrap());
+        assert_eq!(totals.events_sha256, digest(&events));
+        assert_eq!(totals.last_clock_ns, 9);
+        assert_ne!(digest(&events), digest(&events[..2]));
+        assert_ne!(digest(&events), digest(&[Event::Clock(5), Event::Clock(9)]));
+    }
+}
