@@ -157,7 +157,8 @@ fn lengthen(recorded: &Path, long: &Path) -> u64 {
         }
         copies += 1;
     }
-    let (mut writer, totals) = appender.finish().unwrap();
+    let (writer, totals) = appender.finish().unwrap();
+    let mut writer = writer.expect("a log written into a trace gives its writer back");
     let mut outcome = original.outcome.clone();
     (outcome.events, outcome.exits, outcome.event_chunks) =
         (totals.events, totals.exits, totals.chunks);
