@@ -202,7 +202,8 @@ struct ReplayArgs {
     timeout: u64,
     /// Run analyses on the replay (repeatable, or comma-separated):
     /// `syscalls` logs every system call of every guest process, `processes`
-    /// shows the process tree. Text goes to standard output.
+    /// shows the process tree, `provenance` what the job's processes read
+    /// and wrote (`provm graph` draws it). Text goes to standard output.
     #[arg(long, value_name = "NAME", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(provm_analysis::builtin::NAMES))]
     analyze: Vec<String>,
@@ -223,8 +224,21 @@ struct ReplayArgs {
 
 #[derive(clap::Args)]
 struct GraphArgs {
-    /// The run's provenance, as `provm run --prov` wrote it.
+    /// The run's provenance, as `provm run --prov` wrote it, or a trace: its
+    /// embedded provenance (`provm record --prov`), else the provenance
+    /// derived from its system calls by replaying it.
     run: PathBuf,
+    /// Derive the graph from a replay of the trace even if it embeds the
+    /// in-guest tracer's (to compare the two).
+    #[arg(long)]
+    from_replay: bool,
+    /// With a replay: the image, instead of the recorded path (its digest
+    /// must match the recorded one).
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// With a replay: give up after this many seconds.
+    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    timeout: u64,
     /// What to write: PROV-JSON (complete), or DOT and SVG for people (shared
     /// libraries, /proc and similar noise collapsed into a note).
     #[arg(long, value_enum, default_value = "dot")]
@@ -487,7 +501,23 @@ fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_to_overwrite(args.force, &[&args.output])?;
-    let mut document = provenance::load(&args.run)?;
+    let replay = ReplayOptions {
+        trace: args.run.clone(),
+        image: args.image,
+        timeout: Duration::from_secs(args.timeout),
+        echo_console: false,
+    };
+    let mut document = match provenance::load(&args.run) {
+        Ok(_) if args.from_replay => provenance::from_replay(&replay)?,
+        Err(provenance::ProvenanceError::NotInTrace { path }) => {
+            eprintln!(
+                "provm: {} was recorded without --prov; deriving its provenance from its system calls by replaying it",
+                path.display()
+            );
+            provenance::from_replay(&replay)?
+        }
+        loaded => loaded?,
+    };
     if !document.has_processes() {
         return Err(provenance::ProvenanceError::Empty.into());
     }

@@ -8,14 +8,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{images, one_guest_at_a_time, shell_job};
+use common::{images, one_guest_at_a_time, path, record_shell, shell_job};
 use provm::provenance::{self, Direction, Format, Provenance, Relation, VmBoundary};
+use provm::replay::ReplayOptions;
 use provm::run::RunOptions;
 use provm::session::GuestSession;
 use provm_guest_agent::Outcome;
 
-/// provm's own failures exit with this status (see main.rs).
-const PROVM_FAILED: i32 = 125;
+use common::PROVM_FAILED;
 
 const PIPELINE: &str = "sort in.txt > mid.txt; wc -l mid.txt > out.txt";
 
@@ -173,6 +173,98 @@ fn captured_jobs_have_exact_provenance() {
     let affected = provenance::lineage(&deleted, "/tmp/scratch", Direction::Outputs).unwrap();
     assert!(names(&affected).contains("/tmp/kept"));
     guest.power_off().unwrap();
+}
+
+/// The graph derived at replay from the system calls is the in-guest
+/// tracer's: one recording with `--prov` of the pipeline and of a rename
+/// and a delete, both graphs of it compared edge by edge, and the file
+/// digests the replay could compute compared with the tracer's.
+#[test]
+fn the_graph_derived_at_replay_is_the_in_guest_tracers() {
+    let _guest = one_guest_at_a_time();
+    let trace = common::trace_path(&images().dir, "derived-provenance");
+    let document = trace.with_extension("prov");
+    let script =
+        format!("{PIPELINE}; mv mid.txt /tmp/moved; cat /tmp/moved > kept.txt; rm /tmp/moved");
+    let recorded = record_shell(
+        &images().tiny_qcow2,
+        &trace,
+        &["--prov", path(&document), "--cwd", "/data", "--force"],
+        &script,
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+
+    let traced = provenance::load(&trace).unwrap();
+    let derived = provenance::from_replay(&ReplayOptions {
+        trace: trace.clone(),
+        image: None,
+        timeout: Duration::from_secs(600),
+        echo_console: false,
+    })
+    .unwrap();
+    assert_eq!(names(&derived), names(&traced));
+    // The VM's own inputs and outputs differ: the derived graph names the
+    // image, kernel and command (the trace's manifest), the tracer's also
+    // the entropy, clock, stdout and stderr.
+    let job_edges = |document: &Provenance| -> BTreeSet<String> {
+        edges(document)
+            .into_iter()
+            .filter(|edge| {
+                !edge.starts_with("used(provm run, ") && !edge.ends_with(", provm run)")
+                    || edge.starts_with("wasStartedBy(")
+            })
+            .collect()
+    };
+    assert_eq!(job_edges(&derived), job_edges(&traced));
+    for edge in [
+        "wasDerivedFrom(/tmp/moved, /data/mid.txt, rename)",
+        "wasInvalidatedBy(/data/mid.txt, mv)",
+        "used(sort, /data/in.txt, read)",
+    ] {
+        assert!(
+            edges(&derived).contains(edge),
+            "{edge} not in {:#?}",
+            edges(&derived)
+        );
+    }
+    // Where the replay saw a file's whole content go by, its digest is the
+    // tracer's; it saw all of in.txt, mid.txt and out.txt (busybox's cat
+    // copies with sendfile, whose bytes never reach user memory).
+    let digests = |document: &Provenance| -> BTreeSet<(String, String)> {
+        document
+            .entities
+            .iter()
+            .filter_map(|entity| Some((entity.name.clone(), entity.sha256.clone()?)))
+            .filter(|(name, _)| name.starts_with("/data/") || name.starts_with("/tmp/"))
+            .collect()
+    };
+    let (derived_digests, traced_digests) = (digests(&derived), digests(&traced));
+    assert!(
+        derived_digests.is_subset(&traced_digests),
+        "{derived_digests:#?}\n{traced_digests:#?}"
+    );
+    for file in ["/data/in.txt", "/data/mid.txt", "/data/out.txt"] {
+        assert!(
+            derived_digests.iter().any(|(name, _)| name == file),
+            "no digest of {file}: {derived_digests:#?}"
+        );
+    }
+
+    // The command line derives it when asked, or when the trace has none.
+    let graph = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(["graph", "--from-replay", "--format", "dot", path(&trace)])
+        .output()
+        .unwrap();
+    let dot = String::from_utf8_lossy(&graph.stdout);
+    assert!(
+        graph.status.success(),
+        "{}",
+        String::from_utf8_lossy(&graph.stderr)
+    );
+    assert!(
+        dot.contains("/data/kept.txt") && dot.contains("rm /tmp/moved"),
+        "{dot}"
+    );
 }
 
 /// The PROV-JSON export passes the W3C PROV-JSON schema, formats included.

@@ -7,6 +7,7 @@
 //! example), and list it in `builtin::by_name` to make it a
 //! `provm replay --analyze` name.
 
+use std::any::Any;
 use std::io::{self, Write};
 
 use provm_replayer::Position;
@@ -35,7 +36,9 @@ pub enum ProcessEvent {
     Exited { task: Task, status: i64 },
 }
 
-pub trait Analysis: Send {
+/// `Any`: whoever made an analysis gets it back by its type after the
+/// replay (`Box<dyn Any>::downcast`), to use what it found.
+pub trait Analysis: Any + Send {
     /// The name `--analyze` knows it by.
     fn name(&self) -> &'static str;
 

@@ -2,6 +2,7 @@
 //! its memory, file descriptors and working directory hold, read from the
 //! kernel's own structures through the guest's page tables.
 
+use provm_guest_agent::paths::normalize;
 use provm_vmm::paging::Unmapped;
 use provm_vmm::vm::GuestView;
 
@@ -183,7 +184,7 @@ impl<'a> Guest<'a> {
     /// `*at` system calls resolve it. Not canonical: `..` stays.
     pub fn resolve(&self, task: u64, dirfd: i64, name: &str) -> Result<String, Unmapped> {
         if name.starts_with('/') {
-            return Ok(name.to_owned());
+            return Ok(join("/", name));
         }
         let base = if dirfd == AT_FDCWD {
             self.cwd(task)?
@@ -235,13 +236,10 @@ impl<'a> Guest<'a> {
     }
 }
 
-/// `name` relative to directory `base`.
+/// `name` relative to directory `base`, lexically normal (as the agent's
+/// tracer names paths, so that both sides key files alike).
 fn join(base: &str, name: &str) -> String {
-    if base.ends_with('/') {
-        format!("{base}{name}")
-    } else {
-        format!("{base}/{name}")
-    }
+    String::from_utf8_lossy(&normalize(base.as_bytes(), name.as_bytes())).into_owned()
 }
 
 #[cfg(test)]
@@ -252,5 +250,6 @@ mod tests {
     fn relative_names_join_their_directory() {
         assert_eq!(join("/", "data/in.txt"), "/data/in.txt");
         assert_eq!(join("/work", "out"), "/work/out");
+        assert_eq!(join("/work", "../tmp/./x"), "/tmp/x");
     }
 }

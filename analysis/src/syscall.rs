@@ -15,7 +15,7 @@ use syscalls::Errno;
 
 use crate::guest::{Guest, Task, AT_FDCWD};
 
-/// The most argv entries an execve shows.
+/// The most argv or envp entries an execve shows.
 const MAX_ARGV: usize = 256;
 /// How many bytes of a buffer the text log quotes.
 const QUOTED: usize = 32;
@@ -41,6 +41,8 @@ enum Kind {
     OutBuf,
     /// A NULL-terminated array of strings (argv).
     Argv,
+    /// A NULL-terminated array of `KEY=VALUE` strings (envp).
+    Envp,
 }
 
 use Kind::*;
@@ -61,8 +63,8 @@ fn kinds(call: Sysno) -> Option<&'static [Kind]> {
         Sysno::access | Sysno::chmod | Sysno::mkdir => &[Path, Octal],
         Sysno::dup2 | Sysno::dup3 => &[Fd, Int, Hex],
         Sysno::sendfile => &[Fd, Fd, Hex, Int],
-        Sysno::execve => &[Path, Argv, Hex],
-        Sysno::execveat => &[DirFd, Path, Argv, Hex, Hex],
+        Sysno::execve => &[Path, Argv, Envp],
+        Sysno::execveat => &[DirFd, Path, Argv, Envp, Hex],
         Sysno::exit | Sysno::exit_group => &[Int],
         Sysno::wait4 => &[Int, Hex, Hex, Hex],
         Sysno::kill => &[Int, Int],
@@ -129,14 +131,19 @@ pub enum Arg {
         value: u64,
         names: String,
     },
-    /// Bytes the call moved: how many, their SHA-256, and the first ones.
+    /// Bytes the call moved: how many, their SHA-256, and the bytes
+    /// (kept for analyses that digest files, not serialised).
     Data {
         len: u64,
         sha256: String,
         #[serde(skip)]
-        head: Vec<u8>,
+        bytes: Vec<u8>,
     },
     Argv {
+        values: Vec<String>,
+    },
+    /// An environment: shown as a count, as strace does.
+    Env {
         values: Vec<String>,
     },
     /// Guest memory the argument points at could not be read.
@@ -286,11 +293,14 @@ fn decode_entry(guest: &Guest, task: u64, kinds: &[Kind], raw: &[u64; 6]) -> Vec
                 InBuf | OutBuf => Arg::Data {
                     len: 0,
                     sha256: String::new(),
-                    head: Vec::new(),
+                    bytes: Vec::new(),
                 },
                 Argv => guest
                     .read_string_array(value, MAX_ARGV)
                     .map_or(unreadable, |values| Arg::Argv { values }),
+                Envp => guest
+                    .read_string_array(value, MAX_ARGV)
+                    .map_or(unreadable, |values| Arg::Env { values }),
             }
         })
         .collect()
@@ -302,7 +312,7 @@ fn data(guest: &Guest, address: u64, len: u64) -> Option<Arg> {
     Some(Arg::Data {
         len,
         sha256: provm_trace::hex(&Sha256::digest(&bytes)),
-        head: bytes[..bytes.len().min(QUOTED)].to_vec(),
+        bytes,
     })
 }
 
@@ -353,14 +363,16 @@ impl fmt::Display for Arg {
             Arg::DirFd { fd } => write!(f, "{fd}"),
             Arg::Path { name, .. } | Arg::Str { value: name } => write!(f, "{name:?}"),
             Arg::OpenFlags { names, .. } => f.write_str(names),
-            Arg::Data { len, head, .. } => {
-                write!(f, "\"{}\"", head.escape_ascii())?;
-                if *len > head.len() as u64 {
+            Arg::Data { bytes, .. } => {
+                let quoted = &bytes[..bytes.len().min(QUOTED)];
+                write!(f, "\"{}\"", quoted.escape_ascii())?;
+                if bytes.len() > quoted.len() {
                     f.write_str("...")?;
                 }
                 Ok(())
             }
             Arg::Argv { values } => write!(f, "{values:?}"),
+            Arg::Env { values } => write!(f, "/* {} vars */", values.len()),
             Arg::Unreadable { address } => write!(f, "{address:#x} (unreadable)"),
         }
     }

@@ -7,6 +7,8 @@
 //! and little-endian integers, so the agent needs no serialisation library
 //! (it is copied into guest memory at every boot, so every kilobyte counts).
 
+pub mod paths;
+
 /// Largest payload either side accepts; a longer frame means a corrupt stream.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 
@@ -48,6 +50,18 @@ pub enum Outcome {
     NotFound,
     /// argv[0] exists but could not be executed (a shell's 126).
     NotExecutable,
+}
+
+/// How a job ended, in words.
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Exited(code) => write!(f, "exit {code}"),
+            Outcome::Signaled(signal) => write!(f, "signal {signal}"),
+            Outcome::NotFound => f.write_str("not found"),
+            Outcome::NotExecutable => f.write_str("not executable"),
+        }
+    }
 }
 
 impl Outcome {
@@ -153,6 +167,19 @@ pub struct Process {
     pub end_ns: u64,
     /// How it ended; `None` when it went on in another program (exec).
     pub outcome: Option<Outcome>,
+}
+
+impl Process {
+    /// A process that forked without exec'ing is called `comm` now
+    /// (/proc/PID/comm): whether that names another program than the one
+    /// it runs, as multi-call binaries do (busybox's shell runs `sort` in
+    /// a fork, renamed but not exec'd).
+    pub fn renamed_to(&self, comm: &[u8]) -> bool {
+        let called = self.argv.first().map_or(&self.exe, |argv0| argv0);
+        let base = called.rsplit(|&byte| byte == b'/').next().unwrap_or(called);
+        // The kernel keeps 15 bytes of a name.
+        !base.starts_with(comm) || comm.len() < base.len().min(15)
+    }
 }
 
 /// A frame that could not be decoded.

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use provm_guest_agent::{Outcome, ProvRecord};
+use provm_guest_agent::ProvRecord;
 
 use super::model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
 
@@ -43,15 +43,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-pub fn describe(outcome: Outcome) -> String {
-    match outcome {
-        Outcome::Exited(code) => format!("exit {code}"),
-        Outcome::Signaled(signal) => format!("signal {signal}"),
-        Outcome::NotFound => "not found".into(),
-        Outcome::NotExecutable => "not executable".into(),
-    }
-}
-
 /// The provenance document for `records` (in the agent's order) and `vm`.
 pub fn build(records: &[ProvRecord], vm: &VmBoundary) -> Provenance {
     let mut document = Provenance::default();
@@ -84,7 +75,7 @@ pub fn build(records: &[ProvRecord], vm: &VmBoundary) -> Provenance {
                     argv: process.argv.iter().map(|arg| text(arg)).collect(),
                     start_ns: process.start_ns,
                     end_ns: process.end_ns,
-                    outcome: process.outcome.map(describe),
+                    outcome: process.outcome.map(|outcome| outcome.to_string()),
                 });
                 document.relations.push(Relation::Used {
                     activity: process_id(process.id),

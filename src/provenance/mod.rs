@@ -4,6 +4,7 @@
 //! and exports PROV-JSON, DOT and SVG (`provm graph`).
 
 mod capture;
+mod derived;
 mod dot;
 mod model;
 mod noise;
@@ -14,7 +15,8 @@ mod store;
 
 use std::path::PathBuf;
 
-pub use capture::{build, describe, Boundary, VmBoundary};
+pub use capture::{build, Boundary, VmBoundary};
+pub use derived::from_replay;
 pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
 pub use noise::noise_kind;
 pub use prov_json::NAMESPACE;
@@ -47,6 +49,8 @@ pub enum ProvenanceError {
     Trace(String),
     #[error("the trace {path} was recorded without provenance; record with: provm record --prov FILE IMAGE -- CMD")]
     NotInTrace { path: PathBuf },
+    #[error("the replay diverged, so a graph derived from it would not be the run's: {0}")]
+    Diverged(String),
     #[error("the run never touched {path}{}", similar_paths(.similar))]
     NotTouched { path: String, similar: Vec<String> },
     #[error(

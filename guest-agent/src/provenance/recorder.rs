@@ -203,10 +203,7 @@ impl Recorder {
         };
         live.named = true;
         let record = &mut self.processes[live.process as usize];
-        let called = record.argv.first().map_or(&record.exe, |argv0| argv0);
-        let base = called.rsplit(|&byte| byte == b'/').next().unwrap_or(called);
-        // The kernel keeps 15 bytes of a name.
-        if !base.starts_with(comm) || comm.len() < base.len().min(15) {
+        if record.renamed_to(comm) {
             record.argv = vec![comm.to_vec()];
         }
     }

@@ -3,6 +3,8 @@
 
 use std::io;
 
+use provm_guest_agent::paths::normalize;
+
 use super::ptrace::{self, Pid};
 
 /// A traced call, its paths absolute and lexically normal.
@@ -112,42 +114,9 @@ fn resolve(pid: Pid, cwd: &[u8], dirfd: i32, name: &[u8]) -> io::Result<Vec<u8>>
     Ok(normalize(&base, name))
 }
 
-/// `name` joined to the absolute directory `base`, without `.`, `..` or
-/// repeated slashes (lexically, as the kernel does without symbolic links).
-pub fn normalize(base: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut parts: Vec<&[u8]> = Vec::new();
-    for part in base.split(|&b| b == b'/').chain(name.split(|&b| b == b'/')) {
-        match part {
-            b"" | b"." => {}
-            b".." => {
-                parts.pop();
-            }
-            part => parts.push(part),
-        }
-    }
-    let mut path = Vec::new();
-    for part in parts {
-        path.push(b'/');
-        path.extend_from_slice(part);
-    }
-    if path.is_empty() {
-        path.push(b'/');
-    }
-    path
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_made_absolute_and_normal() {
-        assert_eq!(normalize(b"/data", b"in.txt"), b"/data/in.txt");
-        assert_eq!(normalize(b"/", b"/a//b/./c"), b"/a/b/c");
-        assert_eq!(normalize(b"/a/b", b"../c"), b"/a/c");
-        assert_eq!(normalize(b"/", b"../.."), b"/");
-        assert_eq!(normalize(b"/tmp", b""), b"/tmp");
-    }
 
     #[test]
     fn calls_are_decoded_from_registers() {

@@ -1,0 +1,55 @@
+//! Provenance derived at replay: `provm graph` on a trace recorded without
+//! `--prov` replays it with the `provenance` analysis (provm-analysis's
+//! builtin::provenance) and builds the same document from its records.
+
+use provm_analysis::builtin::provenance::DerivedProvenance;
+use provm_trace::reader::Trace;
+
+use super::{build, text_boundary, Boundary, Provenance, ProvenanceError, VmBoundary};
+use crate::replay::{self, ReplayOptions, ReplayReport};
+
+/// The provenance of the trace `options` names, from a replay of it.
+pub fn from_replay(options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
+    let trace = Trace::open(&options.trace).map_err(|e| ProvenanceError::Trace(e.to_string()))?;
+    let (report, analyses) = replay::replay(options, vec![Box::new(DerivedProvenance::default())])
+        .map_err(|e| ProvenanceError::Trace(e.to_string()))?;
+    match report {
+        ReplayReport::Matched { .. } => {}
+        ReplayReport::CutShort { events, why, .. } => eprintln!(
+            "provm: the recording was cut short ({why}); the graph shows its first {events} events"
+        ),
+        ReplayReport::Diverged { report } => return Err(ProvenanceError::Diverged(report)),
+    }
+    let analysis: Box<dyn std::any::Any> = analyses
+        .into_iter()
+        .next()
+        .expect("the replay gives back the analysis it ran");
+    let derived = analysis
+        .downcast::<DerivedProvenance>()
+        .expect("the analysis is the one made above");
+    let manifest = &trace.manifest;
+    let start_ns = manifest.started_unix * 1_000_000_000;
+    let records = derived.records(start_ns);
+    let image = manifest.image.chain.first().map(|file| Boundary {
+        name: "image".into(),
+        sha256: file.sha256.clone(),
+        size: file.size,
+        content: vec![manifest.image.path.clone()],
+    });
+    let kernel = Boundary {
+        name: "kernel".into(),
+        sha256: manifest.kernel_sha256.clone(),
+        size: 0,
+        content: vec!["the guest kernel the trace embeds".into()],
+    };
+    let vm = VmBoundary {
+        inputs: image
+            .into_iter()
+            .chain([kernel, text_boundary("command", manifest.argv.clone())])
+            .collect(),
+        outputs: Vec::new(),
+        start_ns,
+        end_ns: start_ns + trace.outcome.guest_ns,
+    };
+    Ok(build(&records, &vm))
+}
