@@ -25,6 +25,17 @@ pub fn normalize(base: &[u8], name: &[u8]) -> Vec<u8> {
     path
 }
 
+/// Kernel file systems: their files have no content worth a digest (the
+/// tracer reading /proc/self would read its own), and writing them makes no
+/// version.
+const KERNEL_FILESYSTEMS: &[&[u8]] = &[b"/proc/", b"/sys/", b"/dev/"];
+
+pub fn is_kernel_file(path: &[u8]) -> bool {
+    KERNEL_FILESYSTEMS
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! (it is copied into guest memory at every boot, so every kilobyte counts).
 
 pub mod paths;
+pub mod records;
 
 /// Largest payload either side accepts; a longer frame means a corrupt stream.
 pub const MAX_PAYLOAD: usize = 1 << 20;

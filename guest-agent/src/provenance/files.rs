@@ -21,14 +21,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use provm_guest_agent::paths::is_kernel_file;
 use provm_guest_agent::FileVersion;
 use sha2::{Digest, Sha256};
 
 use super::ptrace::Pid;
-
-/// Kernel file systems: their files get versions without content (reading
-/// /proc/self as the tracer would read the tracer's own).
-const KERNEL_FILESYSTEMS: &[&[u8]] = &[b"/proc/", b"/sys/", b"/dev/"];
 
 /// A process holding a file open for writing, as the process it runs now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,12 +232,6 @@ impl Files {
     pub fn into_versions(self) -> Vec<FileVersion> {
         self.versions
     }
-}
-
-fn is_kernel_file(path: &[u8]) -> bool {
-    KERNEL_FILESYSTEMS
-        .iter()
-        .any(|prefix| path.starts_with(prefix))
 }
 
 fn push_version(versions: &mut Vec<FileVersion>, path: &[u8], sha256: Vec<u8>, size: u64) -> u32 {

@@ -7,8 +7,9 @@
 //! by the one before (`exec: true`). What a forked child did before its
 //! first exec (a shell's redirections) is the program's own doing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
+use provm_guest_agent::records::{assemble, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
 
 use super::files::{Change, Files, Holder};
@@ -45,10 +46,8 @@ pub struct Recorder {
     files: Files,
     environments: HashMap<Vec<Vec<u8>>, u32>,
     processes: Vec<Process>,
-    relations: Vec<ProvRecord>,
+    relations: Relations,
     live: HashMap<Pid, Live>,
-    used: HashSet<(u32, u32)>,
-    seq: u64,
 }
 
 impl Recorder {
@@ -88,11 +87,7 @@ impl Recorder {
         let id = self.new_process(child, env);
         let record = &mut self.processes[id as usize];
         (record.exe, record.argv) = (exe, argv);
-        self.relations.push(ProvRecord::Started {
-            process: id,
-            starter,
-            exec: false,
-        });
+        self.relations.started(id, starter, false);
         self.files.inherit(
             parent,
             Holder {
@@ -161,11 +156,7 @@ impl Recorder {
         let process = if execed {
             self.processes[old as usize].end_ns = now_ns();
             let new = self.new_process(tgid, 0);
-            self.relations.push(ProvRecord::Started {
-                process: new,
-                starter: old,
-                exec: true,
-            });
+            self.relations.started(new, old, true);
             self.files.rename_holder(tgid, new);
             new
         } else {
@@ -293,19 +284,12 @@ impl Recorder {
         for path in self.files.held_paths() {
             self.touch(&path);
         }
-        let mut records: Vec<ProvRecord> = self
-            .environments
-            .into_iter()
-            .map(|(entries, id)| ProvRecord::Environment { id, entries })
-            .collect();
-        records.sort_by_key(|record| match record {
-            ProvRecord::Environment { id, .. } => *id,
-            _ => 0,
-        });
-        records.extend(self.files.into_versions().into_iter().map(ProvRecord::File));
-        records.extend(self.processes.into_iter().map(ProvRecord::Process));
-        records.extend(self.relations);
-        records
+        assemble(
+            self.environments,
+            self.files.into_versions(),
+            self.processes,
+            self.relations,
+        )
     }
 
     /// Observes what `tgid` holds for writing, crediting it with changes.
@@ -325,15 +309,7 @@ impl Recorder {
     }
 
     fn use_file(&mut self, process: u32, file: u32, execute: bool) {
-        if self.used.insert((process, file)) {
-            let seq = self.next_seq();
-            self.relations.push(ProvRecord::Used {
-                process,
-                file,
-                execute,
-                seq,
-            });
-        }
+        self.relations.used(process, file, execute);
     }
 
     fn record_change(&mut self, change: Option<Change>) {
@@ -342,36 +318,20 @@ impl Recorder {
             writer: Some(process),
         }) = change
         {
-            let seq = self.next_seq();
-            self.relations.push(ProvRecord::Generated {
-                file: version,
-                process,
-                seq,
-            });
+            self.relations.generated(version, process);
         }
     }
 
     fn derived(&mut self, tgid: Pid, file: u32, from: u32) {
-        let Some(process) = self.live.get(&tgid).map(|live| live.process) else {
-            return;
-        };
-        let seq = self.next_seq();
-        self.relations.push(ProvRecord::Derived {
-            file,
-            from,
-            process,
-        });
-        self.relations
-            .push(ProvRecord::Generated { file, process, seq });
+        if let Some(live) = self.live.get(&tgid) {
+            self.relations.derived(file, from, live.process);
+        }
     }
 
     fn invalidated(&mut self, tgid: Pid, file: u32) {
-        let Some(process) = self.live.get(&tgid).map(|live| live.process) else {
-            return;
-        };
-        let seq = self.next_seq();
-        self.relations
-            .push(ProvRecord::Invalidated { file, process, seq });
+        if let Some(live) = self.live.get(&tgid) {
+            self.relations.invalidated(file, live.process);
+        }
     }
 
     fn new_process(&mut self, pid: Pid, env: u32) -> u32 {
@@ -389,10 +349,5 @@ impl Recorder {
     fn environment(&mut self, entries: Vec<Vec<u8>>) -> u32 {
         let next = self.environments.len() as u32;
         *self.environments.entry(entries).or_insert(next)
-    }
-
-    fn next_seq(&mut self) -> u64 {
-        self.seq += 1;
-        self.seq
     }
 }

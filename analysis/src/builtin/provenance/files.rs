@@ -18,10 +18,6 @@ use std::collections::HashMap;
 use provm_guest_agent::FileVersion;
 use sha2::{Digest, Sha256};
 
-/// Kernel file systems: their files get versions without content, and
-/// writing them makes no version (as the agent does).
-const KERNEL_FILESYSTEMS: &[&str] = &["/proc/", "/sys/", "/dev/"];
-
 /// A new version found by an observation, and the process that wrote it
 /// (none for a file first seen: an input).
 #[derive(Debug, PartialEq, Eq)]
@@ -305,9 +301,7 @@ impl Files {
 }
 
 pub fn is_kernel_file(path: &str) -> bool {
-    KERNEL_FILESYSTEMS
-        .iter()
-        .any(|prefix| path.starts_with(prefix))
+    provm_guest_agent::paths::is_kernel_file(path.as_bytes())
 }
 
 // open(2) flags (x86-64).

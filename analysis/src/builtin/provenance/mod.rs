@@ -16,6 +16,7 @@ mod files;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 
+use provm_guest_agent::records::{assemble, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
 use provm_replayer::Position;
 use serde_json::json;
@@ -58,9 +59,7 @@ pub struct DerivedProvenance {
     read_paths: HashSet<(u32, String)>,
     environments: BTreeMap<Vec<Vec<u8>>, u32>,
     processes: Vec<Process>,
-    relations: Vec<ProvRecord>,
-    used: HashSet<(u32, u32)>,
-    seq: u64,
+    relations: Relations,
     /// Guest time at the first process event (the agent forking the job),
     /// which the records' times count from.
     first_ns: Option<u64>,
@@ -86,19 +85,12 @@ impl DerivedProvenance {
                 process.end_ns = (process.end_ns + start_unix_ns).saturating_sub(first_ns);
             }
         }
-        let mut records: Vec<ProvRecord> = done
-            .environments
-            .into_iter()
-            .map(|(entries, id)| ProvRecord::Environment { id, entries })
-            .collect();
-        records.sort_by_key(|record| match record {
-            ProvRecord::Environment { id, .. } => *id,
-            _ => 0,
-        });
-        records.extend(done.files.into_versions().into_iter().map(ProvRecord::File));
-        records.extend(done.processes.into_iter().map(ProvRecord::Process));
-        records.extend(done.relations);
-        records
+        assemble(
+            done.environments,
+            done.files.into_versions(),
+            done.processes,
+            done.relations,
+        )
     }
 
     fn fork(&mut self, parent: i32, child: i32, at: Position) {
@@ -114,11 +106,7 @@ impl DerivedProvenance {
         let id = self.new_process(child, env, at);
         let record = &mut self.processes[id as usize];
         (record.exe, record.argv) = (exe, argv);
-        self.relations.push(ProvRecord::Started {
-            process: id,
-            starter: live.process,
-            exec: false,
-        });
+        self.relations.started(id, live.process, false);
         let live = Live {
             process: id,
             execed: false,
@@ -145,11 +133,7 @@ impl DerivedProvenance {
         let process = if live.execed {
             self.processes[live.process as usize].end_ns = at.guest_ns;
             let new = self.new_process(pid, env, at);
-            self.relations.push(ProvRecord::Started {
-                process: new,
-                starter: live.process,
-                exec: true,
-            });
+            self.relations.started(new, live.process, true);
             new
         } else {
             live.process
@@ -162,7 +146,7 @@ impl DerivedProvenance {
         (live.process, live.execed) = (process, true);
         let (version, change) = self.files.observe_existing(exe);
         self.record_change(change);
-        self.use_file(process, version, true);
+        self.relations.used(process, version, true);
     }
 
     fn exit(&mut self, pid: i32, status: i64, at: Position) {
@@ -270,7 +254,7 @@ impl DerivedProvenance {
             Sysno::link | Sysno::linkat => {
                 self.observe(paths[0]);
                 if let Some((version, source)) = self.files.linked(paths[0], paths[1]) {
-                    self.derived(process, version, source);
+                    self.relations.derived(version, source, process);
                 }
             }
             Sysno::unlink => self.unlink(process, paths[0]),
@@ -290,7 +274,7 @@ impl DerivedProvenance {
         if access != O_WRONLY {
             let (version, change) = self.files.observe_existing(path);
             self.record_change(change);
-            self.use_file(process, version, false);
+            self.relations.used(process, version, false);
             self.files.start_read(tgid, path, version);
             self.read_paths.insert((process, path.to_owned()));
         }
@@ -306,7 +290,7 @@ impl DerivedProvenance {
         if self.read_paths.insert((process, path.to_owned())) {
             let (version, change) = self.files.observe_existing(path);
             self.record_change(change);
-            self.use_file(process, version, false);
+            self.relations.used(process, version, false);
         }
         self.files.read(tgid, path, bytes, transfer);
     }
@@ -315,15 +299,15 @@ impl DerivedProvenance {
         self.observe(from);
         self.observe(to);
         if let Some((version, source)) = self.files.renamed(from, to) {
-            self.derived(process, version, source);
-            self.invalidated(process, source);
+            self.relations.derived(version, source, process);
+            self.relations.invalidated(source, process);
         }
     }
 
     fn unlink(&mut self, process: u32, path: &str) {
         self.observe(path);
         if let Some(version) = self.files.unlinked(path) {
-            self.invalidated(process, version);
+            self.relations.invalidated(version, process);
         }
     }
 
@@ -332,48 +316,14 @@ impl DerivedProvenance {
         self.record_change(change);
     }
 
-    fn use_file(&mut self, process: u32, file: u32, execute: bool) {
-        if self.used.insert((process, file)) {
-            let seq = self.next_seq();
-            self.relations.push(ProvRecord::Used {
-                process,
-                file,
-                execute,
-                seq,
-            });
-        }
-    }
-
     fn record_change(&mut self, change: Option<Change>) {
         if let Some(Change {
             version,
             writer: Some(process),
         }) = change
         {
-            let seq = self.next_seq();
-            self.relations.push(ProvRecord::Generated {
-                file: version,
-                process,
-                seq,
-            });
+            self.relations.generated(version, process);
         }
-    }
-
-    fn derived(&mut self, process: u32, file: u32, from: u32) {
-        let seq = self.next_seq();
-        self.relations.push(ProvRecord::Derived {
-            file,
-            from,
-            process,
-        });
-        self.relations
-            .push(ProvRecord::Generated { file, process, seq });
-    }
-
-    fn invalidated(&mut self, process: u32, file: u32) {
-        let seq = self.next_seq();
-        self.relations
-            .push(ProvRecord::Invalidated { file, process, seq });
     }
 
     fn new_process(&mut self, pid: i32, env: u32, at: Position) -> u32 {
@@ -392,11 +342,6 @@ impl DerivedProvenance {
         let entries = entries.into_iter().map(String::into_bytes).collect();
         let next = self.environments.len() as u32;
         *self.environments.entry(entries).or_insert(next)
-    }
-
-    fn next_seq(&mut self) -> u64 {
-        self.seq += 1;
-        self.seq
     }
 }
 
