@@ -296,6 +296,20 @@ enum ExportCommand {
         #[command(flatten)]
         output: ExportOutput,
     },
+    /// The files the run read and executed (programs, libraries, inputs),
+    /// out of the recorded image, as an OCI image archive whose entrypoint is
+    /// the recorded command: `skopeo copy oci-archive:FILE:run ...`. Without
+    /// --prov in the trace, its provenance is derived by replaying it.
+    Oci {
+        /// The trace (.provm).
+        run: PathBuf,
+        /// The image, instead of the recorded path or the trace's copy (its
+        /// digest must match the recorded one).
+        #[arg(long)]
+        image: Option<PathBuf>,
+        #[command(flatten)]
+        output: ExportOutput,
+    },
     /// The run's provenance (recorded with --prov) as a Makefile: one rule
     /// per file it generated, the files its writer read as prerequisites,
     /// the writer's command line as recipe.
@@ -507,17 +521,7 @@ fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         timeout: Duration::from_secs(args.timeout),
         echo_console: false,
     };
-    let mut document = match provenance::load(&args.run) {
-        Ok(_) if args.from_replay => provenance::from_replay(&replay)?,
-        Err(provenance::ProvenanceError::NotInTrace { path }) => {
-            eprintln!(
-                "provm: {} was recorded without --prov; deriving its provenance from its system calls by replaying it",
-                path.display()
-            );
-            provenance::from_replay(&replay)?
-        }
-        loaded => loaded?,
-    };
+    let mut document = provenance::load_or_derive(&replay, args.from_replay)?;
     if !document.has_processes() {
         return Err(provenance::ProvenanceError::Empty.into());
     }
@@ -575,6 +579,27 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             if !provm::export::timeline(&run, &output.output, output.force)? {
                 eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov to have them", run.name);
             }
+        }
+        ExportCommand::Oci { run, image, output } => {
+            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            let replay = ReplayOptions {
+                trace: run,
+                image,
+                timeout: Duration::from_secs(provm::run::DEFAULT_TIMEOUT_SECONDS),
+                echo_console: false,
+            };
+            let graph = provenance::load_or_derive(&replay, false)?;
+            let trace = provm_trace::reader::Trace::open(&replay.trace)?;
+            let (base, _extracted) = provm::replay::open_image(&replay, &trace)?;
+            provm::disk::chain::check(&base, &trace.manifest.image)?;
+            let archive = provm::export::oci(&trace.manifest, &graph, base)?;
+            provm::export::AtomicFile::write(&output.output, output.force, &archive)?;
+            eprintln!(
+                "provm: wrote {} (oci-archive, tag {}): {} bytes",
+                output.output.display(),
+                provm::export::OCI_TAG,
+                archive.len()
+            );
         }
         ExportCommand::Makefile { run, output, force } => {
             refuse_to_overwrite(force, &[&output])?;

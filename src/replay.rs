@@ -156,7 +156,7 @@ pub fn replay(
 /// The image to replay against: the one named, else the recorded path,
 /// else the copy embedded in the trace (extracted, and returned too so that
 /// it outlives the VM).
-fn open_image(
+pub fn open_image(
     options: &ReplayOptions,
     trace: &Trace,
 ) -> Result<(BaseImage, Option<ExtractedChain>), ReplayError> {

@@ -195,12 +195,15 @@ fn the_graph_derived_at_replay_is_the_in_guest_tracers() {
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
 
     let traced = provenance::load(&trace).unwrap();
-    let derived = provenance::from_replay(&ReplayOptions {
-        trace: trace.clone(),
-        image: None,
-        timeout: Duration::from_secs(600),
-        echo_console: false,
-    })
+    let derived = provenance::load_or_derive(
+        &ReplayOptions {
+            trace: trace.clone(),
+            image: None,
+            timeout: Duration::from_secs(600),
+            echo_console: false,
+        },
+        true,
+    )
     .unwrap();
     assert_eq!(names(&derived), names(&traced));
     // The VM's own inputs and outputs differ: the derived graph names the

@@ -462,3 +462,119 @@ fn export_makefile_rebuilds_the_recorded_outputs() {
         refused.stderr
     );
 }
+
+/// `skopeo inspect --config` of an exported archive.
+fn oci_config(archive: &Path) -> Value {
+    let inspect = Command::new("skopeo")
+        .args(["inspect", "--config"])
+        .arg(format!("oci-archive:{}:run", archive.display()))
+        .output()
+        .expect("skopeo runs (scripts/install-deps installs it)");
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    serde_json::from_slice(&inspect.stdout).unwrap()
+}
+
+/// The image's root file system, unpacked by umoci from the archive.
+fn oci_rootfs(archive: &Path, into: &Path) -> PathBuf {
+    let layout = into.join("layout");
+    std::fs::create_dir(&layout).unwrap();
+    let untar = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&layout)
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    let bundle = into.join("bundle");
+    let unpack = Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:run", layout.display()))
+        .arg(&bundle)
+        .output()
+        .expect("umoci runs (scripts/install-deps installs it)");
+    assert!(
+        unpack.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unpack.stderr)
+    );
+    bundle.join("rootfs")
+}
+
+/// `chroot ROOTFS /bin/sh -c SCRIPT` in `cwd`: what the container's
+/// entrypoint does.
+fn run_in(rootfs: &Path, cwd: &str, script: &str) -> std::process::Output {
+    Command::new("chroot")
+        .arg(rootfs)
+        .args(["/bin/sh", "-c", &format!("cd {cwd} && {script}")])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn export_oci_holds_what_the_run_read_and_runs_it_again() {
+    let Recorded { pipeline, plain } = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("pipeline.tar");
+    succeeds(&["export", "oci", path(pipeline), "-o", path(&archive)]);
+    let config = oci_config(&archive);
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/bin/sh", "-c", PIPELINE]),
+        "{config:#}"
+    );
+    assert_eq!(config["config"]["WorkingDir"], "/data", "{config:#}");
+
+    // The inputs and programs are in it, the run's own outputs are not; run
+    // again from it, the pipeline writes what it wrote in the guest.
+    let rootfs = oci_rootfs(&archive, dir.path());
+    assert!(rootfs.join("data/in.txt").is_file());
+    assert!(rootfs.join("bin/busybox").is_file());
+    assert!(rootfs.join("bin/sh").is_symlink());
+    assert!(!rootfs.join("data/mid.txt").exists());
+    let rerun = run_in(&rootfs, "/data", PIPELINE);
+    assert!(
+        rerun.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
+    let recorded = query_json(
+        &[pipeline],
+        "SELECT sha256 FROM files WHERE name = '/data/out.txt' \
+         AND id IN (SELECT source FROM edges WHERE relation = 'wasGeneratedBy')",
+    );
+    assert_eq!(
+        digest(&rootfs.join("data/out.txt")),
+        recorded[0]["sha256"].as_str().unwrap()
+    );
+
+    // A trace without --prov: its provenance comes from a replay, and the
+    // image prints what the recorded command printed.
+    let archive = dir.path().join("plain.tar");
+    let exported = provm(&["export", "oci", path(plain), "-o", path(&archive)]);
+    assert_eq!(exported.status, 0, "{}", exported.stderr);
+    assert!(
+        exported.stderr.contains("deriving its provenance"),
+        "{}",
+        exported.stderr
+    );
+    let plain_dir = dir.path().join("plain");
+    std::fs::create_dir(&plain_dir).unwrap();
+    let rootfs = oci_rootfs(&archive, &plain_dir);
+    let rerun = run_in(&rootfs, "/", "echo plain");
+    assert_eq!(String::from_utf8_lossy(&rerun.stdout), "plain\n");
+
+    let refused = provm(&["export", "oci", path(plain), "-o", path(&archive)]);
+    assert_eq!(refused.status, PROVM_FAILED);
+    assert!(
+        refused.stderr.contains("pass --force"),
+        "{}",
+        refused.stderr
+    );
+}

@@ -139,6 +139,21 @@ pub fn root_override(disk: &mut dyn Disk, value: &str) -> Result<RootChoice, Roo
     })
 }
 
+/// Where the root file system the guest mounted as `device` (`/dev/vda`
+/// or `/dev/vdaN`) lies on the disk: its byte offset and length.
+pub fn extent(disk: &mut dyn Disk, device: &str) -> Result<(u64, u64), RootError> {
+    if device == "/dev/vda" {
+        return Ok((0, disk.size()));
+    }
+    let number = root_override(disk, device)?.partition;
+    let partitions = read_table(disk)?.unwrap_or_default();
+    let partition = partitions
+        .iter()
+        .find(|p| Some(p.number) == number)
+        .expect("root_override found the partition");
+    Ok((partition.start, partition.size))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PartitionType {
     Mbr(u8),

@@ -4,6 +4,7 @@
 
 mod atomic;
 mod makefile;
+mod oci;
 mod sqlite;
 mod timeline;
 
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 
 pub use atomic::AtomicFile;
 pub use makefile::makefile;
+pub use oci::{oci, TAG as OCI_TAG};
 pub use sqlite::sqlite;
 pub use timeline::timeline;
 
@@ -27,6 +29,8 @@ pub enum ExportError {
     Query(#[from] crate::query::QueryError),
     #[error(transparent)]
     Trace(#[from] provm_trace::format::FormatError),
+    #[error("export oci: {0}")]
+    Oci(String),
     #[error("{what} needs the run's provenance, and {path} was recorded without it; record with: provm record --prov FILE IMAGE -- CMD")]
     NoProvenance { what: &'static str, path: PathBuf },
 }

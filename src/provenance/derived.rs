@@ -8,8 +8,28 @@ use provm_trace::reader::Trace;
 use super::{build, text_boundary, Boundary, Provenance, ProvenanceError, VmBoundary};
 use crate::replay::{self, ReplayOptions, ReplayReport};
 
+/// The provenance of the run `replay` names: the document `--prov` wrote,
+/// or the trace's embedded one, else (or with `from_replay`) the one
+/// derived from a replay of the trace.
+pub fn load_or_derive(
+    replay: &ReplayOptions,
+    from_replay: bool,
+) -> Result<Provenance, ProvenanceError> {
+    match super::load(&replay.trace) {
+        Ok(_) if from_replay => from_replay_of(replay),
+        Err(ProvenanceError::NotInTrace { path }) => {
+            eprintln!(
+                "provm: {} was recorded without --prov; deriving its provenance from its system calls by replaying it",
+                path.display()
+            );
+            from_replay_of(replay)
+        }
+        loaded => loaded,
+    }
+}
+
 /// The provenance of the trace `options` names, from a replay of it.
-pub fn from_replay(options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
+fn from_replay_of(options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
     let trace = Trace::open(&options.trace).map_err(|e| ProvenanceError::Trace(e.to_string()))?;
     let (report, analyses) = replay::replay(options, vec![Box::new(DerivedProvenance::default())])
         .map_err(|e| ProvenanceError::Trace(e.to_string()))?;

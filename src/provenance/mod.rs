@@ -16,7 +16,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use capture::{build, Boundary, VmBoundary};
-pub use derived::from_replay;
+pub use derived::load_or_derive;
 pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
 pub use noise::noise_kind;
 pub use prov_json::NAMESPACE;

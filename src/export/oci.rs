@@ -1,0 +1,366 @@
+//! `provm export oci`: the files a run's processes read and executed, read
+//! out of the recorded image, as an OCI image archive (an image layout in a
+//! tar, what `skopeo` calls `oci-archive:`) whose entrypoint, environment
+//! and working directory are the recorded command's: PROBE's
+//! `export docker-image`, for a whole VM run.
+//!
+//! What goes in: every file version a process used (read or ran) that no
+//! process of the run generated (the run's inputs: programs, libraries,
+//! data), every program a process was started as (its argv[0] looked up in
+//! PATH, as a shell does), each program's ELF interpreter (the kernel maps
+//! it, so no process opens it), the working directory, and every symbolic
+//! link and directory on the way to them. Contents come from the image as
+//! it was recorded (ext4-view, without mounting); kernel file systems
+//! (/proc, /sys, /dev) are left to the container runtime. Timestamps and
+//! owners are zero, so the same run always gives the same image.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::str::FromStr;
+
+use ext4_view::{Ext4, Ext4Read};
+use oci_spec::image::{
+    Arch, ConfigBuilder, Descriptor, DescriptorBuilder, ImageConfigurationBuilder,
+    ImageIndexBuilder, ImageManifestBuilder, MediaType, Os, RootFsBuilder, Sha256Digest,
+    ANNOTATION_REF_NAME,
+};
+use provm_guest_agent::paths::{is_kernel_file, normalize};
+use provm_trace::manifest::Manifest;
+use provm_vmm::disk::image::BaseImage;
+use provm_vmm::disk::Disk;
+use sha2::{Digest, Sha256};
+
+use super::ExportError;
+use crate::disk::root;
+use crate::provenance::{EntityKind, Provenance, Relation};
+
+/// The tag the archive's one image carries (`oci-archive:image.tar:run`).
+pub const TAG: &str = "run";
+/// Symbolic links followed on one path before giving up (as ELOOP).
+const MAX_LINKS: usize = 40;
+
+/// A file system entry of the layer.
+enum Entry {
+    Directory { mode: u32 },
+    File { mode: u32, content: Vec<u8> },
+    Symlink { target: String },
+}
+
+/// The OCI archive of the run `manifest` describes, whose provenance is
+/// `graph`, with files read from `image`.
+pub fn oci(
+    manifest: &Manifest,
+    graph: &Provenance,
+    image: BaseImage,
+) -> Result<Vec<u8>, ExportError> {
+    let fs = open_root(image, &manifest.root_device)?;
+    let mut layer = Layer {
+        fs: &fs,
+        entries: BTreeMap::new(),
+    };
+    let cwd = String::from_utf8_lossy(&normalize(b"/", manifest.cwd.as_bytes())).into_owned();
+    layer.add(&cwd)?;
+    for path in inputs(graph) {
+        layer.add(&path)?;
+    }
+    let search_path = search_path(&manifest.env);
+    let programs: BTreeSet<&str> = graph
+        .activities
+        .iter()
+        .filter_map(|activity| activity.argv.first())
+        .chain(manifest.argv.first())
+        .map(String::as_str)
+        .collect();
+    for program in programs {
+        layer.add_program(program, &cwd, &search_path)?;
+    }
+    let tar = layer.into_tar()?;
+    archive(manifest, &cwd, tar)
+}
+
+/// The paths of the file versions the run used and did not make.
+fn inputs(graph: &Provenance) -> BTreeSet<String> {
+    let generated: BTreeSet<&str> = graph
+        .relations
+        .iter()
+        .filter_map(|relation| match relation {
+            Relation::WasGeneratedBy { entity, .. } => Some(entity.as_str()),
+            _ => None,
+        })
+        .collect();
+    graph
+        .relations
+        .iter()
+        .filter_map(|relation| match relation {
+            Relation::Used { entity, .. } if !generated.contains(entity.as_str()) => {
+                graph.entity(entity)
+            }
+            _ => None,
+        })
+        .filter(|entity| entity.kind == EntityKind::File)
+        .map(|entity| entity.name.clone())
+        .filter(|path| path.starts_with('/') && !is_kernel_file(path.as_bytes()))
+        .collect()
+}
+
+/// PATH's directories in the recorded environment.
+fn search_path(env: &[String]) -> Vec<String> {
+    env.iter()
+        .find_map(|entry| entry.strip_prefix("PATH="))
+        .map(|path| path.split(':').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The ext4 file system the guest mounted as its root.
+fn open_root(mut image: BaseImage, device: &str) -> Result<Ext4, ExportError> {
+    let (start, _) =
+        root::extent(&mut image, device).map_err(|e| ExportError::Oci(e.to_string()))?;
+    Ext4::load(Box::new(Partition { image, start }))
+        .map_err(|e| ExportError::Oci(format!("cannot read the root file system {device}: {e}")))
+}
+
+/// A partition of the image, as ext4-view reads it.
+struct Partition {
+    image: BaseImage,
+    start: u64,
+}
+
+impl Ext4Read for Partition {
+    fn read(
+        &mut self,
+        start_byte: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.image.read_at(self.start + start_byte, dst)?)
+    }
+}
+
+/// The layer's entries by absolute path, sorted so that a directory
+/// precedes what it holds.
+struct Layer<'a> {
+    fs: &'a Ext4,
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Layer<'_> {
+    /// `path` and everything on the way to it (directories, symbolic links
+    /// and their targets); a path the image does not have is left out.
+    fn add(&mut self, path: &str) -> Result<(), ExportError> {
+        self.add_within(path, 0).map(|_| ())
+    }
+
+    /// Whether `path` exists in the image (having added it).
+    fn add_within(&mut self, path: &str, links: usize) -> Result<bool, ExportError> {
+        if links > MAX_LINKS {
+            return Ok(false);
+        }
+        let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        let mut current = String::new();
+        for (index, component) in components.iter().enumerate() {
+            let parent = if current.is_empty() { "/" } else { &current };
+            let candidate = format!("{current}/{component}");
+            let Ok(metadata) = self.fs.symlink_metadata(candidate.as_str()) else {
+                return Ok(false);
+            };
+            let mode = u32::from(metadata.mode() & 0o7777);
+            if metadata.is_symlink() {
+                let target = self.fs.read_link(candidate.as_str()).map_err(ext4_error)?;
+                let target = target
+                    .to_str()
+                    .map_err(|_| {
+                        ExportError::Oci(format!("{candidate}: a link target that is not UTF-8"))
+                    })?
+                    .to_owned();
+                let rest = components[index + 1..].join("/");
+                let resolved = normalize(parent.as_bytes(), format!("{target}/{rest}").as_bytes());
+                self.entries.insert(candidate, Entry::Symlink { target });
+                return self.add_within(&String::from_utf8_lossy(&resolved), links + 1);
+            }
+            if metadata.is_dir() {
+                self.entries
+                    .insert(candidate.clone(), Entry::Directory { mode });
+            } else if index + 1 == components.len() && metadata.file_type().is_regular_file() {
+                let content = self.fs.read(candidate.as_str()).map_err(ext4_error)?;
+                self.add_interpreter(&content)?;
+                self.entries
+                    .insert(candidate.clone(), Entry::File { mode, content });
+            } else {
+                // A device or socket node, or a path through a file.
+                return Ok(false);
+            }
+            current = candidate;
+        }
+        Ok(true)
+    }
+
+    /// The program a process was started as: a path, or a name looked up in
+    /// the search path.
+    fn add_program(
+        &mut self,
+        program: &str,
+        cwd: &str,
+        search: &[String],
+    ) -> Result<(), ExportError> {
+        if program.contains('/') {
+            let path = normalize(cwd.as_bytes(), program.as_bytes());
+            return self.add(&String::from_utf8_lossy(&path));
+        }
+        for directory in search {
+            if self.add_within(&format!("{directory}/{program}"), 0)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The ELF interpreter of `content`, if it is a dynamically linked
+    /// program.
+    fn add_interpreter(&mut self, content: &[u8]) -> Result<(), ExportError> {
+        if let Some(interpreter) = elf_interpreter(content) {
+            self.add_within(&interpreter, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The layer as an uncompressed tar.
+    fn into_tar(self) -> Result<Vec<u8>, ExportError> {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (path, entry) in &self.entries {
+            let name = path.trim_start_matches('/');
+            let mut header = tar::Header::new_ustar();
+            header.set_mtime(0);
+            header.set_uid(0);
+            header.set_gid(0);
+            let written = match entry {
+                Entry::Directory { mode } => {
+                    header.set_entry_type(tar::EntryType::Directory);
+                    header.set_mode(*mode);
+                    header.set_size(0);
+                    tar.append_data(&mut header, format!("{name}/"), std::io::empty())
+                }
+                Entry::File { mode, content } => {
+                    header.set_entry_type(tar::EntryType::Regular);
+                    header.set_mode(*mode);
+                    header.set_size(content.len() as u64);
+                    tar.append_data(&mut header, name, content.as_slice())
+                }
+                Entry::Symlink { target } => {
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_mode(0o777);
+                    header.set_size(0);
+                    tar.append_link(&mut header, name, target)
+                }
+            };
+            written.map_err(tar_error)?;
+        }
+        tar.into_inner().map_err(tar_error)
+    }
+}
+
+/// PT_INTERP of an ELF program: the dynamic linker the kernel maps.
+fn elf_interpreter(content: &[u8]) -> Option<String> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let elf = ElfFile64::<object::Endianness>::parse(content).ok()?;
+    let endian = elf.endian();
+    elf.elf_program_headers()
+        .iter()
+        .find(|header| header.p_type(endian) == object::elf::PT_INTERP)
+        .and_then(|header| header.data(endian, content).ok())
+        .map(|path| {
+            String::from_utf8_lossy(path.split(|&b| b == 0).next().unwrap_or(path)).into_owned()
+        })
+}
+
+/// The image layout, in a tar: `oci-layout`, `index.json` and the blobs
+/// (the layer, the configuration and the manifest).
+fn archive(manifest: &Manifest, cwd: &str, layer: Vec<u8>) -> Result<Vec<u8>, ExportError> {
+    let mut blobs = Vec::new();
+    let layer_descriptor = blob(&mut blobs, MediaType::ImageLayer, layer);
+    let config = ImageConfigurationBuilder::default()
+        .architecture(Arch::Amd64)
+        .os(Os::Linux)
+        .config(
+            ConfigBuilder::default()
+                .entrypoint(manifest.argv.clone())
+                .env(manifest.env.clone())
+                .working_dir(cwd.to_owned())
+                .build()
+                .map_err(oci_error)?,
+        )
+        .rootfs(
+            RootFsBuilder::default()
+                .diff_ids(vec![layer_descriptor.digest().to_string()])
+                .build()
+                .map_err(oci_error)?,
+        )
+        .build()
+        .map_err(oci_error)?;
+    let config = config.to_string().map_err(oci_error)?.into_bytes();
+    let config_descriptor = blob(&mut blobs, MediaType::ImageConfig, config);
+    let image_manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .config(config_descriptor)
+        .layers(vec![layer_descriptor])
+        .build()
+        .map_err(oci_error)?;
+    let image_manifest = image_manifest.to_string().map_err(oci_error)?.into_bytes();
+    let manifest_descriptor = blob(&mut blobs, MediaType::ImageManifest, image_manifest);
+    let manifest_descriptor = DescriptorBuilder::default()
+        .media_type(MediaType::ImageManifest)
+        .size(manifest_descriptor.size())
+        .digest(manifest_descriptor.digest().clone())
+        .annotations(HashMap::from([(
+            ANNOTATION_REF_NAME.to_owned(),
+            TAG.to_owned(),
+        )]))
+        .build()
+        .map_err(oci_error)?;
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![manifest_descriptor])
+        .build()
+        .map_err(oci_error)?;
+
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, content: &[u8]| {
+        let mut header = tar::Header::new_ustar();
+        header.set_mode(0o644);
+        header.set_size(content.len() as u64);
+        tar.append_data(&mut header, name, content)
+            .map_err(tar_error)
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    add(
+        "index.json",
+        index.to_string().map_err(oci_error)?.as_bytes(),
+    )?;
+    for (digest, content) in &blobs {
+        add(&format!("blobs/sha256/{digest}"), content)?;
+    }
+    tar.into_inner().map_err(tar_error)
+}
+
+/// Stores `content` as a blob; its descriptor.
+fn blob(blobs: &mut Vec<(String, Vec<u8>)>, media_type: MediaType, content: Vec<u8>) -> Descriptor {
+    let digest = provm_trace::hex(&Sha256::digest(&content));
+    let descriptor = Descriptor::new(
+        media_type,
+        content.len() as u64,
+        Sha256Digest::from_str(&digest).expect("SHA-256 in hex is a digest"),
+    );
+    blobs.push((digest, content));
+    descriptor
+}
+
+fn ext4_error(error: ext4_view::Ext4Error) -> ExportError {
+    ExportError::Oci(format!("reading the recorded image: {error}"))
+}
+
+fn tar_error(error: std::io::Error) -> ExportError {
+    ExportError::Oci(format!("writing the archive: {error}"))
+}
+
+fn oci_error(error: oci_spec::OciSpecError) -> ExportError {
+    ExportError::Oci(format!("making the OCI image: {error}"))
+}
