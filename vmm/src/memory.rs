@@ -32,10 +32,10 @@ pub fn create(mib: u64) -> Result<GuestMemory, MemoryError> {
     if mib < MIN_MEMORY_MIB {
         return Err(MemoryError::TooSmall(mib));
     }
-    let bytes = mib << 20;
-    if bytes > MMIO_START {
-        return Err(MemoryError::TooLarge(mib));
-    }
+    let bytes = mib
+        .checked_mul(1 << 20)
+        .filter(|&bytes| bytes <= MMIO_START)
+        .ok_or(MemoryError::TooLarge(mib))?;
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), bytes as usize)])
         .map_err(|source| MemoryError::Allocation { mib, source })
 }
@@ -123,6 +123,8 @@ mod tests {
     fn sizes_are_checked() {
         assert!(matches!(create(16), Err(MemoryError::TooSmall(16))));
         assert!(matches!(create(4096), Err(MemoryError::TooLarge(4096))));
+        // A size whose bytes overflow u64 must not wrap to a small one.
+        assert!(matches!(create(1 << 60), Err(MemoryError::TooLarge(_))));
         let memory = create(64).unwrap();
         assert_eq!(memory.last_addr(), GuestAddress((64 << 20) - 1));
     }

@@ -15,19 +15,25 @@ const IA32_TSC_ADJUST: u32 = 0x3b;
 const PLATFORM_INFO: u32 = 0xce;
 const IA32_MPERF: u32 = 0xe7;
 const IA32_APERF: u32 = 0xe8;
+const IA32_ARCH_CAPABILITIES: u32 = 0x10a;
 const TSC_AUX: u32 = 0xc000_0103;
 
 /// The MSRs the VMM answers. Their model values (`read`): the TSC is the
 /// virtual clock (a 1 GHz TSC, like the PIT's time source); TSC_ADJUST is
 /// 0 (never adjusted); APERF/MPERF are 0 (counters that do not count: no
 /// frequency feedback, and CPUID does not offer them); PLATFORM_INFO is 0
-/// (no ratios, no CPUID faulting); TSC_AUX is 0 (processor 0).
-pub const ANSWERED_BY_VMM: [u32; 6] = [
+/// (no ratios, no CPUID faulting); TSC_AUX is 0 (processor 0);
+/// ARCH_CAPABILITIES is 0 (KVM passes on the host CPU's and microcode's
+/// vulnerability bits, which the guest kernel reads at boot to choose its
+/// mitigations when CPUID offers the MSR: 0 claims no immunity, so the
+/// guest takes every mitigation, the same on every host).
+pub const ANSWERED_BY_VMM: [u32; 7] = [
     IA32_TSC,
     IA32_TSC_ADJUST,
     PLATFORM_INFO,
     IA32_MPERF,
     IA32_APERF,
+    IA32_ARCH_CAPABILITIES,
     TSC_AUX,
 ];
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kvm_bindings::{kvm_regs, kvm_sregs, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
@@ -378,7 +378,8 @@ impl Vm {
         let line = |irq: u8| -> SharedIrqLine { Arc::new(PicIrqLine::new(pic.clone(), irq)) };
         let pit = Arc::new(Mutex::new(Pit::new(clock())));
         let i8042 = Arc::new(Mutex::new(I8042::new()));
-        let doorbell = Arc::new(Mutex::new(Doorbell::new(config.memory_mib << 20)));
+        let ram_bytes = memory.last_addr().raw_value() + 1;
+        let doorbell = Arc::new(Mutex::new(Doorbell::new(ram_bytes)));
         let cmos = Arc::new(Mutex::new(Cmos::new(clock())));
         let console_tail = ConsoleTail::default();
         let serial = Arc::new(Mutex::new(SerialPort::new(
