@@ -4,7 +4,8 @@
 # cost of provenance capture (benches/provenance.rs), pinned runs against
 # plain ones (benches/pinned.rs), then record and replay cost against QEMU
 # TCG's record/replay (benches/replay.rs), and query and export times on a
-# million-event trace (benches/query.rs).
+# million-event trace (benches/query.rs), and replay with each analysis
+# against plain replay (benches/analysis.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +32,5 @@ echo
 cargo bench -q --bench replay 2>/dev/null
 echo
 cargo bench -q --bench query 2>/dev/null
+echo
+cargo bench -q --bench analysis 2>/dev/null
