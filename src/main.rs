@@ -284,6 +284,10 @@ enum ExportCommand {
         /// The traces (.provm).
         #[arg(required = true, value_name = "RUN")]
         runs: Vec<PathBuf>,
+        /// Also fill the tables that come from replaying each run (the
+        /// system calls): as long again as the runs took.
+        #[arg(long)]
+        with_replay: bool,
         #[command(flatten)]
         output: ExportOutput,
     },
@@ -568,10 +572,14 @@ fn open_runs(
 
 fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match what {
-        ExportCommand::Sqlite { runs, output } => {
+        ExportCommand::Sqlite {
+            runs,
+            with_replay,
+            output,
+        } => {
             refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
             let runs = open_runs(runs)?;
-            provm::export::sqlite(&runs, &output.output, output.force)?;
+            provm::export::sqlite(&runs, &output.output, output.force, with_replay)?;
         }
         ExportCommand::Timeline { run, output } => {
             refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;

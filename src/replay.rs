@@ -69,6 +69,39 @@ pub enum ReplayReport {
     },
 }
 
+impl ReplayReport {
+    /// Whether what analyses saw in this replay is the run's: the replay
+    /// matched, or matched a trace cut short up to its end (said on
+    /// stderr); else the divergence report.
+    pub fn analysable(&self) -> Result<(), String> {
+        match self {
+            ReplayReport::Matched { .. } => Ok(()),
+            ReplayReport::CutShort { events, why, .. } => {
+                eprintln!("provm: the recording was cut short ({why}); the analysis covers its first {events} events");
+                Ok(())
+            }
+            ReplayReport::Diverged { report } => Err(report.clone()),
+        }
+    }
+}
+
+/// Replays the trace with one `analysis`, and gives it back with what it
+/// found.
+pub fn replay_with<A: Analysis>(
+    options: &ReplayOptions,
+    analysis: A,
+) -> Result<(ReplayReport, A), ReplayError> {
+    let (report, analyses) = replay(options, vec![Box::new(analysis)])?;
+    let analysis: Box<dyn std::any::Any> = analyses
+        .into_iter()
+        .next()
+        .expect("the replay gives back the analysis it ran");
+    let analysis = analysis
+        .downcast::<A>()
+        .expect("the analysis is the one given");
+    Ok((report, *analysis))
+}
+
 /// Replays the trace, running `analyses` on it (none: a plain replay);
 /// returns the verdict and the analyses with what they found.
 pub fn replay(

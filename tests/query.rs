@@ -578,3 +578,25 @@ fn export_oci_holds_what_the_run_read_and_runs_it_again() {
         refused.stderr
     );
 }
+
+#[test]
+fn a_query_that_reads_the_syscalls_table_replays_the_run_to_fill_it() {
+    let Recorded { pipeline, .. } = recorded();
+    let opens = query_json(
+        &[pipeline],
+        "SELECT comm, ret, json_extract(args, '$[2].names') AS flags FROM syscalls \
+         WHERE name = 'openat' AND path = '/data/in.txt'",
+    );
+    assert!(
+        opens.iter().any(|row| row["comm"] == "sort"
+            && row["flags"] == "O_RDONLY"
+            && row["ret"].as_i64() >= Some(0)),
+        "{opens:#?}"
+    );
+    let written = query_json(
+        &[pipeline],
+        "SELECT sum(ret) AS bytes FROM syscalls WHERE name = 'write' AND path = '/data/out.txt'",
+    );
+    // `wc -l mid.txt` wrote "3 mid.txt\n".
+    assert_eq!(written[0]["bytes"], 10, "{written:#?}");
+}

@@ -6,7 +6,7 @@ use provm_analysis::builtin::provenance::DerivedProvenance;
 use provm_trace::reader::Trace;
 
 use super::{build, text_boundary, Boundary, Provenance, ProvenanceError, VmBoundary};
-use crate::replay::{self, ReplayOptions, ReplayReport};
+use crate::replay::{self, ReplayOptions};
 
 /// The provenance of the run `replay` names: the document `--prov` wrote,
 /// or the trace's embedded one, else (or with `from_replay`) the one
@@ -31,22 +31,9 @@ pub fn load_or_derive(
 /// The provenance of the trace `options` names, from a replay of it.
 fn from_replay_of(options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
     let trace = Trace::open(&options.trace).map_err(|e| ProvenanceError::Trace(e.to_string()))?;
-    let (report, analyses) = replay::replay(options, vec![Box::new(DerivedProvenance::default())])
+    let (report, derived) = replay::replay_with(options, DerivedProvenance::default())
         .map_err(|e| ProvenanceError::Trace(e.to_string()))?;
-    match report {
-        ReplayReport::Matched { .. } => {}
-        ReplayReport::CutShort { events, why, .. } => eprintln!(
-            "provm: the recording was cut short ({why}); the graph shows its first {events} events"
-        ),
-        ReplayReport::Diverged { report } => return Err(ProvenanceError::Diverged(report)),
-    }
-    let analysis: Box<dyn std::any::Any> = analyses
-        .into_iter()
-        .next()
-        .expect("the replay gives back the analysis it ran");
-    let derived = analysis
-        .downcast::<DerivedProvenance>()
-        .expect("the analysis is the one made above");
+    report.analysable().map_err(ProvenanceError::Diverged)?;
     let manifest = &trace.manifest;
     let start_ns = manifest.started_unix * 1_000_000_000;
     let records = derived.records(start_ns);

@@ -42,4 +42,6 @@ pub enum QueryError {
     Csv(#[from] csv::Error),
     #[error("{path}: {message}")]
     Export { path: PathBuf, message: String },
+    #[error("cannot fill a table by replaying the run: {0}")]
+    Replay(String),
 }

@@ -31,6 +31,7 @@ pub const EVENTS: Table = Table {
     ],
     indexes: &["exit", "kind"],
     fill,
+    from_replay: false,
 };
 
 pub const EXITS: View = View {

@@ -56,6 +56,7 @@ pub const MANIFEST: Table = Table {
     ],
     indexes: &[],
     fill,
+    from_replay: false,
 };
 
 fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {

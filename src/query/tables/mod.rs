@@ -3,11 +3,14 @@
 //! produces its rows from a [`Run`]; a [`View`] is a query over them. A new
 //! table (system calls from a replay analysis, blame rows) is one more
 //! entry in [`TABLES`]: the schema, the loading, `export sqlite`, the error
-//! listing and `provm query --schema` all follow from the list.
+//! listing and `provm query --schema` all follow from the list. A table
+//! filled by replaying the run (`from_replay`) is filled only when a query
+//! reads it, or `export sqlite --with-replay` asks.
 
 mod events;
 mod manifest;
 mod provenance;
+mod syscalls;
 
 use rusqlite::{Statement, ToSql, Transaction};
 
@@ -20,6 +23,7 @@ pub const TABLES: &[Table] = &[
     provenance::PROCESSES,
     provenance::FILES,
     provenance::EDGES,
+    syscalls::SYSCALLS,
 ];
 
 /// Every view.
@@ -62,6 +66,8 @@ pub struct Table {
     pub indexes: &'static [&'static str],
     /// Inserts the rows of one run.
     pub fill: fn(&Run, &mut Rows<'_>) -> Result<(), QueryError>,
+    /// Whether filling it replays the run (slow: as long as the run).
+    pub from_replay: bool,
 }
 
 pub struct View {

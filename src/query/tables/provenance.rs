@@ -53,6 +53,7 @@ pub const PROCESSES: Table = Table {
     ],
     indexes: &["id", "pid"],
     fill: fill_processes,
+    from_replay: false,
 };
 
 pub const FILES: Table = Table {
@@ -84,6 +85,7 @@ pub const FILES: Table = Table {
     ],
     indexes: &["id", "name"],
     fill: fill_files,
+    from_replay: false,
 };
 
 pub const EDGES: Table = Table {
@@ -98,6 +100,7 @@ pub const EDGES: Table = Table {
     ],
     indexes: &["source", "target"],
     fill: fill_edges,
+    from_replay: false,
 };
 
 fn graph(run: &Run) -> Option<&Provenance> {
