@@ -297,6 +297,10 @@ enum ExportCommand {
     Timeline {
         /// The trace (.provm).
         run: PathBuf,
+        /// Also replay the run, for every system call on its thread (and the
+        /// processes, without --prov): as long again as the run took.
+        #[arg(long)]
+        with_replay: bool,
         #[command(flatten)]
         output: ExportOutput,
     },
@@ -581,11 +585,15 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             let runs = open_runs(runs)?;
             provm::export::sqlite(&runs, &output.output, output.force, with_replay)?;
         }
-        ExportCommand::Timeline { run, output } => {
+        ExportCommand::Timeline {
+            run,
+            with_replay,
+            output,
+        } => {
             refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
             let run = provm::query::Run::open(&run)?;
-            if !provm::export::timeline(&run, &output.output, output.force)? {
-                eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov to have them", run.name);
+            if !provm::export::timeline(&run, &output.output, output.force, with_replay)? {
+                eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov, or export with --with-replay, to have them", run.name);
             }
         }
         ExportCommand::Oci { run, image, output } => {

@@ -27,6 +27,19 @@ pub struct ReplayOptions {
     pub echo_console: bool,
 }
 
+impl ReplayOptions {
+    /// Replaying `trace` for what analyses find: against the recorded image
+    /// (or the trace's copy), with the default timeout, the console quiet.
+    pub fn for_analysis(trace: PathBuf) -> Self {
+        ReplayOptions {
+            trace,
+            image: None,
+            timeout: Duration::from_secs(crate::run::DEFAULT_TIMEOUT_SECONDS),
+            echo_console: false,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("{0}")]
@@ -92,14 +105,19 @@ pub fn replay_with<A: Analysis>(
     analysis: A,
 ) -> Result<(ReplayReport, A), ReplayError> {
     let (report, analyses) = replay(options, vec![Box::new(analysis)])?;
-    let analysis: Box<dyn std::any::Any> = analyses
+    let analysis = analyses
         .into_iter()
         .next()
         .expect("the replay gives back the analysis it ran");
-    let analysis = analysis
+    Ok((report, downcast(analysis)))
+}
+
+/// An analysis `replay` gave back, as the type it was made with.
+pub fn downcast<A: Analysis>(analysis: Box<dyn Analysis>) -> A {
+    let analysis: Box<dyn std::any::Any> = analysis;
+    *analysis
         .downcast::<A>()
-        .expect("the analysis is the one given");
-    Ok((report, *analysis))
+        .expect("the analysis is of the type it was made with")
 }
 
 /// Replays the trace, running `analyses` on it (none: a plain replay);

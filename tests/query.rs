@@ -355,6 +355,44 @@ fn export_timeline_writes_the_trace_event_format() {
     check_trace_event_format(events);
     assert!(!events.iter().any(|e| e["ph"] == "X" && e["pid"] == 1));
 
+    // With a replay: the processes, and every system call on its thread,
+    // nested in its process's life.
+    let replayed_json = dir.path().join("replayed.json");
+    succeeds(&[
+        "export",
+        "timeline",
+        "--with-replay",
+        path(plain),
+        "-o",
+        path(&replayed_json),
+    ]);
+    let document: Value = serde_json::from_slice(&std::fs::read(&replayed_json).unwrap()).unwrap();
+    let events = document["traceEvents"].as_array().unwrap();
+    check_trace_event_format(events);
+    let write = events
+        .iter()
+        .find(|e| {
+            e["ph"] == "X"
+                && e["name"] == "write"
+                && e["args"]["call"].as_str().unwrap_or("").contains("plain")
+        })
+        .unwrap_or_else(|| panic!("no write of 'plain': {events:#?}"));
+    let shell = events
+        .iter()
+        .find(|e| {
+            e["ph"] == "X"
+                && e["tid"] == write["tid"]
+                && e["name"] != "write"
+                && e["args"]["status"].is_i64()
+        })
+        .unwrap_or_else(|| panic!("no process on thread {}", write["tid"]));
+    let (start, end) = (
+        shell["ts"].as_f64().unwrap(),
+        shell["ts"].as_f64().unwrap() + shell["dur"].as_f64().unwrap(),
+    );
+    let at = write["ts"].as_f64().unwrap();
+    assert!(start <= at && at <= end, "{write} outside {shell}");
+
     let refused = provm(&["export", "timeline", path(plain), "-o", path(&json)]);
     assert_eq!(refused.status, PROVM_FAILED);
     assert!(

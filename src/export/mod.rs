@@ -31,6 +31,8 @@ pub enum ExportError {
     Trace(#[from] provm_trace::format::FormatError),
     #[error("export oci: {0}")]
     Oci(String),
+    #[error("cannot replay the run for the export: {0}")]
+    Replay(String),
     #[error("{what} needs the run's provenance, and {path} was recorded without it; record with: provm record --prov FILE IMAGE -- CMD")]
     NoProvenance { what: &'static str, path: PathBuf },
 }

@@ -9,7 +9,11 @@
 //! - pid 2, "VMM": the run itself as a complete event, and counters (`C`)
 //!   of the VM exits by device, the interrupts injected and the bytes
 //!   written to disk in every 10 ms of guest time;
-//! - names for both processes and every thread as metadata events (`M`).
+//! - names for both processes and every thread as metadata events (`M`);
+//! - with a replay (`--with-replay`), every system call as a complete event
+//!   on its thread (tid the guest's thread id), nested in its process's
+//!   program, and the processes from the replay when the run has no
+//!   provenance graph (their times then on the monotonic clock already).
 //!
 //! Times are the guest's monotonic clock, the one the event log reads. The
 //! processes' times are the guest's wall clock, which the agent set from
@@ -25,9 +29,13 @@ use provm_trace::events::Event;
 use provm_vmm::vm::{mmio_device, port_device};
 use serde_json::{json, Value};
 
+use provm_analysis::builtin::processes::ProcessTree;
+use provm_analysis::builtin::syscalls::SyscallLog;
+
 use super::{AtomicFile, ExportError};
 use crate::provenance::{Provenance, VM_ACTIVITY};
 use crate::query::Run;
+use crate::replay::{self, ReplayOptions};
 
 const GUEST_PID: u32 = 1;
 const VMM_PID: u32 = 2;
@@ -36,12 +44,18 @@ const RUN_TID: u32 = 1;
 /// Counters sum what happened in each slice of guest time this long.
 const BUCKET_NS: u64 = 10_000_000;
 
-/// Writes the timeline of `run` to `path`; says whether it has process
-/// tracks (not without provenance).
-pub fn timeline(run: &Run, path: &Path, force: bool) -> Result<bool, ExportError> {
+/// Writes the timeline of `run` to `path`, with what a replay of it shows
+/// `with_replay`; says whether it has process tracks (not without
+/// provenance or a replay).
+pub fn timeline(
+    run: &Run,
+    path: &Path,
+    force: bool,
+    with_replay: bool,
+) -> Result<bool, ExportError> {
     let mut file = AtomicFile::create(path, force)?;
-    let document = document(run)?;
-    let has_processes = run.provenance.is_some();
+    let document = document(run, with_replay)?;
+    let has_processes = run.provenance.is_some() || with_replay;
     serde_json::to_writer(std::io::BufWriter::new(file.file()), &document).map_err(|error| {
         ExportError::Io {
             path: path.to_owned(),
@@ -53,7 +67,7 @@ pub fn timeline(run: &Run, path: &Path, force: bool) -> Result<bool, ExportError
 }
 
 /// The timeline as a JSON document.
-fn document(run: &Run) -> Result<Value, ExportError> {
+fn document(run: &Run, with_replay: bool) -> Result<Value, ExportError> {
     let mut events = vec![
         process_name(GUEST_PID, "guest processes"),
         process_name(VMM_PID, "VMM"),
@@ -69,6 +83,9 @@ fn document(run: &Run) -> Result<Value, ExportError> {
     if let (Some(graph), Some(job_wall_ns)) = (&run.provenance, vmm.job_wall_ns) {
         let to_guest = |wall_ns: u64| (wall_ns + vmm.start_ns).saturating_sub(job_wall_ns);
         events.extend(process_events(graph, to_guest));
+    }
+    if with_replay {
+        events.extend(replayed_events(run)?);
     }
     events.extend(vmm.counters);
     Ok(json!({ "traceEvents": events, "displayTimeUnit": "ms" }))
@@ -108,6 +125,55 @@ fn process_events(graph: &Provenance, to_guest: impl Fn(u64) -> u64) -> Vec<Valu
         }));
     }
     events
+}
+
+/// What a replay of `run` with the `syscalls` and `processes` analyses
+/// shows: every system call on its thread, and each process's life when
+/// the run has no provenance graph to draw them from.
+fn replayed_events(run: &Run) -> Result<Vec<Value>, ExportError> {
+    eprintln!("provm: replaying {} for its system calls", run.name);
+    let options = ReplayOptions::for_analysis(run.trace.path.clone());
+    let analyses: Vec<Box<dyn provm_analysis::Analysis>> = vec![
+        Box::new(SyscallLog::default()),
+        Box::new(ProcessTree::default()),
+    ];
+    let (report, analyses) =
+        replay::replay(&options, analyses).map_err(|e| ExportError::Replay(e.to_string()))?;
+    report.analysable().map_err(ExportError::Replay)?;
+    let mut analyses = analyses.into_iter();
+    let log: SyscallLog = replay::downcast(analyses.next().unwrap());
+    let tree: ProcessTree = replay::downcast(analyses.next().unwrap());
+    let mut events = Vec::new();
+    if run.provenance.is_none() {
+        for process in tree.processes.values() {
+            let program = process
+                .execs
+                .last()
+                .map_or(process.comm.clone(), |(_, argv)| argv.join(" "));
+            let tid = process.pid as u32;
+            events.push(thread_name(
+                GUEST_PID,
+                tid,
+                &format!("{} {program}", process.pid),
+            ));
+            let (Some(start), Some(end)) = (process.start_ns, process.end_ns) else {
+                continue;
+            };
+            events.push(json!({
+                "ph": "X", "pid": GUEST_PID, "tid": tid, "name": program,
+                "ts": micros(start), "dur": micros(end.saturating_sub(start)),
+                "args": { "status": process.status },
+            }));
+        }
+    }
+    for call in &log.calls {
+        events.push(json!({
+            "ph": "X", "pid": GUEST_PID, "tid": call.task.tid as u32, "name": call.name,
+            "ts": micros(call.entry_ns), "dur": micros(call.exit_ns.saturating_sub(call.entry_ns)),
+            "args": { "call": call.to_string(), "comm": call.task.comm },
+        }));
+    }
+    Ok(events)
 }
 
 /// What the event log gives the timeline.

@@ -51,12 +51,7 @@ pub const SYSCALLS: Table = Table {
 
 fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
     eprintln!("provm: replaying {} for the syscalls table", run.name);
-    let options = ReplayOptions {
-        trace: run.trace.path.clone(),
-        image: None,
-        timeout: std::time::Duration::from_secs(crate::run::DEFAULT_TIMEOUT_SECONDS),
-        echo_console: false,
-    };
+    let options = ReplayOptions::for_analysis(run.trace.path.clone());
     let (report, log) = replay::replay_with(&options, SyscallLog::default())
         .map_err(|error| QueryError::Replay(error.to_string()))?;
     report.analysable().map_err(QueryError::Replay)?;
