@@ -78,7 +78,8 @@ fn main() {
         );
     }
     println!(
-        "| PANDA syscalls2 (panda-re/panda#1167) | 6.92 | | | 4.46 (against PANDA without it) |"
+        "PANDA's syscalls2 plugin, for comparison: 6.92 s against 1.55 s without it, 4.46x \
+         (panda-re/panda#1167), under TCG"
     );
 }
 
