@@ -1,6 +1,7 @@
-//! Boot and command latency: provm on KVM against QEMU's software emulation
-//! (TCG) as the reference, same kernel, initramfs, image and agent protocol.
-//! Run by benches/bench.sh; prints one table.
+//! Boot and command latency: provm on KVM against its peer, QEMU with KVM,
+//! and QEMU's software emulation (TCG) as the reference, same kernel,
+//! initramfs, image and agent protocol. Run by benches/bench.sh; prints one
+//! table of medians of five rounds with their min and max.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,35 +33,43 @@ const WORKLOADS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Rounds of each system, alternated so that a slow stretch of a shared
+/// host hits all alike.
+const ROUNDS: usize = 5;
+
+/// One round's times on one system: the boot, then each workload.
+type Round = Vec<Duration>;
+
 fn main() {
     let image = &common::images().tiny_qcow2;
     let options = RunOptions::new(image.clone(), Vec::new());
     let job = |script: &str| common::shell_job(&options, script);
-
     let prepared = provm::run::prepare(&options).unwrap();
-    let config = prepared
-        .vm_config(
-            Arc::new(LiveSeam::starting_at(0)),
-            provm::run::overlay_location(&options),
-            None,
-        )
-        .unwrap();
     let machine = qemu::Machine::new(&prepared.boot, prepared.memory_mib, image);
-    let (mut guest, provm_boot) =
-        GuestSession::boot(config, &prepared.boot, Instant::now() + options.timeout).unwrap();
-    let provm_times: Vec<Duration> = WORKLOADS
-        .iter()
-        .map(|(_, script)| {
+
+    let provm_round = || -> Round {
+        let config = prepared
+            .vm_config(
+                Arc::new(LiveSeam::starting_at(0)),
+                provm::run::overlay_location(&options),
+                None,
+            )
+            .unwrap();
+        let (mut guest, boot) =
+            GuestSession::boot(config, &prepared.boot, Instant::now() + options.timeout).unwrap();
+        let mut round = vec![boot];
+        for (_, script) in WORKLOADS {
             let start = Instant::now();
             guest
                 .run(job(script), &mut Vec::new(), &mut Vec::new())
                 .unwrap();
-            start.elapsed()
-        })
-        .collect();
-    guest.power_off().unwrap();
+            round.push(start.elapsed());
+        }
+        guest.power_off().unwrap();
+        round
+    };
     // Fast start: the same guest restored from its snapshot (cached by the
-    // first call, timed on the second).
+    // first call, not timed).
     let restore = || {
         let start = Instant::now();
         let mut guest =
@@ -69,39 +78,71 @@ fn main() {
         guest.power_off().unwrap();
         elapsed
     };
-    restore();
-    let provm_restore = restore();
-
-    let mut qemu = machine.boot(qemu::Rr::Off);
-    let qemu_times: Vec<Duration> = WORKLOADS
-        .iter()
-        .map(|(_, script)| {
+    let qemu_round = |accel: qemu::Accel| -> Round {
+        let mut guest = machine.boot(accel, qemu::Rr::Off);
+        let mut round = vec![guest.boot_time];
+        for (_, script) in WORKLOADS {
             let start = Instant::now();
-            qemu.run(job(script));
-            start.elapsed()
-        })
-        .collect();
-    let qemu_boot = qemu.boot_time;
-    qemu.power_off();
+            guest.run(job(script));
+            round.push(start.elapsed());
+        }
+        guest.power_off();
+        round
+    };
 
-    println!("| measurement | provm (KVM) | QEMU TCG | provm / TCG |");
-    println!("|---|---|---|---|");
-    row("boot to agent ready", provm_boot, qemu_boot);
-    row(
-        "provm: restore the booted snapshot instead (QEMU: boot)",
-        provm_restore,
-        qemu_boot,
+    restore();
+    let (mut provm, mut restores, mut kvm, mut tcg) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        provm.push(provm_round());
+        restores.push(restore());
+        kvm.push(qemu_round(qemu::Accel::Kvm));
+        tcg.push(qemu_round(qemu::Accel::Tcg));
+        eprintln!("round {round} done");
+    }
+
+    println!("boot and command latency, median (min-max) of {ROUNDS} rounds, seconds");
+    println!(
+        "| measurement | provm (KVM) | QEMU KVM | QEMU TCG | provm / QEMU KVM | provm / TCG |"
     );
-    for (((name, _), provm), qemu) in WORKLOADS.iter().zip(provm_times).zip(qemu_times) {
-        row(name, provm, qemu);
+    println!("|---|---|---|---|---|---|");
+    let names =
+        std::iter::once("boot to agent ready").chain(WORKLOADS.iter().map(|(name, _)| *name));
+    for (index, name) in names.enumerate() {
+        let column =
+            |rounds: &[Round]| Stats::of(rounds.iter().map(|round| round[index]).collect());
+        let (ours, peer, software) = (column(&provm), column(&kvm), column(&tcg));
+        println!(
+            "| {name} | {ours} | {peer} | {software} | {:.2} | {:.2} |",
+            ours.median / peer.median,
+            ours.median / software.median
+        );
+    }
+    let restore = Stats::of(restores);
+    println!("| provm: restore the booted snapshot instead | {restore} | | | | |");
+}
+
+/// Median, min and max of some times, in seconds.
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stats {
+    fn of(mut times: Vec<Duration>) -> Self {
+        times.sort();
+        let seconds = |d: Duration| d.as_secs_f64();
+        Stats {
+            median: seconds(times[times.len() / 2]),
+            min: seconds(times[0]),
+            max: seconds(times[times.len() - 1]),
+        }
     }
 }
 
-fn row(name: &str, provm: Duration, qemu: Duration) {
-    println!(
-        "| {name} | {:.3} s | {:.3} s | {:.2} |",
-        provm.as_secs_f64(),
-        qemu.as_secs_f64(),
-        provm.as_secs_f64() / qemu.as_secs_f64()
-    );
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} ({:.3}-{:.3})", self.median, self.min, self.max)
+    }
 }

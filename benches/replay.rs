@@ -201,7 +201,7 @@ struct QemuRr {
 
 fn measure_qemu(machine: &qemu::Machine, job: Job, log: &Path) -> QemuRr {
     let start = Instant::now();
-    let mut guest = machine.boot(qemu::Rr::Record(log));
+    let mut guest = machine.boot(qemu::Accel::Tcg, qemu::Rr::Record(log));
     let messages = guest.run(job);
     let console = guest.power_off();
     let record_seconds = start.elapsed().as_secs_f64();
@@ -212,7 +212,9 @@ fn measure_qemu(machine: &qemu::Machine, job: Job, log: &Path) -> QemuRr {
     );
 
     let start = Instant::now();
-    let (replayed, replayed_console) = machine.boot(qemu::Rr::Replay(log)).replay_to_end();
+    let (replayed, replayed_console) = machine
+        .boot(qemu::Accel::Tcg, qemu::Rr::Replay(log))
+        .replay_to_end();
     QemuRr {
         record_seconds,
         replay_seconds: start.elapsed().as_secs_f64(),

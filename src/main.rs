@@ -318,7 +318,8 @@ enum ExportCommand {
         #[command(flatten)]
         output: ExportOutput,
     },
-    /// The run's provenance (recorded with --prov) as a Makefile: one rule
+    /// The run's provenance (recorded with --prov, else derived by replaying
+    /// it) as a Makefile: one rule
     /// per file it generated, the files its writer read as prerequisites,
     /// the writer's command line as recipe.
     Makefile {
@@ -619,7 +620,10 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         ExportCommand::Makefile { run, output, force } => {
             refuse_to_overwrite(force, &[&output])?;
-            let makefile = provm::export::makefile(&provm::query::Run::open(&run)?)?;
+            let graph =
+                provenance::load_or_derive(&ReplayOptions::for_analysis(run.clone()), false)?;
+            let trace = provm_trace::reader::Trace::open(&run)?;
+            let makefile = provm::export::makefile(&trace.manifest, &graph);
             match output {
                 Some(path) => {
                     let mut file = provm::export::AtomicFile::create(&path, force)?;

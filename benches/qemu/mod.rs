@@ -1,6 +1,7 @@
-//! QEMU's software emulation (TCG) as the benches' reference: the guest
-//! provm boots (same kernel, initramfs, image and agent protocol) under
-//! qemu-system-x86_64 -M microvm, optionally with QEMU's own record/replay.
+//! QEMU as the benches' reference: the guest provm boots (same kernel,
+//! initramfs, image and agent protocol) under qemu-system-x86_64 -M
+//! microvm, with KVM (the peer) or software emulation (TCG), and under TCG
+//! optionally with QEMU's own record/replay.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -17,6 +18,17 @@ const SILENCE_LIMIT: Duration = Duration::from_secs(600);
 /// What the guest kernel prints last, once the agent has powered it off:
 /// microvm without ACPI cannot power off, so QEMU stays up until told.
 const HALTED: &str = "reboot: System halted";
+
+/// How QEMU runs the guest's instructions.
+#[derive(Clone, Copy)]
+pub enum Accel {
+    /// Software emulation.
+    Tcg,
+    /// KVM, with the machine provm presents: no LAPIC (the PIC reaches the
+    /// CPU directly), the kernel's irqchip off, and none of KVM's
+    /// paravirtual features, so the same kernel boots the same way.
+    Kvm,
+}
 
 /// QEMU's record/replay mode (`-icount ...,rr=`) and its log.
 #[derive(Clone, Copy)]
@@ -51,21 +63,24 @@ impl Machine {
         }
     }
 
-    /// Starts QEMU and waits for the agent's Ready.
-    pub fn boot(&self, rr: Rr) -> QemuGuest {
+    /// Starts QEMU and waits for the agent's Ready. QEMU's record/replay
+    /// (`rr` other than `Off`) runs under TCG only.
+    pub fn boot(&self, accel: Accel, rr: Rr) -> QemuGuest {
         let socket = self.dir.path().join("agent.sock");
         let start = Instant::now();
         let mut command = Command::new("qemu-system-x86_64");
-        command
-            .args([
-                "-M",
-                "microvm,pic=on,pit=on,rtc=on,acpi=off",
-                // No LAPIC: with `nolapic` the PIC must reach the CPU directly.
+        command.args(["-M", "microvm,pic=on,pit=on,rtc=on,acpi=off"]);
+        match accel {
+            // No LAPIC: with `nolapic` the PIC must reach the CPU directly.
+            Accel::Tcg => command.args(["-cpu", "qemu64,-apic", "-accel", "tcg"]),
+            Accel::Kvm => command.args([
                 "-cpu",
-                "qemu64,-apic",
+                "host,-apic,-x2apic,kvm=off,-kvm-poll-control,-arch-capabilities",
                 "-accel",
-                "tcg",
-            ])
+                "kvm,kernel-irqchip=off",
+            ]),
+        };
+        command
             .args(["-m", &format!("{}M", self.memory_mib)])
             .args(["-nographic", "-nodefaults", "-no-reboot"])
             // The console (ttyS0), read when the guest powers off.

@@ -12,21 +12,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 use std::path::{Component, Path, PathBuf};
 
-use super::ExportError;
-use crate::provenance::{noise_kind, Activity, EntityKind, Provenance, Relation};
-use crate::query::Run;
+use provm_trace::manifest::Manifest;
 
-/// The Makefile of `run`, which must have been recorded with `--prov`.
-pub fn makefile(run: &Run) -> Result<String, ExportError> {
-    let graph = run
-        .provenance
-        .as_ref()
-        .ok_or_else(|| ExportError::NoProvenance {
-            what: "export makefile",
-            path: run.trace.path.clone(),
-        })?;
-    let manifest = &run.trace.manifest;
-    Ok(render(graph, &manifest.cwd, &manifest.argv))
+use crate::provenance::{noise_kind, Activity, EntityKind, Provenance, Relation};
+
+/// The Makefile of the run `manifest` describes, whose provenance is
+/// `graph`.
+pub fn makefile(manifest: &Manifest, graph: &Provenance) -> String {
+    render(graph, &manifest.cwd, &manifest.argv)
 }
 
 /// One rule: a file, what its writer read, and the writer.

@@ -33,6 +33,4 @@ pub enum ExportError {
     Oci(String),
     #[error("cannot replay the run for the export: {0}")]
     Replay(String),
-    #[error("{what} needs the run's provenance, and {path} was recorded without it; record with: provm record --prov FILE IMAGE -- CMD")]
-    NoProvenance { what: &'static str, path: PathBuf },
 }
