@@ -76,6 +76,7 @@ mod tests {
             supported: offered,
             guest: Vec::new(),
             ignored_by_kernel: Vec::new(),
+            kernel_args: String::new(),
         };
         assert!(missing_here(&model, &probe(vec![avx2])).is_empty());
         assert_eq!(missing_here(&model, &probe(Vec::new())), ["avx2"]);

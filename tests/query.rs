@@ -501,7 +501,11 @@ fn export_makefile_rebuilds_the_recorded_outputs() {
         "{}",
         derived.stderr
     );
-    assert!(derived.stdout.contains(".PHONY: all\nall: \n"), "{}", derived.stdout);
+    assert!(
+        derived.stdout.contains(".PHONY: all\nall: \n"),
+        "{}",
+        derived.stdout
+    );
 }
 
 /// `skopeo inspect --config` of an exported archive.

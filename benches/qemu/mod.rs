@@ -25,8 +25,11 @@ pub enum Accel {
     /// Software emulation.
     Tcg,
     /// KVM, with the machine provm presents: no LAPIC (the PIC reaches the
-    /// CPU directly), the kernel's irqchip off, and none of KVM's
-    /// paravirtual features, so the same kernel boots the same way.
+    /// CPU directly), the kernel's irqchip off, none of KVM's paravirtual
+    /// features, and the kernel arguments provm adds on this host (on PVM,
+    /// `noxsave` among them: its ring-0 emulator cannot run XRSTOR, and
+    /// QEMU stops with an emulation failure), so the same kernel boots the
+    /// same way.
     Kvm,
 }
 
@@ -63,6 +66,18 @@ impl Machine {
         }
     }
 
+    /// provm's kernel command line, with what this host's KVM needs.
+    fn kernel_args(&self, accel: Accel) -> String {
+        let args = provm::run::kernel_args(false);
+        match accel {
+            Accel::Tcg => args,
+            Accel::Kvm => {
+                let probe = provm_vmm::vm::probe_cpu().expect("KVM is usable");
+                format!("{args} {}", probe.kernel_args)
+            }
+        }
+    }
+
     /// Starts QEMU and waits for the agent's Ready. QEMU's record/replay
     /// (`rr` other than `Off`) runs under TCG only.
     pub fn boot(&self, accel: Accel, rr: Rr) -> QemuGuest {
@@ -89,7 +104,7 @@ impl Machine {
             .arg(&self.kernel)
             .arg("-initrd")
             .arg(&self.initrd)
-            .args(["-append", &provm::run::kernel_args(false)]);
+            .args(["-append", &self.kernel_args(accel)]);
         let direct = format!(
             "if=none,format=qcow2,snapshot=on,file={}",
             self.image.display()

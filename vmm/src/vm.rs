@@ -311,10 +311,9 @@ impl Vm {
             );
         }
         let cmdline = format!(
-            "{} {} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
+            "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpuid::kernel_args_hiding(&unenforced),
-            vector_state::kernel_args(&unenforced),
+            platform_kernel_args(&unenforced),
         );
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
@@ -817,6 +816,19 @@ pub struct CpuProbe {
     /// Hidden features KVM leaves visible, which the guest kernel is told
     /// to ignore.
     pub ignored_by_kernel: Vec<&'static str>,
+    /// What the guest kernel's command line gets for it on this host.
+    pub kernel_args: String,
+}
+
+/// The kernel arguments this host's KVM makes necessary: the CPU features
+/// it leaves visible that the kernel must ignore, and how vector state is
+/// kept safe where the kernel cannot manage it.
+fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
+    format!(
+        "{} {}",
+        cpuid::kernel_args_hiding(unenforced),
+        vector_state::kernel_args(unenforced)
+    )
 }
 
 /// The CPU model a VM gets on this host, without building one.
@@ -826,14 +838,12 @@ pub fn probe_cpu() -> Result<CpuProbe, VmError> {
     let platform = Platform::detect();
     let supported = vcpu::supported_cpuid(&kvm)?;
     let vcpu = Vcpu::new(&kvm, &vm, &cpuid::guest_cpuid(&supported, platform))?;
-    let ignored_by_kernel = cpuid::unenforced(&vcpu.cpuid, platform)
-        .iter()
-        .map(|f| f.name)
-        .collect();
+    let unenforced = cpuid::unenforced(&vcpu.cpuid, platform);
     Ok(CpuProbe {
         supported,
+        kernel_args: platform_kernel_args(&unenforced),
+        ignored_by_kernel: unenforced.iter().map(|f| f.name).collect(),
         guest: vcpu.cpuid,
-        ignored_by_kernel,
     })
 }
 
