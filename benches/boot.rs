@@ -15,6 +15,7 @@ mod qemu;
 use std::time::{Duration, Instant};
 
 use provm::run::RunOptions;
+use provm_guest_agent::{GuestMessage, Outcome};
 use provm::session::GuestSession;
 use provm_vmm::seam::LiveSeam;
 
@@ -83,8 +84,12 @@ fn main() {
         let mut round = vec![guest.boot_time];
         for (_, script) in WORKLOADS {
             let start = Instant::now();
-            guest.run(job(script));
+            let messages = guest.run(job(script));
             round.push(start.elapsed());
+            assert!(
+                matches!(messages.last(), Some(GuestMessage::Finished(Outcome::Exited(0)))),
+                "QEMU's guest did not run {script:?}: {messages:?}"
+            );
         }
         guest.power_off();
         round

@@ -185,7 +185,13 @@ pub struct QemuGuest {
 
 impl QemuGuest {
     /// Runs `job` and returns the agent's messages up to the one that ends it.
-    pub fn run(&mut self, job: Job) -> Vec<GuestMessage> {
+    pub fn run(&mut self, mut job: Job) -> Vec<GuestMessage> {
+        // The host's time as the job leaves, as provm's session stamps it:
+        // the agent sets the guest's clock from it, and refuses 0.
+        job.wall_clock_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
         self.channel
             .write_all(&HostMessage::Run(job).encode())
             .unwrap();
