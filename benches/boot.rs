@@ -15,8 +15,8 @@ mod qemu;
 use std::time::{Duration, Instant};
 
 use provm::run::RunOptions;
-use provm_guest_agent::{GuestMessage, Outcome};
 use provm::session::GuestSession;
+use provm_guest_agent::{GuestMessage, Outcome};
 use provm_vmm::seam::LiveSeam;
 
 /// The workloads timed after boot, each as a shell script.
@@ -87,7 +87,10 @@ fn main() {
             let messages = guest.run(job(script));
             round.push(start.elapsed());
             assert!(
-                matches!(messages.last(), Some(GuestMessage::Finished(Outcome::Exited(0)))),
+                matches!(
+                    messages.last(),
+                    Some(GuestMessage::Finished(Outcome::Exited(0)))
+                ),
                 "QEMU's guest did not run {script:?}: {messages:?}"
             );
         }

@@ -523,8 +523,9 @@ fn oci_config(archive: &Path) -> Value {
     serde_json::from_slice(&inspect.stdout).unwrap()
 }
 
-/// The image's root file system, unpacked by umoci from the archive.
-fn oci_rootfs(archive: &Path, into: &Path) -> PathBuf {
+/// The image as a runtime bundle (config.json and rootfs), unpacked by
+/// umoci from the archive; its process without a terminal, as a test runs.
+fn oci_bundle(archive: &Path, into: &Path) -> PathBuf {
     let layout = into.join("layout");
     std::fs::create_dir(&layout).unwrap();
     let untar = Command::new("tar")
@@ -547,19 +548,32 @@ fn oci_rootfs(archive: &Path, into: &Path) -> PathBuf {
         "{}",
         String::from_utf8_lossy(&unpack.stderr)
     );
-    bundle.join("rootfs")
+    let config_path = bundle.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["process"]["terminal"] = false.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    bundle
 }
 
-/// `chroot ROOTFS /bin/sh -c SCRIPT` in `cwd`: what the container's
-/// entrypoint does.
-fn run_in(rootfs: &Path, cwd: &str, script: &str) -> std::process::Output {
-    Command::new("chroot")
-        .arg(rootfs)
-        .args(["/bin/sh", "-c", &format!("cd {cwd} && {script}")])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+/// Runs the bundle's container (the image's entrypoint) with runc.
+fn runc_run(bundle: &Path) -> std::process::Output {
+    let id = format!(
+        "provm-test-{}-{}",
+        std::process::id(),
+        bundle
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+    );
+    Command::new("runc")
+        .args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(id)
+        .stdin(std::process::Stdio::null())
         .output()
-        .unwrap()
+        .expect("runc runs (scripts/install-deps installs it)")
 }
 
 #[test]
@@ -577,13 +591,14 @@ fn export_oci_holds_what_the_run_read_and_runs_it_again() {
     assert_eq!(config["config"]["WorkingDir"], "/data", "{config:#}");
 
     // The inputs and programs are in it, the run's own outputs are not; run
-    // again from it, the pipeline writes what it wrote in the guest.
-    let rootfs = oci_rootfs(&archive, dir.path());
+    // as a container, the pipeline writes what it wrote in the guest.
+    let bundle = oci_bundle(&archive, dir.path());
+    let rootfs = bundle.join("rootfs");
     assert!(rootfs.join("data/in.txt").is_file());
     assert!(rootfs.join("bin/busybox").is_file());
     assert!(rootfs.join("bin/sh").is_symlink());
     assert!(!rootfs.join("data/mid.txt").exists());
-    let rerun = run_in(&rootfs, "/data", PIPELINE);
+    let rerun = runc_run(&bundle);
     assert!(
         rerun.status.success(),
         "{}",
@@ -611,9 +626,13 @@ fn export_oci_holds_what_the_run_read_and_runs_it_again() {
     );
     let plain_dir = dir.path().join("plain");
     std::fs::create_dir(&plain_dir).unwrap();
-    let rootfs = oci_rootfs(&archive, &plain_dir);
-    let rerun = run_in(&rootfs, "/", "echo plain");
-    assert_eq!(String::from_utf8_lossy(&rerun.stdout), "plain\n");
+    let rerun = runc_run(&oci_bundle(&archive, &plain_dir));
+    assert_eq!(
+        String::from_utf8_lossy(&rerun.stdout),
+        "plain\n",
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
 
     let refused = provm(&["export", "oci", path(plain), "-o", path(&archive)]);
     assert_eq!(refused.status, PROVM_FAILED);
