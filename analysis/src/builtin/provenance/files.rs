@@ -33,6 +33,9 @@ enum Content {
     Unknown,
     /// The bytes from offset 0 to `len`, all seen.
     Known { hasher: Sha256, len: u64 },
+    /// A whole version's content, copied inside the kernel: its digest is
+    /// known, its bytes were never seen, so nothing can follow it.
+    Copied { sha256: Vec<u8>, len: u64 },
 }
 
 impl Content {
@@ -45,7 +48,7 @@ impl Content {
 
     fn len(&self) -> Option<u64> {
         match self {
-            Content::Known { len, .. } => Some(*len),
+            Content::Known { len, .. } | Content::Copied { len, .. } => Some(*len),
             Content::Unknown => None,
         }
     }
@@ -66,6 +69,15 @@ struct ReadStream {
     version: u32,
     hasher: Sha256,
     offset: u64,
+}
+
+/// A copy inside the kernel (sendfile, copy_file_range) by thread group
+/// `tgid`: `len` bytes, `at_positions` if at both descriptors' positions
+/// (no offsets given).
+pub struct Copy {
+    pub tgid: i32,
+    pub len: u64,
+    pub at_positions: bool,
 }
 
 /// How a descriptor moved bytes.
@@ -212,6 +224,38 @@ impl Files {
         }
     }
 
+    /// `process` copied from `from` to `to` inside the kernel. The replay
+    /// does not see the bytes; but a copy of a whole version whose digest
+    /// is known, from its start into an empty file, makes `to` that
+    /// content (busybox's cat copies so).
+    pub fn copied(&mut self, process: u32, from: &str, to: &str, copy: Copy) {
+        if copy.len == 0 {
+            return;
+        }
+        let key = (copy.tgid, from.to_owned());
+        let current = self.paths.get(from).and_then(|state| state.current);
+        let whole = self
+            .reads
+            .remove(&key)
+            .filter(|stream| copy.at_positions && stream.offset == 0)
+            .filter(|stream| current == Some(stream.version))
+            .map(|stream| &self.versions[stream.version as usize])
+            .filter(|version| !version.sha256.is_empty() && version.size == copy.len)
+            .map(|version| version.sha256.clone());
+        if is_kernel_file(to) {
+            return;
+        }
+        let state = self.paths.entry(to.to_owned()).or_default();
+        state.writer = Some(process);
+        state.content = match (whole, state.content.len()) {
+            (Some(sha256), Some(0)) => Content::Copied {
+                sha256,
+                len: copy.len,
+            },
+            _ => Content::Unknown,
+        };
+    }
+
     /// `process` truncated `path` to `len` bytes by name or descriptor.
     pub fn truncated(&mut self, process: u32, path: &str, len: u64) {
         if is_kernel_file(path) {
@@ -319,6 +363,7 @@ fn push_version(versions: &mut Vec<FileVersion>, path: &str, content: &Content) 
     let id = versions.len() as u32;
     let (sha256, size) = match content {
         Content::Known { hasher, len } => (hasher.clone().finalize().to_vec(), *len),
+        Content::Copied { sha256, len } => (sha256.clone(), *len),
         Content::Unknown => (Vec::new(), 0),
     };
     versions.push(FileVersion {
@@ -399,6 +444,34 @@ mod tests {
             (sha(b"pear\n"), 5)
         );
         assert!(versions[1].sha256.is_empty());
+    }
+
+    #[test]
+    fn a_whole_file_copied_in_the_kernel_keeps_its_digest_and_a_part_does_not() {
+        let mut files = Files::default();
+        files.open_write(1, "/src", O_CREAT_WRONLY_TRUNC);
+        files.write(1, "/src", b"abc", Transfer::Sequential);
+        let (source, _) = files.observe("/src");
+        let whole = |tgid, len| Copy {
+            tgid,
+            len,
+            at_positions: true,
+        };
+        files.start_read(2, "/src", source.unwrap());
+        files.open_write(2, "/whole", O_CREAT_WRONLY_TRUNC);
+        files.copied(2, "/src", "/whole", whole(2, 3));
+        files.copied(2, "/src", "/whole", whole(2, 0));
+        files.observe("/whole");
+        files.start_read(2, "/src", source.unwrap());
+        files.open_write(2, "/part", O_CREAT_WRONLY_TRUNC);
+        files.copied(2, "/src", "/part", whole(2, 2));
+        files.observe("/part");
+        let versions = files.into_versions();
+        assert_eq!(
+            (versions[1].sha256.clone(), versions[1].size),
+            (sha(b"abc"), 3)
+        );
+        assert!(versions[2].sha256.is_empty());
     }
 
     #[test]

@@ -23,8 +23,8 @@ use serde_json::json;
 use syscalls::x86_64::Sysno;
 
 use self::files::{
-    is_kernel_file, Change, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY, O_PATH,
-    O_RDONLY, O_TRUNC, O_WRONLY,
+    is_kernel_file, Change, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY,
+    O_PATH, O_RDONLY, O_TRUNC, O_WRONLY,
 };
 use crate::api::{Analysis, ProcessEvent};
 use crate::syscall::{Arg, Syscall};
@@ -219,16 +219,30 @@ impl DerivedProvenance {
                 }
             }
             Sysno::sendfile | Sysno::copy_file_range => {
-                let (from, to) = if number == Sysno::sendfile {
-                    (1, 0)
+                // Which descriptors, and the offset pointers: NULL means
+                // at the descriptors' own positions.
+                let (from, to, offsets) = if number == Sysno::sendfile {
+                    (1, 0, &[2][..])
                 } else {
-                    (0, 2)
+                    (0, 2, &[1, 3][..])
                 };
-                if let Some(path) = regular_fd(call, from) {
-                    self.read(tgid, process, path, &[], Transfer::Unplaced);
+                let at_positions = offsets.iter().all(|&index| raw(index) == 0);
+                let (from, to) = (regular_fd(call, from), regular_fd(call, to));
+                if let Some(path) = from {
+                    self.use_once(process, path);
                 }
-                if let Some(path) = regular_fd(call, to) {
-                    self.files.write(process, path, &[], Transfer::Unplaced);
+                match (from, to) {
+                    (Some(from), Some(to)) => {
+                        let copy = Copy {
+                            tgid,
+                            len: ret as u64,
+                            at_positions,
+                        };
+                        self.files.copied(process, from, to, copy);
+                    }
+                    (Some(from), None) => self.files.read(tgid, from, &[], Transfer::Unplaced),
+                    (None, Some(to)) => self.files.write(process, to, &[], Transfer::Unplaced),
+                    (None, None) => {}
                 }
             }
             Sysno::mmap if raw(3) & MAP_SHARED != 0 && raw(2) & PROT_WRITE != 0 => {
@@ -284,15 +298,20 @@ impl DerivedProvenance {
         }
     }
 
-    /// `tgid` read `bytes` of `path`: a use if the process did not open
-    /// it itself (it inherited the descriptor).
+    /// `tgid` read `bytes` of `path`.
     fn read(&mut self, tgid: i32, process: u32, path: &str, bytes: &[u8], transfer: Transfer) {
+        self.use_once(process, path);
+        self.files.read(tgid, path, bytes, transfer);
+    }
+
+    /// `process` read `path` through a descriptor: a use, if it did not
+    /// open it itself (it inherited the descriptor).
+    fn use_once(&mut self, process: u32, path: &str) {
         if self.read_paths.insert((process, path.to_owned())) {
             let (version, change) = self.files.observe_existing(path);
             self.record_change(change);
             self.relations.used(process, version, false);
         }
-        self.files.read(tgid, path, bytes, transfer);
     }
 
     fn rename(&mut self, process: u32, from: &str, to: &str) {
