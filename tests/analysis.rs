@@ -160,13 +160,17 @@ fn analyses_log_system_calls_and_processes_and_the_replay_still_matches() {
 fn bad_analysis_requests_are_refused_clearly() {
     let unknown = provm(&["replay", "--analyze", "syscall", "no-such.provm"]);
     assert_eq!(unknown.status, 2, "{}", unknown.stderr);
-    assert!(
-        unknown
-            .stderr
-            .contains("[possible values: syscalls, processes]"),
-        "{}",
-        unknown.stderr
-    );
+    // The message names the bad value and every analysis there is.
+    for expected in [
+        "invalid value 'syscall'",
+        "[possible values: syscalls, processes, provenance]",
+    ] {
+        assert!(
+            unknown.stderr.contains(expected),
+            "{}",
+            unknown.stderr
+        );
+    }
 
     let existing = trace_path("exists.jsonl");
     fs::write(&existing, "mine").unwrap();
