@@ -165,11 +165,7 @@ fn bad_analysis_requests_are_refused_clearly() {
         "invalid value 'syscall'",
         "[possible values: syscalls, processes, provenance]",
     ] {
-        assert!(
-            unknown.stderr.contains(expected),
-            "{}",
-            unknown.stderr
-        );
+        assert!(unknown.stderr.contains(expected), "{}", unknown.stderr);
     }
 
     let existing = trace_path("exists.jsonl");
