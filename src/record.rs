@@ -138,7 +138,7 @@ pub fn record(
             None => Recorder::new(trace, start_ns, &INTERRUPTED),
         })
         .map_err(RunError::from)?;
-    let mut session = GuestSession::resume(vm, deadline);
+    let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     if let Some(pinning) = pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }

@@ -268,14 +268,17 @@ pub fn start_observed(
     let machine = prepared.machine(overlay_location(options), None);
     let Some(pinning) = &options.pinned else {
         let (vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
-        return Ok((GuestSession::resume(vm, deadline), None));
+        return Ok((
+            GuestSession::resume(vm, deadline, &prepared.boot.kernel),
+            None,
+        ));
     };
     // A plain run's Ctrl-C ends provm at once; a pinned one's too.
     static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
     let (vm, recorder) = machine.restore(snapshot, |start_ns| {
         Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
     })?;
-    let mut session = GuestSession::resume(vm, deadline);
+    let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     session.pin_wall_clock(pinning.epoch_ns);
     Ok((session, Some(recorder)))
 }

@@ -1,7 +1,11 @@
 //! A booted guest and its agent: the host side of the agent protocol.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use provm_analysis::guest::Guest;
+use provm_analysis::KernelInfo;
 
 use provm_guest_agent::{
     DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
@@ -24,8 +28,14 @@ pub enum SessionError {
 /// What went wrong inside the guest.
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
-    #[error("{0}")]
-    Vm(VmError),
+    /// The VM stopped with an error; `running` names the guest task that was
+    /// on the CPU, when the kernel's structures could be read. Boxed: this
+    /// path is rare, and every `RunError` would otherwise grow.
+    #[error("{error}{}", running.as_ref().map(|task| format!("; the task on the CPU: {task}")).unwrap_or_default())]
+    Vm {
+        error: Box<VmError>,
+        running: Option<String>,
+    },
     #[error("the guest kernel reset the machine (a kernel panic, or a reboot)")]
     Reset,
     #[error("the guest halted before the agent finished")]
@@ -47,6 +57,9 @@ pub struct GuestSession {
     /// The wall-clock time jobs carry (a pinned run's epoch); `None`: the
     /// host's when each is sent.
     pinned_wall_clock_ns: Option<u64>,
+    /// The guest's vmlinux, whose symbols and profile name the running task
+    /// in an error report (read only then: parsing it costs ~0.1 s).
+    kernel: PathBuf,
 }
 
 impl GuestSession {
@@ -58,21 +71,23 @@ impl GuestSession {
         deadline: Instant,
     ) -> Result<(Self, Duration), SessionError> {
         let start = Instant::now();
-        let mut session = Self::resume(Vm::new(config, boot)?, deadline);
+        let mut session = Self::resume(Vm::new(config, boot)?, deadline, &boot.kernel);
         match session.next_message()? {
             GuestMessage::Ready => Ok((session, start.elapsed())),
             other => Err(session.guest_error(GuestError::OutOfTurn(other))),
         }
     }
 
-    /// A session on a VM restored from a snapshot taken after Ready.
-    pub fn resume(vm: Vm, deadline: Instant) -> Self {
+    /// A session on a VM restored from a snapshot taken after Ready, whose
+    /// guest runs the kernel `kernel`.
+    pub fn resume(vm: Vm, deadline: Instant, kernel: &Path) -> Self {
         GuestSession {
             vm,
             frames: FrameReader::default(),
             deadline,
             provenance: Vec::new(),
             pinned_wall_clock_ns: None,
+            kernel: kernel.to_owned(),
         }
     }
 
@@ -140,7 +155,7 @@ impl GuestSession {
                 // a session sets no breakpoints, so no debug stop comes.
                 Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                Err(error) => return Err(self.guest_error(GuestError::Vm(error))),
+                Err(error) => return Err(self.vm_error(error)),
             }
         }
     }
@@ -161,9 +176,38 @@ impl GuestSession {
                 Ok(VmEvent::DebugStop(_)) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                Err(error) => return Err(self.guest_error(GuestError::Vm(error))),
+                Err(error) => return Err(self.vm_error(error)),
             }
         }
+    }
+
+    /// A VM error, with the guest task that was running when it came.
+    fn vm_error(&self, error: VmError) -> SessionError {
+        let running = self.running_task();
+        self.guest_error(GuestError::Vm {
+            error: Box::new(error),
+            running,
+        })
+    }
+
+    /// The guest task on the CPU, read from the kernel's structures
+    /// (`current_task`); `None` when the kernel's symbols, its profile or
+    /// the task cannot be read.
+    fn running_task(&self) -> Option<String> {
+        let vmlinux = std::fs::read(&self.kernel).ok()?;
+        let profile = std::fs::read(crate::kernel::profile_path(&self.kernel)).ok()?;
+        let kernel = KernelInfo::load(&vmlinux, &profile).ok()?;
+        let view = self.vm.view().ok()?;
+        let guest = Guest::new(&view, &kernel);
+        let task = guest.task(guest.current_task().ok()?).ok()?;
+        Some(if task.pid == 0 {
+            "none (the idle task: the guest was waiting)".into()
+        } else {
+            format!(
+                "pid {} `{}` (thread {}, parent {})",
+                task.pid, task.comm, task.tid, task.ppid
+            )
+        })
     }
 
     fn guest_error(&self, error: GuestError) -> SessionError {

@@ -182,18 +182,32 @@ fn a_partitioned_image_boots_from_its_root_partition() {
 #[test]
 fn a_guest_past_its_timeout_is_stopped_with_its_console() {
     let _guest = one_guest_at_a_time();
+    // The image's first run boots the guest to snapshot it, which takes
+    // longer than the limit below: boot it first, so that the limit falls
+    // on the command.
+    let warm = provm(&["run", path(&images().tiny_qcow2), "--", "true"]);
+    assert_eq!(warm.status, 0, "{}", warm.stderr);
+    // Long enough for the agent to mount the root and start the loop on a
+    // loaded host, whose emulated guest kernel is slow.
     let run = provm(&[
         "run",
         "--timeout",
-        "5",
+        "30",
         path(&images().tiny_qcow2),
         "--",
-        "sleep",
-        "600",
+        "sh",
+        "-c",
+        "while :; do :; done",
     ]);
     assert_eq!(run.status, PROVM_FAILED);
     assert!(
         run.stderr.contains("did not finish within the time limit"),
+        "{}",
+        run.stderr
+    );
+    // The report names the spinning shell, read from the guest kernel.
+    assert!(
+        run.stderr.contains("the task on the CPU: pid ") && run.stderr.contains("`sh`"),
         "{}",
         run.stderr
     );
