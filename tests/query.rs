@@ -200,7 +200,7 @@ fn bad_queries_say_what_is_wrong_and_what_there_is() {
     let trace = path(&recorded().pipeline);
     for (sql, expected) in [
         ("SELEC * FROM events", "syntax error"),
-        ("SELECT * FROM syscalls", "no such table: syscalls"),
+        ("SELECT * FROM nosuch", "no such table: nosuch"),
         ("SELECT nope FROM events", "no such column: nope"),
     ] {
         let refused = provm(&["query", trace, sql]);
@@ -219,6 +219,7 @@ fn bad_queries_say_what_is_wrong_and_what_there_is() {
         "events (table)",
         "exits (view)",
         "edges (table)",
+        "syscalls (table)",
     ] {
         assert!(schema.contains(table), "{schema}");
     }
