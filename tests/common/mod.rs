@@ -246,6 +246,7 @@ fn populate_busybox_root(root: &Path) {
         "tcp_echo",
         "timed_loop",
         "alarm_progress",
+        "disk_write",
     ] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")
