@@ -16,13 +16,6 @@ use common::{path, provm, record_shell};
 
 const RUNS: usize = 5;
 
-/// A pipeline, a file written and read back, entropy, the clock and
-/// forks (the pinned bench's workload).
-const WORKLOAD: &str = "seq 1 2000 | sort -r | head -n 3; \
-    dd if=/dev/zero of=/tmp/f bs=64k count=8 2>/dev/null; md5sum /tmp/f; \
-    head -c 4096 /dev/urandom | md5sum; date +%s; \
-    for i in 1 2 3; do echo $i | cat | wc -c; done";
-
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("workload.provm");
@@ -30,7 +23,7 @@ fn main() {
         &common::images().tiny_qcow2,
         &trace,
         &["--pinned"],
-        WORKLOAD,
+        common::BENCH_WORKLOAD,
     );
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     let events = provm_trace::reader::Trace::open(&trace)

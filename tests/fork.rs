@@ -7,7 +7,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::{assert_replay_matches, images, one_guest_at_a_time, path, provm, Finished};
+use common::{
+    assert_replay_matches, event_log_digest, images, one_guest_at_a_time, path, provm, Finished,
+};
 use provm_trace::events::Event;
 use provm_trace::reader::Trace;
 
@@ -38,19 +40,6 @@ fn recording() -> &'static Recording {
             stdout: recorded.stdout,
         }
     })
-}
-
-/// The event log digest provm printed on stderr.
-fn event_log_digest(finished: &Finished) -> &str {
-    finished
-        .stderr
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("provm: event log sha256 ")
-                .or_else(|| line.split("(event log sha256 ").nth(1))
-                .map(|rest| rest.split(')').next().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no event log digest in: {}", finished.stderr))
 }
 
 /// `provm replay RECORDING --fork-at AT --inject FAULT -o OUT`, which must
