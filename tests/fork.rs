@@ -13,9 +13,10 @@ use common::{
 use provm_trace::events::Event;
 use provm_trace::reader::Trace;
 
-/// The clock, then a program that ignores a failed write, then one that
-/// checks it (tests/data/disk_write.c: one O_DIRECT block each).
-const SCRIPT: &str = "date +%s; disk_write ignore /data/a a; disk_write check /data/b b";
+/// The clock, entropy, then a program that ignores a failed write, then
+/// one that checks it (tests/data/disk_write.c: one O_DIRECT block each).
+const SCRIPT: &str = "date +%s; head -c 8 /dev/urandom | od -An -tx1; \
+    disk_write ignore /data/a a; disk_write check /data/b b";
 /// What the disk writes of the two programs' blocks hold.
 const IGNORING_BLOCK: [u8; 4096] = [b'a'; 4096];
 const CHECKING_BLOCK: [u8; 4096] = [b'b'; 4096];
@@ -114,6 +115,8 @@ fn a_fork_that_injects_nothing_is_the_recording_again_and_replays() {
             &*disk_write_of(&recording.trace, &IGNORING_BLOCK),
             "none-mid",
         ),
+        // Inside the VM exit that submits a read, not between two events.
+        ("disk-read:3", "none-at-a-read"),
     ] {
         let (forked, trace) = fork(at, "none", name);
         assert!(
@@ -194,6 +197,24 @@ fn a_clock_shift_moves_the_date_by_exactly_that() {
 }
 
 #[test]
+fn an_entropy_seed_changes_only_the_random_bytes() {
+    let _guest = one_guest_at_a_time();
+    let recorded: Vec<&str> = recording().stdout.lines().collect();
+    let (forked, trace) = fork("0", "entropy=5eed", "entropy");
+    let stdout = fork_stdout(&forked);
+    assert_eq!(stdout.len(), recorded.len(), "{}", forked.stdout);
+    for (line, (was, is)) in recorded.iter().zip(&stdout).enumerate() {
+        assert_eq!(line == 1, was != is, "line {line}: {was} / {is}");
+    }
+    assert!(
+        verdict(&forked).starts_with("silently different"),
+        "{}",
+        forked.stdout
+    );
+    assert_replay_matches(&trace);
+}
+
+#[test]
 fn bad_fork_requests_are_refused_with_the_fix() {
     let _guest = one_guest_at_a_time();
     let trace = path(&recording().trace);
@@ -216,6 +237,15 @@ fn bad_fork_requests_are_refused_with_the_fix() {
     assert!(no_write
         .stderr
         .contains("disk writes, so there is no disk-write:100000"));
+    // Reads are not logged: that one is known only at the end of a replay.
+    let no_read = request("disk-read:100000000", "none", &[]);
+    assert_eq!(no_read.status, common::PROVM_FAILED, "{}", no_read.stderr);
+    assert!(
+        no_read.stderr.contains("fewer disk reads"),
+        "{}",
+        no_read.stderr
+    );
+    assert!(!output.exists());
     for (fault, message) in [
         ("disk-eror", "unknown fault \"disk-eror\""),
         ("clock=3600", "is not a clock shift"),

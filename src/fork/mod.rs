@@ -63,10 +63,8 @@ pub enum ForkError {
     ClockBack { fault: Fault, job: u64 },
     #[error("the replay diverged before the fork point, so there is nothing to fork from:\n{0}")]
     Diverged(String),
-    #[error(
-        "the replay ended before the fork point ({0}): disk-read is past the reads of the trace"
-    )]
-    NeverForked(String),
+    #[error("the replay reached the end of the trace before the fork point: it makes fewer disk reads than that disk-read:N asks for")]
+    NeverForked,
     #[error(transparent)]
     Vm(#[from] VmError),
 }
@@ -353,7 +351,7 @@ fn replay_failure(
         Ok(provm_replayer::ReplayEnd::Diverged { divergence, rip }) => ForkError::Diverged(
             format!("replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}"),
         ),
-        Ok(_) => ForkError::NeverForked("the replay reached the end of the log".into()),
+        Ok(_) => ForkError::NeverForked,
         Err(error) => ForkError::Vm(error),
     }
 }
