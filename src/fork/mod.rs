@@ -279,15 +279,20 @@ fn drive(
     let (mut job_sent, mut power_off_sent) = (false, false);
     let started = Instant::now();
     let mut announced = false;
+    // Said once, where the driver first sees the fork live.
+    let mut announce = |live: bool| {
+        if live && !std::mem::replace(&mut announced, true) {
+            eprintln!(
+                "provm: reached the fork point, event {}, in {:.2} s; going on live",
+                seam.fork_event().expect("live"),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
     loop {
-        if seam.go_live_if_due() {
-            if !std::mem::replace(&mut announced, true) {
-                eprintln!(
-                    "provm: reached the fork point, event {}, in {:.2} s; going on live",
-                    seam.fork_event().expect("live"),
-                    started.elapsed().as_secs_f64()
-                );
-            }
+        let live = seam.go_live_if_due();
+        announce(live);
+        if live {
             if !job_sent {
                 vm.send_to_agent(&HostMessage::Run(job.clone()).encode());
                 job_sent = true;
@@ -310,6 +315,7 @@ fn drive(
             outputs.push(bytes);
         }
         let live = seam.is_live();
+        announce(live);
         match ran {
             Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) => {}
             Err(VmError::Stopped(why)) if live && why == AT_FORK_POINT => {}
