@@ -62,12 +62,14 @@ fn fork(at: &str, fault: &str, out: &str) -> (Finished, PathBuf) {
     (forked, output)
 }
 
-fn verdict(forked: &Finished) -> &str {
-    forked
+/// Asserts that the fork's verdict starts with `expected`.
+fn assert_verdict(forked: &Finished, expected: &str) {
+    let verdict = forked
         .stdout
         .lines()
         .find_map(|line| line.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in: {}", forked.stdout))
+        .unwrap_or_else(|| panic!("no verdict in: {}", forked.stdout));
+    assert!(verdict.starts_with(expected), "{}", forked.stdout);
 }
 
 /// The `disk-write:N` fork point of the write of `block` in the recording.
@@ -119,11 +121,7 @@ fn a_fork_that_injects_nothing_is_the_recording_again_and_replays() {
         ("disk-read:3", "none-at-a-read"),
     ] {
         let (forked, trace) = fork(at, "none", name);
-        assert!(
-            verdict(&forked).starts_with("identical"),
-            "{}",
-            forked.stdout
-        );
+        assert_verdict(&forked, "identical");
         // A pinned recording goes on in the fork's logical time exactly as
         // it did: the same log, event for event.
         assert_eq!(event_log_digest(&forked), recording.events_sha256, "{at}");
@@ -152,21 +150,13 @@ fn a_write_error_ignored_is_silently_different_and_one_checked_is_handled() {
         "disk-error",
         "ignored",
     );
-    assert!(
-        verdict(&ignored).starts_with("silently different"),
-        "{}",
-        ignored.stdout
-    );
+    assert_verdict(&ignored, "silently different");
     let (checked, _) = fork(
         &disk_write_of(trace, &CHECKING_BLOCK),
         "disk-error",
         "checked",
     );
-    assert!(
-        verdict(&checked).starts_with("handled"),
-        "{}",
-        checked.stdout
-    );
+    assert_verdict(&checked, "handled");
     assert!(
         checked
             .stdout
@@ -188,11 +178,7 @@ fn a_clock_shift_moves_the_date_by_exactly_that() {
         "{}",
         forked.stdout
     );
-    assert!(
-        verdict(&forked).starts_with("silently different"),
-        "{}",
-        forked.stdout
-    );
+    assert_verdict(&forked, "silently different");
     assert_replay_matches(&trace);
 }
 
@@ -206,11 +192,7 @@ fn an_entropy_seed_changes_only_the_random_bytes() {
     for (line, (was, is)) in recorded.iter().zip(&stdout).enumerate() {
         assert_eq!(line == 1, was != is, "line {line}: {was} / {is}");
     }
-    assert!(
-        verdict(&forked).starts_with("silently different"),
-        "{}",
-        forked.stdout
-    );
+    assert_verdict(&forked, "silently different");
     assert_replay_matches(&trace);
 }
 
@@ -225,53 +207,37 @@ fn bad_fork_requests_are_refused_with_the_fix() {
         args.extend_from_slice(extra);
         provm(&args)
     };
-    let past = request("100000000", "none", &[]);
-    assert_eq!(past.status, common::PROVM_FAILED, "{}", past.stderr);
-    assert!(
-        past.stderr.contains("past the end of the trace"),
-        "{}",
-        past.stderr
-    );
-    let no_write = request("disk-write:100000", "none", &[]);
-    assert_eq!(no_write.status, common::PROVM_FAILED, "{}", no_write.stderr);
-    assert!(no_write
-        .stderr
-        .contains("disk writes, so there is no disk-write:100000"));
-    // Reads are not logged: that one is known only at the end of a replay.
-    let no_read = request("disk-read:100000000", "none", &[]);
-    assert_eq!(no_read.status, common::PROVM_FAILED, "{}", no_read.stderr);
-    assert!(
-        no_read.stderr.contains("fewer disk reads"),
-        "{}",
-        no_read.stderr
-    );
-    assert!(!output.exists());
-    for (fault, message) in [
-        ("disk-eror", "unknown fault \"disk-eror\""),
-        ("clock=3600", "is not a clock shift"),
-        ("entropy=xyz", "is not a hex seed"),
-    ] {
-        let refused = request("0", fault, &[]);
-        assert_eq!(refused.status, 2, "{fault}: {}", refused.stderr);
+    let refused = |at: &str, fault: &str, status: i32, message: &str| {
+        let refused = request(at, fault, &[]);
+        assert_eq!(refused.status, status, "{at} {fault}: {}", refused.stderr);
         assert!(
             refused.stderr.contains(message),
-            "{fault}: {}",
+            "{at} {fault}: {}",
             refused.stderr
         );
-    }
-    let bad_point = request("disk-write:0", "none", &[]);
-    assert_eq!(bad_point.status, 2, "{}", bad_point.stderr);
-    assert!(
-        bad_point.stderr.contains("is not a fork point"),
-        "{}",
-        bad_point.stderr
+        assert!(!output.exists());
+    };
+    let failed = common::PROVM_FAILED;
+    refused("100000000", "none", failed, "past the end of the trace");
+    refused(
+        "disk-write:100000",
+        "none",
+        failed,
+        "disk writes, so there is no disk-write:100000",
     );
+    // Reads are not logged: that one is known only at the end of a replay.
+    refused("disk-read:100000000", "none", failed, "fewer disk reads");
     // The entropy comes with the command: a fork after it cannot change it.
-    let late = request("disk-write:1", "entropy=5eed", &[]);
-    assert_eq!(late.status, common::PROVM_FAILED, "{}", late.stderr);
-    assert!(late
-        .stderr
-        .contains("guest takes its entropy with the command"));
+    refused(
+        "disk-write:1",
+        "entropy=5eed",
+        failed,
+        "guest takes its entropy with the command",
+    );
+    refused("0", "disk-eror", 2, "unknown fault \"disk-eror\"");
+    refused("0", "clock=3600", 2, "is not a clock shift");
+    refused("0", "entropy=xyz", 2, "is not a hex seed");
+    refused("disk-write:0", "none", 2, "is not a fork point");
 
     std::fs::write(&output, "mine").unwrap();
     let exists = request("0", "none", &[]);

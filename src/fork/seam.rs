@@ -181,6 +181,18 @@ impl ForkSeam {
         })
     }
 
+    /// Hands a crossing to the recorder when live, else to the replayer,
+    /// logging the `event` it replayed.
+    fn cross(&self, call: impl FnOnce(&dyn Seam), event: impl FnOnce() -> Event) {
+        match self.recorder() {
+            Some(recorder) => call(recorder),
+            None => {
+                call(&self.replayer);
+                self.log_event(event());
+            }
+        }
+    }
+
     /// Logs a replayed event in the fork's log.
     fn log(&self, append: impl FnOnce(&mut EventLogWriter) -> Result<(), FormatError>) {
         let mut replayed = self.replayed.lock().unwrap();
@@ -240,53 +252,32 @@ impl Seam for ForkSeam {
     }
 
     fn exit(&self, exit: Exit<'_>, at: Place) {
-        match self.recorder() {
-            Some(recorder) => recorder.exit(exit, at),
-            None => {
-                self.replayer.exit(exit, at);
-                self.log_event(exit_event(exit, at));
-            }
-        }
+        self.cross(|seam| seam.exit(exit, at), || exit_event(exit, at));
     }
 
     fn read_result(&self, data: &[u8]) {
-        match self.recorder() {
-            Some(recorder) => recorder.read_result(data),
-            None => {
-                self.replayer.read_result(data);
-                self.log_event(Event::ReadResult(data.to_vec()));
-            }
-        }
+        self.cross(
+            |seam| seam.read_result(data),
+            || Event::ReadResult(data.to_vec()),
+        );
     }
 
     fn injected(&self, vector: u8) {
-        match self.recorder() {
-            Some(recorder) => recorder.injected(vector),
-            None => {
-                self.replayer.injected(vector);
-                self.log_event(Event::Inject(vector));
-            }
-        }
+        self.cross(|seam| seam.injected(vector), || Event::Inject(vector));
     }
 
     fn agent_input(&self, bytes: &[u8]) {
-        match self.recorder() {
-            Some(recorder) => recorder.agent_input(bytes),
-            None => {
-                self.replayer.agent_input(bytes);
-                self.log_event(Event::AgentInput(bytes.to_vec()));
-            }
-        }
+        self.cross(
+            |seam| seam.agent_input(bytes),
+            || Event::AgentInput(bytes.to_vec()),
+        );
     }
 
     fn agent_output(&self, bytes: &[u8]) {
-        match self.recorder() {
-            Some(recorder) => recorder.agent_output(bytes),
-            None => {
-                self.replayer.agent_output(bytes);
-                self.log_event(Event::AgentOutput(bytes.to_vec()));
-            }
-        }
+        self.cross(
+            |seam| seam.agent_output(bytes),
+            || Event::AgentOutput(bytes.to_vec()),
+        );
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
