@@ -61,6 +61,8 @@ pub enum ForkError {
     EntropyAfterJob { fault: Fault, job: u64 },
     #[error("{fault} after the command was sent (event {job}) would move the guest's clock back, which a clock never does; fork at or before event {job} to start the command at an earlier time")]
     ClockBack { fault: Fault, job: u64 },
+    #[error("this trace is a fork that injected a disk error already: fork it with another fault, or fork the recording it came from")]
+    SecondDiskError,
     #[error("the replay diverged before the fork point, so there is nothing to fork from:\n{0}")]
     Diverged(String),
     #[error("the replay reached the end of the trace before the fork point: it makes fewer disk reads than that disk-read:N asks for")]
@@ -123,6 +125,10 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
         Trigger::DiskRead(_) => false,
     };
     let (job, jump_ns) = apply_fault(&options.fault, job, job_live, job_event)?;
+    if options.fault == Fault::DiskError && trace.outcome.disk_error_access.is_some() {
+        // Its trace could name one failed disk access only.
+        return Err(ForkError::SecondDiskError);
+    }
 
     let write_error = |source| ForkError::Write {
         path: options.output.clone(),

@@ -316,11 +316,16 @@ impl Seam for ForkSeam {
         } else {
             self.recorder().is_some()
         };
+        // Replayed, a fork of a fork fails what its trace's fork failed.
+        let fails = if live {
+            std::mem::take(&mut self.disk.lock().unwrap().error_due)
+        } else {
+            self.replayer.disk_access_fails(write)
+        };
         let mut disk = self.disk.lock().unwrap();
-        if live && std::mem::take(&mut disk.error_due) {
+        if fails {
             disk.failed = Some(disk.all);
-            return true;
         }
-        false
+        fails
     }
 }
