@@ -139,6 +139,17 @@ fn identical_forks_have_identical_event_logs_and_a_disk_error_replays() {
     assert_ne!(event_log_digest(&first), recording().events_sha256);
     // The device's error status is not logged: the replay injects it again.
     assert_replay_matches(&trace);
+    let inspect = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspect.stdout.contains(&format!("at {at} (event ")),
+        "{}",
+        inspect.stdout
+    );
+    assert!(
+        inspect.stdout.contains("fault disk-error"),
+        "{}",
+        inspect.stdout
+    );
 }
 
 #[test]
