@@ -16,17 +16,10 @@ use provm_guest_agent::Outcome;
 
 const RUNS: usize = 5;
 
-/// A pipeline, a file written and read back, entropy, the clock and
-/// forks; no sleep, which a pinned run skips and a plain one waits out.
-const WORKLOAD: &str = "seq 1 2000 | sort -r | head -n 3; \
-    dd if=/dev/zero of=/tmp/f bs=64k count=8 2>/dev/null; md5sum /tmp/f; \
-    head -c 4096 /dev/urandom | md5sum; date +%s; \
-    for i in 1 2 3; do echo $i | cat | wc -c; done";
-
 fn main() {
     let plain = RunOptions::new(
         common::images().tiny_qcow2.clone(),
-        vec!["/bin/sh".into(), "-c".into(), WORKLOAD.into()],
+        vec!["/bin/sh".into(), "-c".into(), common::BENCH_WORKLOAD.into()],
     );
     let pinned = RunOptions {
         pinned: Some(Pinning::default()),

@@ -28,6 +28,16 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         if let Some(status) = o.exit_status {
             writeln!(out, "exit       {status}")?;
         }
+        if let Some(fork) = &m.fork {
+            writeln!(
+                out,
+                "fork of    {} at {} (event {}), fault {}",
+                fork.trace,
+                fork.at,
+                o.fork_event.map_or("?".into(), |event| event.to_string()),
+                fork.fault
+            )?;
+        }
         writeln!(out, "command    {:?}", m.argv)?;
         writeln!(out, "cwd        {}", m.cwd)?;
         writeln!(

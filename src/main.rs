@@ -218,8 +218,25 @@ struct ReplayArgs {
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    fork: ForkArgs,
     /// The trace (.provm).
     trace: PathBuf,
+}
+
+/// A what-if fork of the replay (see src/fork/).
+#[derive(clap::Args)]
+struct ForkArgs {
+    /// Replay exactly up to this point, then go on live with --inject and
+    /// write the fork's trace to --output: an event number (`provm query`
+    /// shows them), disk-write:N or disk-read:N (the Nth, from 1).
+    #[arg(long, value_name = "POINT", requires_all = ["inject", "output"], conflicts_with_all = ["analyze", "extract_kernel"])]
+    fork_at: Option<provm::fork::ForkPoint>,
+    /// The fault the fork injects: none, disk-error (the next disk read or
+    /// write fails with an I/O error), clock=+3600s (the guest's clock
+    /// reads that much later), entropy=SEED (hex).
+    #[arg(long, value_name = "FAULT", requires = "fork_at")]
+    inject: Option<provm::fork::Fault>,
 }
 
 #[derive(clap::Args)]
@@ -410,6 +427,20 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_to_overwrite(args.force, &[&args.output])?;
+    if let (Some(at), Some(fault)) = (args.fork.fork_at, args.fork.inject) {
+        let options = provm::fork::ForkOptions {
+            replay: ReplayOptions {
+                trace: args.trace,
+                image: args.image,
+                timeout: Duration::from_secs(args.timeout),
+                echo_console: verbose,
+            },
+            at,
+            fault,
+            output: args.output.expect("clap requires --output"),
+        };
+        return provm::fork::run(&options).map_err(Into::into);
+    }
     if args.extract_kernel {
         let output = args.output.expect("clap requires --output");
         let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;

@@ -179,6 +179,8 @@ pub fn record(
         disk_writes: totals.disk_writes,
         disk_writes_sha256: totals.disk_writes_sha256,
         events_sha256: Some(totals.events_sha256.clone()),
+        fork_event: None,
+        disk_error_access: None,
         host_seconds: recording_start.elapsed().as_secs_f64(),
         console_tail,
         sections_after: Some(
@@ -255,6 +257,7 @@ fn manifest(
         cpu: cpu_model::recorded(snapshot.state.cpuid(), &identity.cpu.ignored_by_kernel),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
+        fork: None,
     }
 }
 

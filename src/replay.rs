@@ -11,7 +11,7 @@ use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::disk::image::{BaseImage, ImageError};
-use provm_vmm::vm::{self, VmError};
+use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError, ExtractedChain};
@@ -126,43 +126,13 @@ pub fn replay(
     options: &ReplayOptions,
     analyses: Vec<Box<dyn Analysis>>,
 ) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
-    let trace = Trace::open(&options.trace)?;
-    let manifest = &trace.manifest;
-    if manifest.provm_version != env!("CARGO_PKG_VERSION") {
-        // The container is versioned; the VM state inside it follows provm's.
-        eprintln!(
-            "provm: this trace was recorded by provm {}; replaying with {}",
-            manifest.provm_version,
-            env!("CARGO_PKG_VERSION")
-        );
-    }
-    let missing = cpu_model::missing_here(&manifest.cpu, &vm::probe_cpu()?);
-    if !missing.is_empty() {
-        return Err(ReplayError::CpuLacks(missing));
-    }
-    // Holds an image extracted from the trace for as long as the VM runs.
-    let (base, _extracted) = open_image(options, &trace)?;
-    chain::check(&base, &manifest.image)?;
-
-    let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
-    // The restore sets the snapshot's CPUID and refuses if this host
-    // presents anything else; it must be the recorded one.
-    if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {
-        return Err(ReplayError::SnapshotCpuid);
-    }
+    let (opened, snapshot) = Opened::open(options)?;
+    let trace = &opened.trace;
     let start_ns = snapshot.state.clock_ns;
-    let events = trace.events()?;
-    let machine = Machine {
-        base: &base,
-        memory_mib: manifest.memory_mib,
-        echo_console: options.echo_console,
-        overlay: OverlayLocation::temporary(),
-        exitless_limit: None,
-    };
-    let recorded = RecordedEnd::of(&trace.outcome);
-    let (mut vm, replayer) = machine.restore(snapshot, |start_ns| {
-        Replayer::new(events, start_ns, recorded)
-    })?;
+    let replayer = opened.replayer(start_ns)?;
+    let (mut vm, replayer) = opened
+        .machine(options.echo_console)
+        .restore(snapshot, |_| replayer)?;
     let deadline = Instant::now() + options.timeout;
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
@@ -202,6 +172,76 @@ pub fn replay(
         },
     };
     Ok((report, analyses))
+}
+
+/// A trace opened for replay: checked against this host, with the image
+/// it replays against.
+pub struct Opened {
+    pub trace: Trace,
+    pub base: BaseImage,
+    /// Holds an image extracted from the trace for as long as the VM runs.
+    _extracted: Option<ExtractedChain>,
+}
+
+impl Opened {
+    /// Opens the trace, checks this host's CPU and the image, and decodes
+    /// the snapshot it starts from.
+    pub fn open(options: &ReplayOptions) -> Result<(Opened, VmSnapshot), ReplayError> {
+        let trace = Trace::open(&options.trace)?;
+        let manifest = &trace.manifest;
+        if manifest.provm_version != env!("CARGO_PKG_VERSION") {
+            // The container is versioned; the VM state inside it follows provm's.
+            eprintln!(
+                "provm: this trace was recorded by provm {}; replaying with {}",
+                manifest.provm_version,
+                env!("CARGO_PKG_VERSION")
+            );
+        }
+        let missing = cpu_model::missing_here(&manifest.cpu, &vm::probe_cpu()?);
+        if !missing.is_empty() {
+            return Err(ReplayError::CpuLacks(missing));
+        }
+        let (base, extracted) = open_image(options, &trace)?;
+        chain::check(&base, &manifest.image)?;
+
+        let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
+        // The restore sets the snapshot's CPUID and refuses if this host
+        // presents anything else; it must be the recorded one.
+        if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {
+            return Err(ReplayError::SnapshotCpuid);
+        }
+        let opened = Opened {
+            trace,
+            base,
+            _extracted: extracted,
+        };
+        Ok((opened, snapshot))
+    }
+
+    /// The machine the trace's snapshot is restored into.
+    pub fn machine(&self, echo_console: bool) -> Machine<'_> {
+        Machine {
+            base: &self.base,
+            memory_mib: self.trace.manifest.memory_mib,
+            echo_console,
+            overlay: OverlayLocation::temporary(),
+            exitless_limit: None,
+        }
+    }
+
+    /// The replayer of the whole log, from the snapshot's time `start_ns`; on
+    /// a fork's trace it fails the disk access the fork failed.
+    pub fn replayer(&self, start_ns: u64) -> Result<Replayer, ReplayError> {
+        let replayer = Replayer::new(
+            self.trace.events()?,
+            start_ns,
+            RecordedEnd::of(&self.trace.outcome),
+        );
+        if let Some(access) = self.trace.outcome.disk_error_access {
+            replayer.fail_disk_access(access);
+        }
+        Ok(replayer)
+    }
 }
 
 /// The image to replay against: the one named, else the recorded path,

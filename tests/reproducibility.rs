@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{assert_replay_matches, images, one_guest_at_a_time, path, provm, Finished};
+use common::{
+    assert_replay_matches, event_log_digest, images, one_guest_at_a_time, path, provm, Finished,
+};
 
 /// The check: the clock, the entropy and files, in one command.
 const CLOCK_ENTROPY_FILES: &str =
@@ -16,15 +18,6 @@ fn run_shell(extra: &[&str], script: &str) -> Finished {
     args.extend_from_slice(extra);
     args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);
     provm(&args)
-}
-
-/// The event log digest provm printed on stderr.
-fn event_log_digest(finished: &Finished) -> &str {
-    finished
-        .stderr
-        .lines()
-        .find_map(|line| line.strip_prefix("provm: event log sha256 "))
-        .unwrap_or_else(|| panic!("no event log digest in: {}", finished.stderr))
 }
 
 #[test]

@@ -65,6 +65,16 @@ impl Recorder {
         Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted)
     }
 
+    /// A recorder of a fork's live part (see `provm::fork`): appending to
+    /// `writer`, which holds the replayed part of the log, in logical time.
+    pub fn continuing(
+        writer: EventLogWriter,
+        clock: PinnedClock,
+        interrupted: &'static AtomicBool,
+    ) -> Self {
+        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted)
+    }
+
     fn logging_to(
         writer: EventLogWriter,
         clock: RecorderClock,

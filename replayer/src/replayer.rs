@@ -146,6 +146,9 @@ pub trait StopHandler {
 pub struct Replayer {
     state: Mutex<State>,
     tap: Mutex<Option<Box<dyn EventTap>>>,
+    /// A fork's injected disk error: this disk access (counted from 1)
+    /// fails, as it did in the fork; and the accesses so far.
+    disk_error: Mutex<(Option<u64>, u64)>,
 }
 
 struct State {
@@ -187,7 +190,14 @@ impl Replayer {
                 exit_status: None,
             }),
             tap: Mutex::new(None),
+            disk_error: Mutex::new((None, 0)),
         }
+    }
+
+    /// Fails the `access`th disk access, counted from 1 (a fork's trace:
+    /// see `Manifest::fork`).
+    pub fn fail_disk_access(&self, access: u64) {
+        self.disk_error.lock().unwrap().0 = Some(access);
     }
 
     /// Shows every event the replay consumes to `tap`.
@@ -206,7 +216,7 @@ impl Replayer {
 
     /// Bytes the host sent to the agent at this point of the recording, if
     /// the next logged event is such an input.
-    fn pending_agent_input(&self) -> Option<Vec<u8>> {
+    pub fn pending_agent_input(&self) -> Option<Vec<u8>> {
         let mut state = self.state.lock().unwrap();
         match state.events.peek() {
             Ok(Some(Event::AgentInput(bytes))) => Some(bytes.clone()),
@@ -238,6 +248,8 @@ impl Replayer {
             }
             match vm.run(deadline) {
                 Ok(VmEvent::AgentOutput(_)) => continue,
+                // Stopped to send the host's input where it was sent.
+                Err(VmError::Stopped(_)) if self.pending_agent_input().is_some() => continue,
                 Ok(VmEvent::DebugStop(stop)) => {
                     if let Err(error) = handler.stopped(vm, stop, self.position()) {
                         return self.finish(Err(error), vm.rip());
@@ -520,6 +532,17 @@ impl Seam for Replayer {
         if state.divergence.is_some() {
             return Some("the replay diverged".into());
         }
+        // A recording's host sends between runs of the VM; a fork's live
+        // part may send where the replayed part stopped (see `fork`).
+        if matches!(state.events.peek(), Ok(Some(Event::AgentInput(_)))) {
+            return Some("the host's input is due".into());
+        }
         state.at_end_of_log().then(|| "the end of the log".into())
+    }
+
+    fn disk_access_fails(&self, _write: bool) -> bool {
+        let mut disk_error = self.disk_error.lock().unwrap();
+        disk_error.1 += 1;
+        disk_error.0 == Some(disk_error.1)
     }
 }

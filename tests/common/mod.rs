@@ -49,6 +49,14 @@ pub const RECORD_WORKLOADS: &[(&str, &str)] = &[
     ),
 ];
 
+/// A pipeline, a file written and read back, entropy, the clock and
+/// forks, without sleeps (which a pinned run skips and a plain one waits
+/// out): the benches' shell workload.
+pub const BENCH_WORKLOAD: &str = "seq 1 2000 | sort -r | head -n 3; \
+    dd if=/dev/zero of=/tmp/f bs=64k count=8 2>/dev/null; md5sum /tmp/f; \
+    head -c 4096 /dev/urandom | md5sum; date +%s; \
+    for i in 1 2 3; do echo $i | cat | wc -c; done";
+
 /// How a provm process ended.
 pub struct Finished {
     pub status: i32,
@@ -72,6 +80,20 @@ pub fn provm_with_env(args: &[&str], env: &[(&str, &Path)]) -> Finished {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+/// The event log digest provm printed on stderr (`run --pinned`, `record`,
+/// a fork).
+pub fn event_log_digest(finished: &Finished) -> &str {
+    finished
+        .stderr
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("provm: event log sha256 ")
+                .or_else(|| line.split("(event log sha256 ").nth(1))
+                .map(|rest| rest.split(')').next().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no event log digest in: {}", finished.stderr))
 }
 
 /// `provm record -o TRACE EXTRA... IMAGE -- /bin/sh -c SCRIPT`.
@@ -246,6 +268,7 @@ fn populate_busybox_root(root: &Path) {
         "tcp_echo",
         "timed_loop",
         "alarm_progress",
+        "disk_write",
     ] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")

@@ -24,6 +24,23 @@ pub struct Manifest {
     pub host: HostDescription,
     /// The longest the guest could run without exits while a tick waited.
     pub exitless_limit_seconds: Option<u64>,
+    /// Set on a what-if fork of a replay (`provm replay --fork-at`): its log
+    /// is the recording's up to the fork point, then the fork's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
+}
+
+/// Where a fork came from, and the fault it injected.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ForkOrigin {
+    /// The trace forked, as given.
+    pub trace: String,
+    /// That trace's event log digest, if it has one.
+    pub events_sha256: Option<String>,
+    /// The fork point, as `--fork-at` takes it (the outcome has the event).
+    pub at: String,
+    /// The fault, as `--inject` takes it.
+    pub fault: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -114,4 +131,14 @@ pub struct Outcome {
     /// pinned run's is the same every time. Absent from older traces.
     #[serde(default)]
     pub events_sha256: Option<String>,
+    /// A fork's (see `Manifest::fork`): the index of its first own event,
+    /// the ones before are the forked trace's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_event: Option<u64>,
+    /// A fork's injected disk error: the disk access (a read or a write of
+    /// up to 64 KiB of a request, counted from 1 over the whole run) that
+    /// failed. Replay fails it again: the device's status goes to guest
+    /// memory, which is not logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_error_access: Option<u64>,
 }

@@ -87,6 +87,14 @@ pub trait Seam: Clock {
     /// Why the run must stop now, if it must: a replay diverged, or the user
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
+
+    /// Whether the disk access about to be made (a read or a `write` of up
+    /// to 64 KiB of a request) fails, a fault injected into a fork of a
+    /// replay: the request completes with an I/O error, and a write that
+    /// fails is no disk write.
+    fn disk_access_fails(&self, _write: bool) -> bool {
+        false
+    }
 }
 
 /// The seam of a plain run: host time, ticks whenever they are due, nothing
@@ -148,10 +156,16 @@ impl Disk for ObservedDisk {
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.seam.disk_access_fails(false) {
+            return Err(injected_error());
+        }
         self.disk.read_at(offset, buf)
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.seam.disk_access_fails(true) {
+            return Err(injected_error());
+        }
         self.seam.disk_write(offset, buf);
         self.disk.write_at(offset, buf)
     }
@@ -159,4 +173,8 @@ impl Disk for ObservedDisk {
     fn flush(&mut self) -> io::Result<()> {
         self.disk.flush()
     }
+}
+
+fn injected_error() -> io::Error {
+    io::Error::other("an injected disk error")
 }

@@ -105,6 +105,7 @@ pub fn sample_sections() -> Sections {
             hypervisor: String::new(),
         },
         exitless_limit_seconds: None,
+        fork: None,
     };
     let outcome = Outcome {
         complete: true,

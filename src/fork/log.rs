@@ -1,0 +1,91 @@
+//! What a fork needs to know of the recording's log before it starts: how
+//! long it is, where the host sent the job and the power-off, where each
+//! disk write was submitted, and what the command printed.
+
+use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job, Outcome};
+use provm_trace::events::Event;
+use provm_trace::format::FormatError;
+use provm_trace::reader::Trace;
+
+/// What the agent said over a run: the command's output and how it ended.
+#[derive(Default)]
+pub struct AgentOutputs {
+    frames: FrameReader,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub finished: Option<Outcome>,
+    /// The agent could not run the command, or spoke out of turn.
+    pub failed: Option<String>,
+}
+
+impl AgentOutputs {
+    /// Takes in bytes the agent sent.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.frames.push(bytes);
+        loop {
+            let message = match self.frames.next_frame() {
+                Ok(Some((kind, payload))) => GuestMessage::decode(kind, &payload),
+                Ok(None) => return,
+                Err(error) => Err(error),
+            };
+            match message {
+                Ok(GuestMessage::Stdout(bytes)) => self.stdout.extend(bytes),
+                Ok(GuestMessage::Stderr(bytes)) => self.stderr.extend(bytes),
+                Ok(GuestMessage::Finished(outcome)) => self.finished = Some(outcome),
+                Ok(GuestMessage::Provenance(_) | GuestMessage::Ready) => {}
+                Ok(GuestMessage::Failed(reason)) => {
+                    self.failed = Some(String::from_utf8_lossy(&reason).into_owned())
+                }
+                Err(error) => self.failed = Some(format!("a malformed message: {error}")),
+            }
+        }
+    }
+}
+
+/// A message the host sent to the agent, decoded from an agent input.
+pub fn host_message(bytes: &[u8]) -> Option<HostMessage> {
+    let mut frames = FrameReader::default();
+    frames.push(bytes);
+    let (kind, payload) = frames.next_frame().ok()??;
+    HostMessage::decode(kind, &payload).ok()
+}
+
+/// The recording's log, read once.
+pub struct LogSummary {
+    pub events: u64,
+    /// The job the host sent, and the index of its event.
+    pub job: Option<(u64, Job)>,
+    /// For each disk write, the index of the VM exit that submitted it.
+    pub disk_write_exits: Vec<u64>,
+    /// What the recorded command printed, and how it ended.
+    pub outputs: AgentOutputs,
+}
+
+impl LogSummary {
+    pub fn read(trace: &Trace) -> Result<LogSummary, FormatError> {
+        let mut events = trace.events()?;
+        let mut summary = LogSummary {
+            events: 0,
+            job: None,
+            disk_write_exits: Vec::new(),
+            outputs: AgentOutputs::default(),
+        };
+        let mut last_exit = 0;
+        while let Some(event) = events.next_event()? {
+            let index = summary.events;
+            summary.events += 1;
+            match event {
+                _ if event.is_exit() => last_exit = index,
+                Event::DiskWrite { .. } => summary.disk_write_exits.push(last_exit),
+                Event::AgentOutput(bytes) => summary.outputs.push(&bytes),
+                Event::AgentInput(bytes) if summary.job.is_none() => {
+                    if let Some(HostMessage::Run(job)) = host_message(&bytes) {
+                        summary.job = Some((index, job));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(summary)
+    }
+}
