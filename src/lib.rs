@@ -5,6 +5,7 @@ pub mod digest;
 pub mod disk;
 pub mod export;
 pub mod fast_start;
+pub mod gdb;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;

@@ -11,7 +11,7 @@ use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::disk::image::{BaseImage, ImageError};
-use provm_vmm::vm::{self, VmError};
+use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError, ExtractedChain};
@@ -83,6 +83,22 @@ pub enum ReplayReport {
 }
 
 impl ReplayReport {
+    /// The verdict in words, as `provm replay` prints it.
+    pub fn summary(&self) -> String {
+        match self {
+            ReplayReport::Matched {
+                events,
+                guest_seconds,
+            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes"),
+            ReplayReport::CutShort {
+                events,
+                guest_seconds,
+                why,
+            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds\n(the recording ended: {why})"),
+            ReplayReport::Diverged { report } => report.clone(),
+        }
+    }
+
     /// Whether what analyses saw in this replay is the run's: the replay
     /// matched, or matched a trace cut short up to its end (said on
     /// stderr); else the divergence report.
@@ -120,12 +136,44 @@ pub fn downcast<A: Analysis>(analysis: Box<dyn Analysis>) -> A {
         .expect("the analysis is of the type it was made with")
 }
 
-/// Replays the trace, running `analyses` on it (none: a plain replay);
-/// returns the verdict and the analyses with what they found.
-pub fn replay(
-    options: &ReplayOptions,
-    analyses: Vec<Box<dyn Analysis>>,
-) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
+/// A trace checked and ready to replay: its image (checked against the
+/// recorded digests) and its snapshot (checked against this host's CPU).
+pub struct Prepared {
+    pub trace: Trace,
+    pub base: BaseImage,
+    /// Holds an image extracted from the trace for as long as the VM runs.
+    _extracted: Option<ExtractedChain>,
+    /// The guest's virtual time at the snapshot, where the replay starts.
+    pub start_ns: u64,
+}
+
+impl Prepared {
+    /// The report of a replay of this trace that ended so.
+    pub fn report(&self, end: ReplayEnd) -> ReplayReport {
+        let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(self.start_ns) as f64 / 1e9;
+        match end {
+            ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
+                events,
+                guest_seconds: guest_seconds(guest_ns),
+            },
+            ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
+                events,
+                guest_seconds: guest_seconds(guest_ns),
+                why: self.trace.outcome.ended.clone(),
+            },
+            ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
+                report: format!(
+                    "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}\n  the recording ended: {}",
+                    self.trace.outcome.ended
+                ),
+            },
+        }
+    }
+}
+
+/// Opens and checks the trace `options` names, with its image, for a
+/// replay; returns it and the snapshot the replay starts from.
+pub fn prepare(options: &ReplayOptions) -> Result<(Prepared, VmSnapshot), ReplayError> {
     let trace = Trace::open(&options.trace)?;
     let manifest = &trace.manifest;
     if manifest.provm_version != env!("CARGO_PKG_VERSION") {
@@ -140,8 +188,7 @@ pub fn replay(
     if !missing.is_empty() {
         return Err(ReplayError::CpuLacks(missing));
     }
-    // Holds an image extracted from the trace for as long as the VM runs.
-    let (base, _extracted) = open_image(options, &trace)?;
+    let (base, extracted) = open_image(options, &trace)?;
     chain::check(&base, &manifest.image)?;
 
     let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
@@ -150,11 +197,27 @@ pub fn replay(
     if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {
         return Err(ReplayError::SnapshotCpuid);
     }
-    let start_ns = snapshot.state.clock_ns;
+    let prepared = Prepared {
+        start_ns: snapshot.state.clock_ns,
+        trace,
+        base,
+        _extracted: extracted,
+    };
+    Ok((prepared, snapshot))
+}
+
+/// Replays the trace, running `analyses` on it (none: a plain replay);
+/// returns the verdict and the analyses with what they found.
+pub fn replay(
+    options: &ReplayOptions,
+    analyses: Vec<Box<dyn Analysis>>,
+) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
+    let (prepared, snapshot) = prepare(options)?;
+    let trace = &prepared.trace;
     let events = trace.events()?;
     let machine = Machine {
-        base: &base,
-        memory_mib: manifest.memory_mib,
+        base: &prepared.base,
+        memory_mib: trace.manifest.memory_mib,
         echo_console: options.echo_console,
         overlay: OverlayLocation::temporary(),
         exitless_limit: None,
@@ -183,25 +246,7 @@ pub fn replay(
         }
         (end, instrument.into_analyses())
     };
-    let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(start_ns) as f64 / 1e9;
-    let report = match end {
-        ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
-            events,
-            guest_seconds: guest_seconds(guest_ns),
-        },
-        ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
-            events,
-            guest_seconds: guest_seconds(guest_ns),
-            why: trace.outcome.ended.clone(),
-        },
-        ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
-            report: format!(
-                "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}\n  the recording ended: {}",
-                trace.outcome.ended
-            ),
-        },
-    };
-    Ok((report, analyses))
+    Ok((prepared.report(end), analyses))
 }
 
 /// The image to replay against: the one named, else the recorded path,

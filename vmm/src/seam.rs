@@ -87,6 +87,14 @@ pub trait Seam: Clock {
     /// Why the run must stop now, if it must: a replay diverged, or the user
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
+
+    /// Whether `Vm::run` should return `VmEvent::Paused` now, at the
+    /// boundary after a VM exit where the VM can be snapshotted and later
+    /// restored to go on exactly as from here (a replay's time-travel
+    /// snapshots). Asked once per exit; true once per request.
+    fn pause_here(&self) -> bool {
+        false
+    }
 }
 
 /// The seam of a plain run: host time, ticks whenever they are due, nothing
