@@ -4,8 +4,9 @@
 # cost of provenance capture (benches/provenance.rs), pinned runs against
 # plain ones (benches/pinned.rs), then record and replay cost against QEMU
 # TCG's record/replay (benches/replay.rs), and query and export times on a
-# million-event trace (benches/query.rs), and replay with each analysis
-# against plain replay (benches/analysis.rs).
+# million-event trace (benches/query.rs), replay with each analysis
+# against plain replay (benches/analysis.rs), and what time travel costs
+# under gdb (benches/gdb.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,3 +35,5 @@ echo
 cargo bench -q --bench query 2>/dev/null
 echo
 cargo bench -q --bench analysis 2>/dev/null
+echo
+cargo bench -q --bench gdb 2>/dev/null

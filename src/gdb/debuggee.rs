@@ -26,8 +26,9 @@ use crate::replay::{Prepared, ReplayError, ReplayOptions, ReplayReport};
 use crate::snapshot;
 
 /// How often the replay pauses (in log events) to let the debugger
-/// interrupt it (gdb's Ctrl-C).
-const POLL_EVENTS: u64 = 1000;
+/// interrupt it (gdb's Ctrl-C) or hear of its progress: a fraction of a
+/// second on the development hosts, and a pause costs next to nothing.
+const POLL_EVENTS: u64 = 200;
 
 /// Where the replay stands, finer than a log event: several breakpoint
 /// hits can come between two VM exits. Ordered by time.
@@ -235,11 +236,12 @@ impl Debuggee {
     }
 
     /// Goes to log event `event` (the first VM exit at or after it),
-    /// forward or back, ignoring breakpoints on the way.
+    /// forward or back, ignoring breakpoints on the way; tells `progress`
+    /// the event reached at each pause.
     pub fn go_to_event(
         &mut self,
         event: u64,
-        interrupted: &mut dyn FnMut() -> bool,
+        progress: &mut dyn FnMut(u64),
     ) -> Result<Halt, DebugError> {
         if event > self.log_events {
             return Err(DebugError::PastTheEnd {
@@ -254,7 +256,12 @@ impl Debuggee {
                 .expect("the first snapshot is at the replay's start");
             self.restore(at)?;
         }
-        self.advance(false, false, Some(event), interrupted)
+        let replayer = self.replayer.clone();
+        let mut report = || {
+            progress(replayer.position().events);
+            false
+        };
+        self.advance(false, false, Some(event), &mut report)
     }
 
     /// Goes back to the last breakpoint hit before this point: re-executes

@@ -74,11 +74,11 @@ pub fn serve(options: ReplayOptions, address: &str) -> Result<ReplayReport, GdbE
             eprintln!("provm: gdb killed the replay; replaying on to the end")
         }
         Ok(_) => eprintln!("provm: gdb disconnected; replaying on to the end"),
+        Err(error) if error.is_target_error() => {
+            return Err(error.into_target_error().expect("a target error").into())
+        }
         Err(error) => {
-            if let Some(error) = error.into_target_error() {
-                return Err(error.into());
-            }
-            eprintln!("provm: the connection to gdb failed; replaying on to the end");
+            eprintln!("provm: the connection to gdb failed ({error}); replaying on to the end")
         }
     }
     let report = target.debuggee.finish()?;

@@ -13,14 +13,15 @@ monitor event N     run (forward, or back through a snapshot) to log event N
 monitor snapshots   the time-travel snapshots and what they cost";
 
 /// Runs `command`; returns what to show (an error too, as text: gdb shows
-/// monitor output as it is).
-pub fn run(debuggee: &mut Debuggee, command: &str) -> String {
+/// monitor output as it is). A command that runs the replay calls
+/// `progress` with the log event reached, now and then.
+pub fn run(debuggee: &mut Debuggee, command: &str, progress: &mut dyn FnMut(u64)) -> String {
     let words: Vec<&str> = command.split_whitespace().collect();
     match words.as_slice() {
         ["where"] => where_text(debuggee),
         ["user-regs"] => user_regs_text(debuggee),
         ["event", number] => match number.parse::<u64>() {
-            Ok(event) => match debuggee.go_to_event(event, &mut || false) {
+            Ok(event) => match debuggee.go_to_event(event, progress) {
                 Ok(Halt::Ended) => format!(
                     "the replay ended before event {event}\n{}",
                     where_text(debuggee)

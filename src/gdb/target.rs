@@ -4,6 +4,8 @@
 //! changed, so writes to registers or memory are refused (and with them
 //! gdb's software breakpoints: use `hbreak`).
 
+use std::time::{Duration, Instant};
+
 use gdbstub::common::Signal;
 use gdbstub::stub::SingleThreadStopReason;
 use gdbstub::target::ext::base::reverse_exec::{ReplayLogPosition, ReverseCont, ReverseContOps};
@@ -23,6 +25,8 @@ use gdbstub_arch::x86::X86_64_SSE;
 use super::debuggee::{DebugError, Debuggee, Halt};
 use super::monitor;
 
+/// How often a long monitor command tells gdb it is still running.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 /// EFAULT, gdb's "cannot access memory".
 const EFAULT: u8 = 14;
 
@@ -204,7 +208,17 @@ impl MonitorCmd for ReplayTarget {
         mut out: ConsoleOutput<'_>,
     ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(command);
-        let text = monitor::run(&mut self.debuggee, &command);
+        // gdb gives up on a monitor command after `remotetimeout` (2 s)
+        // without a packet: a long run says where it is each second.
+        let mut last = Instant::now();
+        let mut progress = |event| {
+            if last.elapsed() >= KEEPALIVE {
+                gdbstub::outputln!(out, "(replaying: at event {event})");
+                out.flush();
+                last = Instant::now();
+            }
+        };
+        let text = monitor::run(&mut self.debuggee, &command, &mut progress);
         gdbstub::outputln!(out, "{}", text.trim_end());
         Ok(())
     }
