@@ -11,9 +11,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::process::Command;
-
-use common::{free_port, path, provm, record_shell, serve_gdb};
+use common::{free_port, gdb_batch, log_events, path, provm, record_shell, serve_gdb};
 
 const RUNS: usize = 5;
 
@@ -38,13 +36,7 @@ fn main() {
         path(&trace),
     ]);
     assert_eq!(extracted.status, 0, "{}", extracted.stderr);
-    let inspect = provm(&["inspect", path(&trace)]);
-    let events: u64 = inspect
-        .stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("events"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .expect("inspect shows the event count");
+    let events = log_events(&trace);
 
     let mut snapshot_bytes = Vec::new();
     let mut snapshot_seconds = Vec::new();
@@ -52,28 +44,22 @@ fn main() {
     for round in 0..RUNS {
         let address = format!("127.0.0.1:{}", free_port());
         let (mut served, stderr) = serve_gdb(&trace, &address);
-        let gdb = Command::new("gdb")
-            .args(["-batch", "-nx"])
-            .args(["-ex", "set pagination off"])
-            .args(["-ex", &format!("target remote {address}")])
-            .args(["-ex", &format!("monitor event {}", events * 3 / 4)])
-            .args(["-ex", "hbreak do_sys_openat2"])
-            .args(["-ex", "continue"])
-            .args(["-ex", "continue"])
-            .args(["-ex", "python import time; started = time.monotonic()"])
-            .args(["-ex", "reverse-continue"])
-            .args([
-                "-ex",
+        let out = gdb_batch(
+            &vmlinux,
+            &address,
+            &[
+                &format!("monitor event {}", events * 3 / 4),
+                "hbreak do_sys_openat2",
+                "continue",
+                "continue",
+                "python import time; started = time.monotonic()",
+                "reverse-continue",
                 "python print('reverse-continue took', time.monotonic() - started)",
-            ])
-            .args(["-ex", "monitor snapshots"])
-            .args(["-ex", "delete"])
-            .args(["-ex", "continue"])
-            .arg(&vmlinux)
-            .output()
-            .expect("gdb is needed: run scripts/install-deps");
-        let out = String::from_utf8_lossy(&gdb.stdout).into_owned()
-            + &String::from_utf8_lossy(&gdb.stderr);
+                "monitor snapshots",
+                "delete",
+                "continue",
+            ],
+        );
         let status = served.wait().unwrap();
         let stderr = stderr.join().unwrap();
         assert_eq!(status.code(), Some(0), "{out}\n{stderr}");

@@ -7,11 +7,11 @@ mod common;
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use common::{
-    free_port, images, one_guest_at_a_time, path, provm, record_shell, serve_gdb, PROVM_FAILED,
+    free_port, gdb_batch, images, log_events, one_guest_at_a_time, path, provm, record_shell,
+    serve_gdb, PROVM_FAILED,
 };
 
 /// Opens files, several times, late in the run.
@@ -25,14 +25,7 @@ fn recording() -> &'static (PathBuf, u64) {
         let trace = common::trace_path(&images().dir, "gdb");
         let recorded = record_shell(&images().tiny_qcow2, &trace, &[], SCRIPT);
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
-        let inspect = provm(&["inspect", path(&trace)]);
-        let events = inspect
-            .stdout
-            .lines()
-            .find_map(|line| line.strip_prefix("events"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|count| count.parse().ok())
-            .unwrap_or_else(|| panic!("no event count in: {}", inspect.stdout));
+        let events = log_events(&trace);
         (trace, events)
     })
 }
@@ -66,27 +59,24 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     // Halfway through the log first (past a snapshot or more), so that
     // going back restores one taken in the middle of the replay.
     let halfway = events / 2;
-    let gdb = Command::new("gdb")
-        .args(["-batch", "-nx"])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("target remote {address}")])
-        .args(["-ex", &format!("monitor event {halfway}")])
-        .args(["-ex", "hbreak do_sys_openat2"])
-        .args(["-ex", "continue"])
-        .args(["-ex", "monitor where"])
-        .args(["-ex", "continue"])
-        .args(["-ex", "monitor where"])
-        .args(["-ex", "reverse-continue"])
-        .args(["-ex", "monitor where"])
-        .args(["-ex", "monitor snapshots"])
-        .args(["-ex", "monitor event 999999999"])
-        .args(["-ex", "delete"])
-        .args(["-ex", "continue"])
-        .arg(&vmlinux)
-        .output()
-        .expect("gdb is needed: run scripts/install-deps");
-    let gdb_out =
-        String::from_utf8_lossy(&gdb.stdout).into_owned() + &String::from_utf8_lossy(&gdb.stderr);
+    let gdb_out = gdb_batch(
+        &vmlinux,
+        &address,
+        &[
+            &format!("monitor event {halfway}"),
+            "hbreak do_sys_openat2",
+            "continue",
+            "monitor where",
+            "continue",
+            "monitor where",
+            "reverse-continue",
+            "monitor where",
+            "monitor snapshots",
+            "monitor event 999999999",
+            "delete",
+            "continue",
+        ],
+    );
     let status = provm.wait().unwrap();
     let mut stdout = String::new();
     provm

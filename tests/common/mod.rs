@@ -122,6 +122,34 @@ pub fn serve_gdb(trace: &Path, address: &str) -> (Child, JoinHandle<String>) {
     (child, rest)
 }
 
+/// Runs Debian's gdb in batch mode on `vmlinux` against `provm replay
+/// --gdb` at `address`, with `commands`; returns what it printed (stdout,
+/// then stderr).
+pub fn gdb_batch(vmlinux: &Path, address: &str, commands: &[&str]) -> String {
+    let mut gdb = Command::new("gdb");
+    gdb.args(["-batch", "-nx", "-ex", "set pagination off"])
+        .args(["-ex", &format!("target remote {address}")]);
+    for command in commands {
+        gdb.args(["-ex", command]);
+    }
+    let output = gdb
+        .arg(vmlinux)
+        .output()
+        .expect("gdb is needed: run scripts/install-deps");
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+/// The number of events in `trace`'s log, as `provm inspect` shows it.
+pub fn log_events(trace: &Path) -> u64 {
+    let inspect = provm(&["inspect", path(trace)]);
+    inspect
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("events"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no event count in: {}", inspect.stdout))
+}
+
 /// Where a test keeps the trace it calls `name`.
 pub fn trace_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{}.provm", name.replace(['/', ' '], "-")))
