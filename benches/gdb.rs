@@ -68,6 +68,11 @@ fn main() {
             .find_map(|line| line.strip_prefix("reverse-continue took "))
             .and_then(|seconds| seconds.trim().parse().ok())
             .unwrap_or_else(|| panic!("no reverse-continue time in: {out}"));
+        assert_eq!(
+            out.matches("Breakpoint 1, ").count(),
+            3,
+            "two hits and a reverse-continue to the first: {out}\n{stderr}"
+        );
         for line in out.lines() {
             let Some(rest) = line.strip_prefix("snapshot ") else {
                 continue;

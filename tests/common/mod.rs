@@ -124,10 +124,12 @@ pub fn serve_gdb(trace: &Path, address: &str) -> (Child, JoinHandle<String>) {
 
 /// Runs Debian's gdb in batch mode on `vmlinux` against `provm replay
 /// --gdb` at `address`, with `commands`; returns what it printed (stdout,
-/// then stderr).
+/// then stderr). gdb waits up to 10 minutes for a monitor command (the
+/// README says why).
 pub fn gdb_batch(vmlinux: &Path, address: &str, commands: &[&str]) -> String {
     let mut gdb = Command::new("gdb");
     gdb.args(["-batch", "-nx", "-ex", "set pagination off"])
+        .args(["-ex", "set remotetimeout 600"])
         .args(["-ex", &format!("target remote {address}")]);
     for command in commands {
         gdb.args(["-ex", command]);
