@@ -30,7 +30,7 @@ use crate::replay::{ReplayOptions, ReplayReport};
 /// A time-travel snapshot every this many log events at first. Measured
 /// on the development hosts (tests/gdb.rs, `cargo bench --bench gdb`): a
 /// snapshot of the test guest (128 MiB) is about 3.4 MiB and takes about
-/// 0.12 s to capture and compress, and a replay there runs about 1,000
+/// 0.12 to 0.16 s to capture and compress, and a replay there runs about 1,000
 /// events a second, so this costs about 6% of the replay's time while
 /// going back re-executes at most one interval (about 2 s here; on VMX
 /// hosts the guest kernel's work, and so the replay, is far faster).
