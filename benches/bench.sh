@@ -4,9 +4,10 @@
 # cost of provenance capture (benches/provenance.rs), pinned runs against
 # plain ones (benches/pinned.rs), then record and replay cost against QEMU
 # TCG's record/replay (benches/replay.rs), and query and export times on a
-# million-event trace (benches/query.rs), and replay with each analysis
-# against plain replay (benches/analysis.rs), and what-if forks against
-# plain replay (benches/fork.rs).
+# million-event trace (benches/query.rs), replay with each analysis
+# against plain replay (benches/analysis.rs), what-if forks against plain
+# replay (benches/fork.rs), and what time travel costs under gdb
+# (benches/gdb.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,3 +38,5 @@ echo
 cargo bench -q --bench analysis 2>/dev/null
 echo
 cargo bench -q --bench fork 2>/dev/null
+echo
+cargo bench -q --bench gdb 2>/dev/null

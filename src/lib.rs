@@ -6,6 +6,7 @@ pub mod disk;
 pub mod export;
 pub mod fast_start;
 pub mod fork;
+pub mod gdb;
 pub mod initramfs;
 pub mod inspect;
 pub mod kernel;

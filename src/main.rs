@@ -215,6 +215,10 @@ struct ReplayArgs {
     /// to --output instead of replaying.
     #[arg(long, requires = "output", conflicts_with = "analyze")]
     extract_kernel: bool,
+    /// Serve the replay to gdb on ADDRESS (e.g. 127.0.0.1:1234), with
+    /// time travel (reverse-continue, `monitor event N`); see the README.
+    #[arg(long, value_name = "ADDRESS", conflicts_with_all = ["analyze", "extract_kernel"])]
+    gdb: Option<String>,
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
@@ -454,6 +458,10 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         timeout: Duration::from_secs(args.timeout),
         echo_console: verbose,
     };
+    if let Some(address) = &args.gdb {
+        let report = provm::gdb::serve(options, address)?;
+        return Ok(replay_verdict(report));
+    }
     let analyses = args
         .analyze
         .iter()
@@ -470,27 +478,16 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         }
         provm::export::AtomicFile::write(output, args.force, &lines)?;
     }
+    Ok(replay_verdict(report))
+}
+
+/// Prints the replay's verdict; its exit code.
+fn replay_verdict(report: ReplayReport) -> ExitCode {
+    println!("{}", report.summary());
     match report {
-        ReplayReport::Matched {
-            events,
-            guest_seconds,
-        } => {
-            println!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes");
-            Ok(ExitCode::SUCCESS)
-        }
-        ReplayReport::CutShort {
-            events,
-            guest_seconds,
-            why,
-        } => {
-            println!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds");
-            println!("(the recording ended: {why})");
-            Ok(ExitCode::from(REPLAY_CUT_SHORT))
-        }
-        ReplayReport::Diverged { report } => {
-            println!("{report}");
-            Ok(ExitCode::from(1))
-        }
+        ReplayReport::Matched { .. } => ExitCode::SUCCESS,
+        ReplayReport::CutShort { .. } => ExitCode::from(REPLAY_CUT_SHORT),
+        ReplayReport::Diverged { .. } => ExitCode::from(1),
     }
 }
 

@@ -83,6 +83,22 @@ pub enum ReplayReport {
 }
 
 impl ReplayReport {
+    /// The verdict in words, as `provm replay` prints it.
+    pub fn summary(&self) -> String {
+        match self {
+            ReplayReport::Matched {
+                events,
+                guest_seconds,
+            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes"),
+            ReplayReport::CutShort {
+                events,
+                guest_seconds,
+                why,
+            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds\n(the recording ended: {why})"),
+            ReplayReport::Diverged { report } => report.clone(),
+        }
+    }
+
     /// Whether what analyses saw in this replay is the run's: the replay
     /// matched, or matched a trace cut short up to its end (said on
     /// stderr); else the divergence report.
@@ -127,9 +143,7 @@ pub fn replay(
     analyses: Vec<Box<dyn Analysis>>,
 ) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
     let (opened, snapshot) = Opened::open(options)?;
-    let trace = &opened.trace;
-    let start_ns = snapshot.state.clock_ns;
-    let replayer = opened.replayer(start_ns)?;
+    let replayer = opened.replayer()?;
     let (mut vm, replayer) = opened
         .machine(options.echo_console)
         .restore(snapshot, |_| replayer)?;
@@ -137,7 +151,7 @@ pub fn replay(
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
     } else {
-        let kernel = KernelInfo::load(&trace.kernel()?, &trace.kernel_profile)?;
+        let kernel = KernelInfo::load(&opened.trace.kernel()?, &opened.trace.kernel_profile)?;
         let mut instrument = Instrument::new(kernel, analyses);
         vm.set_guest_debug(&instrument.guest_debug())?;
         replayer.set_tap(instrument.event_tap());
@@ -153,25 +167,7 @@ pub fn replay(
         }
         (end, instrument.into_analyses())
     };
-    let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(start_ns) as f64 / 1e9;
-    let report = match end {
-        ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
-            events,
-            guest_seconds: guest_seconds(guest_ns),
-        },
-        ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
-            events,
-            guest_seconds: guest_seconds(guest_ns),
-            why: trace.outcome.ended.clone(),
-        },
-        ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
-            report: format!(
-                "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}\n  the recording ended: {}",
-                trace.outcome.ended
-            ),
-        },
-    };
-    Ok((report, analyses))
+    Ok((opened.report(end), analyses))
 }
 
 /// A trace opened for replay: checked against this host, with the image
@@ -181,6 +177,8 @@ pub struct Opened {
     pub base: BaseImage,
     /// Holds an image extracted from the trace for as long as the VM runs.
     _extracted: Option<ExtractedChain>,
+    /// The guest's virtual time at the snapshot, where the replay starts.
+    pub start_ns: u64,
 }
 
 impl Opened {
@@ -211,6 +209,7 @@ impl Opened {
             return Err(ReplayError::SnapshotCpuid);
         }
         let opened = Opened {
+            start_ns: snapshot.state.clock_ns,
             trace,
             base,
             _extracted: extracted,
@@ -229,18 +228,40 @@ impl Opened {
         }
     }
 
-    /// The replayer of the whole log, from the snapshot's time `start_ns`; on
-    /// a fork's trace it fails the disk access the fork failed.
-    pub fn replayer(&self, start_ns: u64) -> Result<Replayer, ReplayError> {
+    /// The replayer of the whole log, from the snapshot; on a fork's trace
+    /// it fails the disk access the fork failed.
+    pub fn replayer(&self) -> Result<Replayer, ReplayError> {
         let replayer = Replayer::new(
             self.trace.events()?,
-            start_ns,
+            self.start_ns,
             RecordedEnd::of(&self.trace.outcome),
         );
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
         }
         Ok(replayer)
+    }
+
+    /// The report of a replay of this trace that ended so.
+    pub fn report(&self, end: ReplayEnd) -> ReplayReport {
+        let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(self.start_ns) as f64 / 1e9;
+        match end {
+            ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
+                events,
+                guest_seconds: guest_seconds(guest_ns),
+            },
+            ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
+                events,
+                guest_seconds: guest_seconds(guest_ns),
+                why: self.trace.outcome.ended.clone(),
+            },
+            ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
+                report: format!(
+                    "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}\n  the recording ended: {}",
+                    self.trace.outcome.ended
+                ),
+            },
+        }
     }
 }
 

@@ -152,8 +152,9 @@ impl GuestSession {
             match self.vm.run(self.deadline) {
                 Ok(VmEvent::Halted) => return Ok(()),
                 // Late output (none is expected) does not stop the power-off;
-                // a session sets no breakpoints, so no debug stop comes.
-                Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) => {}
+                // a session sets no breakpoints and asks no pause, so
+                // neither comes.
+                Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
                 Err(error) => return Err(self.vm_error(error)),
             }
@@ -173,7 +174,7 @@ impl GuestSession {
             }
             match self.vm.run(self.deadline) {
                 Ok(VmEvent::AgentOutput(bytes)) => self.frames.push(&bytes),
-                Ok(VmEvent::DebugStop(_)) => {}
+                Ok(VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
                 Err(error) => return Err(self.vm_error(error)),

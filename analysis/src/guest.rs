@@ -33,6 +33,30 @@ pub struct Task {
     pub comm: String,
 }
 
+/// `struct pt_regs` of x86-64, in the order the kernel's entry code
+/// pushes it (arch/x86/include/asm/ptrace.h).
+pub const PT_REGS: [&str; 21] = [
+    "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi",
+    "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss",
+];
+/// The index of `cs` in `PT_REGS`.
+const PT_REGS_CS: usize = 17;
+
+/// The registers the running task had in user mode, as the kernel saved
+/// them when it entered (system call, interrupt, fault).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedRegs {
+    /// The values, in `PT_REGS` order.
+    pub values: [u64; 21],
+}
+
+impl SavedRegs {
+    /// Whether they are user mode's (a kernel thread has no user frame).
+    pub fn from_user_mode(&self) -> bool {
+        self.values[PT_REGS_CS] & 3 == 3
+    }
+}
+
 /// A file a descriptor refers to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenFile {
@@ -107,6 +131,18 @@ impl<'a> Guest<'a> {
     /// The running task's `task_struct`.
     pub fn current_task(&self) -> Result<u64, Unmapped> {
         self.read_u64(self.kernel.symbols.current_task)
+    }
+
+    /// The running task's saved user registers: the `pt_regs` at the top
+    /// of its kernel stack.
+    pub fn saved_user_regs(&self) -> Result<SavedRegs, Unmapped> {
+        let top = self.read_u64(self.kernel.symbols.cpu_current_top_of_stack)?;
+        let frame = top - 8 * PT_REGS.len() as u64;
+        let mut values = [0; 21];
+        for (index, value) in values.iter_mut().enumerate() {
+            *value = self.read_u64(frame + 8 * index as u64)?;
+        }
+        Ok(SavedRegs { values })
     }
 
     /// The task at `task` (a `task_struct` address).

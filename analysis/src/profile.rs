@@ -31,6 +31,9 @@ pub struct Symbols {
     /// The running task (a per-CPU variable; provm's kernel is
     /// uniprocessor, where it is a plain global).
     pub current_task: u64,
+    /// The top of the running task's kernel stack (per-CPU, so a plain
+    /// global here too), where entry code saved its user registers.
+    pub cpu_current_top_of_stack: u64,
 }
 
 impl Symbols {
@@ -42,6 +45,7 @@ impl Symbols {
             "syscall_exit_to_user_mode",
             "do_exit",
             "current_task",
+            "cpu_current_top_of_stack",
         ];
         let found: HashMap<&str, u64> = elf
             .symbols()
@@ -61,6 +65,7 @@ impl Symbols {
             syscall_exit_to_user_mode: address("syscall_exit_to_user_mode")?,
             do_exit: address("do_exit")?,
             current_task: address("current_task")?,
+            cpu_current_top_of_stack: address("cpu_current_top_of_stack")?,
         })
     }
 }

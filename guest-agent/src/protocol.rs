@@ -349,7 +349,7 @@ pub fn provenance_messages(records: Vec<ProvRecord>) -> Vec<GuestMessage> {
 }
 
 /// Splits a byte stream into frames; feed it bytes as they arrive.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct FrameReader {
     buffer: Vec<u8>,
 }

@@ -5,5 +5,6 @@
 mod replayer;
 
 pub use replayer::{
-    Divergence, EventTap, Expected, Position, RecordedEnd, ReplayEnd, Replayer, StopHandler,
+    Checkpoint, Divergence, EventTap, Expected, Position, RecordedEnd, ReplayEnd, Replayer,
+    StopHandler, Stopped,
 };

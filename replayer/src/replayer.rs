@@ -9,6 +9,7 @@ use provm_guest_agent::{FrameReader, GuestMessage};
 use provm_recorder::exit_event;
 use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
+use provm_trace::format::FormatError;
 use provm_trace::manifest::Outcome;
 use provm_vmm::clock::Clock;
 use provm_vmm::guest_debug::DebugStop;
@@ -101,6 +102,7 @@ impl fmt::Display for Divergence {
 }
 
 /// How a replay ended.
+#[derive(Clone, Debug)]
 pub enum ReplayEnd {
     /// The guest did everything the log says, to its power-off, with the
     /// recording's exit status and disk writes.
@@ -168,6 +170,8 @@ struct State {
     agent_frames: FrameReader,
     /// The exit status the replayed agent reported, once it has.
     exit_status: Option<i32>,
+    /// Pause at the first exit at or after this event (`pause_at`).
+    pause_at: Option<u64>,
 }
 
 impl Replayer {
@@ -188,6 +192,7 @@ impl Replayer {
                 disk_writes: DiskWritesDigest::default(),
                 agent_frames: FrameReader::default(),
                 exit_status: None,
+                pause_at: None,
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -243,6 +248,22 @@ impl Replayer {
         handler: &mut dyn StopHandler,
     ) -> Result<ReplayEnd, VmError> {
         loop {
+            match self.run_to_stop(vm, deadline)? {
+                Stopped::Debug(stop) => {
+                    if let Err(error) = handler.stopped(vm, stop, self.position()) {
+                        return self.finish(Err(error), vm.rip());
+                    }
+                }
+                Stopped::Paused => {}
+                Stopped::Ended(end) => return Ok(end),
+            }
+        }
+    }
+
+    /// Drives `vm` until a debug stop, a pause (`pause_at`) or the end of
+    /// the replay; call it again to go on.
+    pub fn run_to_stop(&self, vm: &mut Vm, deadline: Instant) -> Result<Stopped, VmError> {
+        loop {
             while let Some(bytes) = self.pending_agent_input() {
                 vm.send_to_agent(&bytes);
             }
@@ -250,14 +271,68 @@ impl Replayer {
                 Ok(VmEvent::AgentOutput(_)) => continue,
                 // Stopped to send the host's input where it was sent.
                 Err(VmError::Stopped(_)) if self.pending_agent_input().is_some() => continue,
-                Ok(VmEvent::DebugStop(stop)) => {
-                    if let Err(error) = handler.stopped(vm, stop, self.position()) {
-                        return self.finish(Err(error), vm.rip());
-                    }
-                }
-                stopped => return self.finish(stopped, vm.rip()),
+                Ok(VmEvent::DebugStop(stop)) => return Ok(Stopped::Debug(stop)),
+                Ok(VmEvent::Paused) => return Ok(Stopped::Paused),
+                stopped => return self.finish(stopped, vm.rip()).map(Stopped::Ended),
             }
         }
+    }
+
+    /// Pauses the replay at the first VM exit at or after log event
+    /// `event` (`None`: no pause).
+    pub fn pause_at(&self, event: Option<u64>) {
+        self.state.lock().unwrap().pause_at = event;
+    }
+
+    /// Where the replay stands, to come back to with `rewind`. Take it at a
+    /// pause, with the VM's snapshot.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let state = self.state.lock().unwrap();
+        Checkpoint {
+            position: state.position,
+            exits: state.exits,
+            clock_ns: state.clock_ns,
+            recent: state.recent.clone(),
+            disk_writes: state.disk_writes.clone(),
+            agent_frames: state.agent_frames.clone(),
+            exit_status: state.exit_status,
+            disk_accesses: self.disk_error.lock().unwrap().1,
+        }
+    }
+
+    /// Puts the replay back at `to`, reading the log from `events` (the
+    /// trace's log from its start) on from there. The VM must be restored
+    /// from the snapshot taken with `to`.
+    pub fn rewind(&self, to: &Checkpoint, mut events: EventStream) -> Result<(), FormatError> {
+        for _ in 0..to.position {
+            events.next_event()?;
+        }
+        let mut state = self.state.lock().unwrap();
+        state.events = events;
+        state.position = to.position;
+        state.exits = to.exits;
+        state.clock_ns = to.clock_ns;
+        state.recent = to.recent.clone();
+        state.disk_writes = to.disk_writes.clone();
+        state.agent_frames = to.agent_frames.clone();
+        state.exit_status = to.exit_status;
+        state.divergence = None;
+        state.error = None;
+        state.pause_at = None;
+        state.last_exit = Instant::now();
+        self.disk_error.lock().unwrap().1 = to.disk_accesses;
+        Ok(())
+    }
+
+    /// The replay goes on after the host held it stopped (a debugger's
+    /// stop): that time is not the guest spinning without exits.
+    pub fn resumed(&self) {
+        self.state.lock().unwrap().last_exit = Instant::now();
+    }
+
+    /// Whether the log has no event left.
+    pub fn at_end_of_log(&self) -> bool {
+        self.state.lock().unwrap().at_end_of_log()
     }
 
     /// How the replay ended, given why the VM's run returned (`stopped`)
@@ -271,7 +346,8 @@ impl Replayer {
     ) -> Result<ReplayEnd, VmError> {
         let powered_off = match stopped {
             Ok(VmEvent::Halted) => true,
-            Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_)) | Err(VmError::Stopped(_)) => false,
+            Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_) | VmEvent::Paused)
+            | Err(VmError::Stopped(_)) => false,
             Ok(VmEvent::Reset) => {
                 self.vm_ended("the guest reset".into());
                 false
@@ -354,6 +430,43 @@ impl Replayer {
                 state.divergence = Some(state.divergence_at(expected, actual()));
                 None
             }
+        }
+    }
+}
+
+/// Why `Replayer::run_to_stop` returned.
+pub enum Stopped {
+    /// A breakpoint or single step stopped the guest (see `StopHandler`).
+    Debug(DebugStop),
+    /// After the VM exit at which the log reached the event asked for with
+    /// `Replayer::pause_at`: the VM can be snapshotted here.
+    Paused,
+    /// The replay is over.
+    Ended(ReplayEnd),
+}
+
+/// The replayer's side of a snapshot of a replay taken at a pause: where
+/// it stands in the log and what it has checked so far. Restoring the VM's
+/// snapshot and rewinding to this puts the whole replay back there.
+#[derive(Clone)]
+pub struct Checkpoint {
+    position: u64,
+    exits: u64,
+    clock_ns: u64,
+    recent: VecDeque<(u64, Event)>,
+    disk_writes: DiskWritesDigest,
+    agent_frames: FrameReader,
+    exit_status: Option<i32>,
+    /// Disk accesses made so far (see `Replayer::disk_error`).
+    disk_accesses: u64,
+}
+
+impl Checkpoint {
+    pub fn position(&self) -> Position {
+        Position {
+            events: self.position,
+            exits: self.exits,
+            guest_ns: self.clock_ns,
         }
     }
 }
@@ -544,5 +657,14 @@ impl Seam for Replayer {
         let mut disk_error = self.disk_error.lock().unwrap();
         disk_error.1 += 1;
         disk_error.0 == Some(disk_error.1)
+    }
+
+    fn pause_here(&self) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let due = state.pause_at.is_some_and(|event| state.position >= event);
+        if due {
+            state.pause_at = None;
+        }
+        due
     }
 }

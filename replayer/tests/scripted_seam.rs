@@ -560,3 +560,39 @@ fn a_tampered_agent_output_byte_diverges_at_that_event() {
     );
     assert_eq!(divergence.recent.len() as u64, output_event);
 }
+
+#[test]
+fn a_replay_rewound_to_a_checkpoint_goes_on_as_before_and_still_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.provm");
+    let calls = script();
+    let (recorded, end) = record(&path, &calls);
+    let replayer = replayer_of(&path, &end);
+    let half = calls.len() / 2;
+    let first = run(&replayer, &calls[..half]);
+    // A pause is due once the log reaches the event asked for, and once.
+    let position = replayer.position().events;
+    replayer.pause_at(Some(position + 1));
+    assert!(!replayer.pause_here());
+    replayer.pause_at(Some(position));
+    assert!(replayer.pause_here());
+    assert!(!replayer.pause_here());
+
+    let checkpoint = replayer.checkpoint();
+    assert_eq!(checkpoint.position(), replayer.position());
+    let rest = run(&replayer, &calls[half..]);
+    assert_eq!([first.clone(), rest.clone()].concat(), recorded);
+    replayer
+        .rewind(&checkpoint, EventStream::open(&path).unwrap())
+        .unwrap();
+    assert_eq!(replayer.position(), checkpoint.position());
+    let again = run(&replayer, &calls[half..]);
+    assert_eq!(again, rest, "the same clock readings after the rewind");
+    match replayer.finish(Ok(VmEvent::Halted), 0).unwrap() {
+        ReplayEnd::Matched { events, .. } => {
+            assert_eq!(events, first_event_of(&calls, calls.len()))
+        }
+        ReplayEnd::CutShort { .. } => panic!("cut short"),
+        ReplayEnd::Diverged { divergence, .. } => panic!("{divergence}"),
+    }
+}

@@ -142,8 +142,8 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
         at: options.at.to_string(),
         fault: options.fault.to_string(),
     });
-    let start_ns = snapshot.state.clock_ns;
-    let replayer = opened.replayer(start_ns)?;
+    let start_ns = opened.start_ns;
+    let replayer = opened.replayer()?;
     let clock = LiveClock {
         snapshot_ns: start_ns,
         wall_at_snapshot_ns: job.wall_clock_ns,

@@ -3,9 +3,12 @@
 //! and the helpers the tests share. Each test binary uses part of it.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
 
 use provm::run::RunOptions;
 use provm_guest_agent::Job;
@@ -102,6 +105,73 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     args.extend_from_slice(extra);
     args.extend_from_slice(&[path(image), "--", "/bin/sh", "-c", script]);
     provm(&args)
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `provm replay --gdb` serving `trace`, once it listens; its stderr is
+/// collected by the thread returned.
+pub fn serve_gdb(trace: &Path, address: &str) -> (Child, JoinHandle<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(["replay", "--gdb", address, path(trace)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let read = stderr.read_line(&mut line).unwrap();
+        seen += &line;
+        assert!(read > 0, "provm ended before listening: {seen}");
+        if line.contains("waiting for gdb") {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        stderr.read_to_string(&mut rest).unwrap();
+        seen + &rest
+    });
+    (child, rest)
+}
+
+/// Runs Debian's gdb in batch mode on `vmlinux` against `provm replay
+/// --gdb` at `address`, with `commands`; returns what it printed (stdout,
+/// then stderr). gdb waits up to 10 minutes for a monitor command (the
+/// README says why).
+pub fn gdb_batch(vmlinux: &Path, address: &str, commands: &[&str]) -> String {
+    let mut gdb = Command::new("gdb");
+    gdb.args(["-batch", "-nx", "-ex", "set pagination off"])
+        .args(["-ex", "set remotetimeout 600"])
+        .args(["-ex", &format!("target remote {address}")]);
+    for command in commands {
+        gdb.args(["-ex", command]);
+    }
+    let output = gdb
+        .arg(vmlinux)
+        .output()
+        .expect("gdb is needed: run scripts/install-deps");
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+/// The number of events in `trace`'s log, as `provm inspect` shows it.
+pub fn log_events(trace: &Path) -> u64 {
+    let inspect = provm(&["inspect", path(trace)]);
+    inspect
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("events"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no event count in: {}", inspect.stdout))
 }
 
 /// Where a test keeps the trace it calls `name`.

@@ -38,7 +38,7 @@ pub struct LogTotals {
 
 /// SHA-256 over every disk write in order: offset, length, bytes. The
 /// recording's is in its outcome; a replay computes its own to compare.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct DiskWritesDigest {
     hash: Sha256,
 }

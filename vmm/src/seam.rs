@@ -95,6 +95,14 @@ pub trait Seam: Clock {
     fn disk_access_fails(&self, _write: bool) -> bool {
         false
     }
+
+    /// Whether `Vm::run` should return `VmEvent::Paused` now, at the
+    /// boundary after a VM exit where the VM can be snapshotted and later
+    /// restored to go on exactly as from here (a replay's time-travel
+    /// snapshots). Asked once per exit; true once per request.
+    fn pause_here(&self) -> bool {
+        false
+    }
 }
 
 /// The seam of a plain run: host time, ticks whenever they are due, nothing

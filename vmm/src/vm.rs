@@ -224,6 +224,9 @@ pub enum VmEvent {
     /// A breakpoint or single-step set with `set_guest_debug` stopped the
     /// guest. Not a VM exit: `run` goes on from there as if never stopped.
     DebugStop(DebugStop),
+    /// The seam asked to pause (`Seam::pause_here`) after a VM exit: the VM
+    /// may be snapshotted here, and `run` goes on as if never stopped.
+    Paused,
 }
 
 /// How one entry into the guest ended.
@@ -342,9 +345,16 @@ impl Vm {
 
     /// The VM's state now, at the exit the last run stopped at.
     pub fn snapshot(&mut self) -> Result<VmSnapshot, VmError> {
+        let clock_ns = self.seam.monotonic_ns();
+        self.snapshot_at(clock_ns)
+    }
+
+    /// Like `snapshot`, with the virtual time given: a replayer's clock is
+    /// its log, where reading it would consume an event.
+    pub fn snapshot_at(&mut self, clock_ns: u64) -> Result<VmSnapshot, VmError> {
         self.vcpu.finish_pending_exit();
         let state = VmState {
-            clock_ns: self.seam.monotonic_ns(),
+            clock_ns,
             vcpu: self.vcpu.save(&self.kvm)?,
             pic: self.pic.lock().unwrap().save(),
             pit: self.pit.lock().unwrap().save(),
@@ -471,6 +481,11 @@ impl Vm {
             }
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
+            }
+            // Only right after an exit: a restored snapshot goes on as from
+            // one (it may inject interrupts first).
+            if self.at_exit && self.seam.pause_here() {
+                return Ok(VmEvent::Paused);
             }
             if self.at_exit || self.seam.preemptive() {
                 self.deliver_interrupts()?;
