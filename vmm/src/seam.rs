@@ -87,6 +87,12 @@ pub trait Seam: Clock {
     /// Why the run must stop now, if it must: a replay diverged, or the user
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
+
+    /// Host time spent logging so far, in nanoseconds: the seam's own cost,
+    /// which exit timing reports apart from the VMM's (0: logs nothing).
+    fn logging_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// The seam of a plain run: host time, ticks whenever they are due, nothing
