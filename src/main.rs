@@ -76,6 +76,10 @@ enum Command {
         #[command(subcommand)]
         what: ExportCommand,
     },
+    /// How much of each guest process's time the virtualization layer
+    /// cost (RUN: a trace, or `provm run --timing FILE`); with two runs,
+    /// their differences; with --what-if, a replay under a changed cost.
+    Blame(provm::blame::cli::BlameArgs),
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -97,6 +101,8 @@ struct RunArgs {
     /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    timing: provm::blame::cli::TimingArgs,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -187,6 +193,9 @@ struct RecordArgs {
     /// user code computing (it goes on: a long computation is normal).
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     exitless_limit: u64,
+    /// Leave the exit timing (`provm blame`) out of the trace.
+    #[arg(long)]
+    no_timing: bool,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -218,6 +227,8 @@ struct ReplayArgs {
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    timing: provm::blame::cli::TimingArgs,
     /// The trace (.provm).
     trace: PathBuf,
 }
@@ -369,6 +380,7 @@ fn main() -> ExitCode {
         Command::Graph(args) => graph(args),
         Command::Query(args) => query(args),
         Command::Export { what } => export(what),
+        Command::Blame(args) => provm::blame::cli::blame(args),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -378,7 +390,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.provenance, &args.keep_overlay])?;
+    refuse_to_overwrite(
+        args.force,
+        &[&args.provenance, &args.keep_overlay, &args.timing.output],
+    )?;
     let options = run_options(args, verbose);
     let ran = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
     if let Some(digest) = &ran.events_sha256 {
@@ -394,10 +409,17 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     let run = &args.run;
     refuse_to_overwrite(
         run.force,
-        &[&Some(output.clone()), &run.provenance, &run.keep_overlay],
+        &[
+            &Some(output.clone()),
+            &run.provenance,
+            &run.keep_overlay,
+            &run.timing.output,
+        ],
     )?;
+    let mut run = run_options(args.run, verbose);
+    run.timing.capture = !args.no_timing;
     let options = RecordOptions {
-        run: run_options(args.run, verbose),
+        run,
         output,
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
@@ -409,7 +431,7 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.output])?;
+    refuse_to_overwrite(args.force, &[&args.output, &args.timing.output])?;
     if args.extract_kernel {
         let output = args.output.expect("clap requires --output");
         let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;
@@ -428,7 +450,8 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         .iter()
         .map(|name| provm_analysis::builtin::by_name(name).expect("clap checked the name"))
         .collect();
-    let (report, analyses) = provm::replay::replay(&options, analyses)?;
+    let (report, analyses, _) =
+        provm::replay::replay_timed(&options, &args.timing.options(false), analyses)?;
     for analysis in &analyses {
         analysis.report_text(&mut std::io::stdout().lock())?;
     }
@@ -483,6 +506,7 @@ fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
         keep_overlay: args.keep_overlay,
         provenance: args.provenance,
+        timing: args.timing.options(false),
         ..guest_options(args.guest, verbose)
     }
 }

@@ -13,6 +13,7 @@ use provm_trace::snapshot::SnapshotError;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::vm::{self, VmError};
 
+use crate::blame::{BlameError, TimingOptions, TimingReport};
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
@@ -62,6 +63,8 @@ pub enum ReplayError {
     Snapshot(#[from] SnapshotError),
     #[error("cannot analyse this trace: {0}")]
     Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Timing(#[from] BlameError),
 }
 
 /// What a replay found.
@@ -126,6 +129,20 @@ pub fn replay(
     options: &ReplayOptions,
     analyses: Vec<Box<dyn Analysis>>,
 ) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
+    let (report, analyses, _) = replay_timed(options, &TimingOptions::default(), analyses)?;
+    Ok((report, analyses))
+}
+
+/// A replay's verdict, its analyses and its exit timing.
+type TimedReplay = (ReplayReport, Vec<Box<dyn Analysis>>, Option<TimingReport>);
+
+/// `replay`, with exit timing captured (and delays injected) as `timing`
+/// asks.
+pub fn replay_timed(
+    options: &ReplayOptions,
+    timing: &TimingOptions,
+    analyses: Vec<Box<dyn Analysis>>,
+) -> Result<TimedReplay, ReplayError> {
     let trace = Trace::open(&options.trace)?;
     let manifest = &trace.manifest;
     if manifest.provm_version != env!("CARGO_PKG_VERSION") {
@@ -163,6 +180,11 @@ pub fn replay(
     let (mut vm, replayer) = machine.restore(snapshot, |start_ns| {
         Replayer::new(events, start_ns, recorded)
     })?;
+    let capture = timing.attach_with(
+        &mut vm,
+        || Ok(KernelInfo::load(&trace.kernel()?, &trace.kernel_profile)?),
+        "replay",
+    )?;
     let deadline = Instant::now() + options.timeout;
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
@@ -201,7 +223,11 @@ pub fn replay(
             ),
         },
     };
-    Ok((report, analyses))
+    let captured = capture.map(|capture| capture.report());
+    if let (Some(captured), Some(path)) = (&captured, &timing.output) {
+        crate::blame::save(captured, path)?;
+    }
+    Ok((report, analyses, captured))
 }
 
 /// The image to replay against: the one named, else the recorded path,
