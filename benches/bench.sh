@@ -5,7 +5,9 @@
 # plain ones (benches/pinned.rs), then record and replay cost against QEMU
 # TCG's record/replay (benches/replay.rs), and query and export times on a
 # million-event trace (benches/query.rs), and replay with each analysis
-# against plain replay (benches/analysis.rs).
+# against plain replay (benches/analysis.rs), and hypervisor blame: the
+# cost of exit timing, the injected-delay validation sweep and a what-if
+# replay against its measurement (benches/blame.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,3 +36,5 @@ echo
 cargo bench -q --bench query 2>/dev/null
 echo
 cargo bench -q --bench analysis 2>/dev/null
+echo
+cargo bench -q --bench blame 2>/dev/null

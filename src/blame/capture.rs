@@ -87,11 +87,15 @@ impl ExitObserver for Attributor {
             });
             report.processes.len() - 1
         });
-        report.processes[slot]
-            .devices
-            .entry(timing.device.to_owned())
-            .or_default()
-            .count(&sample);
+        let devices = &mut report.processes[slot].devices;
+        // Looked up before inserting: no allocation at a known device.
+        match devices.get_mut(timing.device) {
+            Some(device) => device.count(&sample),
+            None => devices
+                .entry(timing.device.to_owned())
+                .or_default()
+                .count(&sample),
+        }
     }
 }
 
