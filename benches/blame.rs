@@ -147,17 +147,8 @@ fn sweep(run: &RunOptions, dir: &Path) {
     }
     println!(
         "fitted slope (least squares, measured over expected): {:.4}",
-        slope(&points)
+        common::slope(&points)
     );
-}
-
-fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    covariance / variance
 }
 
 fn what_if(trace: &Path) {

@@ -137,16 +137,6 @@ fn a_recording_is_blamed_per_process_in_every_format() {
     common::assert_replay_matches(trace);
 }
 
-/// Least-squares slope of y over x.
-fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    covariance / variance
-}
-
 /// The validation: sweeping an injected virtio-blk delay moves virtio-blk's
 /// blame by delay x its exits (slope within 0.9..1.1) and leaves the other
 /// devices' blame within the noise between two runs without delay.
@@ -192,7 +182,7 @@ fn an_injected_exit_delay_moves_its_devices_blame_by_delay_times_exits() {
         );
         points.push((expected, measured));
     }
-    let fitted = slope(&points);
+    let fitted = common::slope(&points);
     println!("fitted slope {fitted:.4}");
     assert!((0.9..=1.1).contains(&fitted), "slope {fitted}: {points:?}");
 

@@ -14,7 +14,7 @@ use provm_vmm::memory::GuestMemory;
 use provm_vmm::paging;
 use provm_vmm::vm::Vm;
 
-use super::timing::{ExitSample, ProcessTiming, TimingReport, TIMING_FORMAT};
+use super::timing::{ProcessTiming, Times, TimingReport, TIMING_FORMAT};
 
 /// `comm`'s size in the kernel (TASK_COMM_LEN).
 const COMM_LEN: usize = 16;
@@ -68,7 +68,7 @@ impl ExitObserver for Attributor {
     fn exit(&mut self, timing: &ExitTiming, memory: &GuestMemory) {
         let key = self.reader.running(memory).unwrap_or((-1, [0; COMM_LEN]));
         let nanos = |d: std::time::Duration| d.as_nanos() as u64;
-        let sample = ExitSample {
+        let sample = Times {
             guest_ns: nanos(timing.in_guest),
             vmm_ns: nanos(timing.handling),
             halted_ns: nanos(timing.halted),

@@ -98,9 +98,9 @@ pub fn write_difference(a: &TimingReport, b: &TimingReport, out: &mut dyn Write)
             "{name:<16} exits {} -> {}  VMM {} -> {} ms ({})  {}",
             da.exits,
             db.exits,
-            ms(da.vmm_ns),
-            ms(db.vmm_ns),
-            diff(da.vmm_ns, db.vmm_ns),
+            ms(da.times.vmm_ns),
+            ms(db.times.vmm_ns),
+            diff(da.times.vmm_ns, db.times.vmm_ns),
             quantiles.join("  ")
         )?;
     }
@@ -127,7 +127,7 @@ pub struct Prediction {
 pub fn predicted_extra_ns(delay: &ExitDelay, device: &DeviceTiming) -> u64 {
     match delay.cost {
         ExtraCost::Fixed(extra) => device.exits * extra.as_nanos() as u64,
-        ExtraCost::Scaled(factor) => (device.vmm_ns as f64 * (factor - 1.0)) as u64,
+        ExtraCost::Scaled(factor) => (device.times.vmm_ns as f64 * (factor - 1.0)) as u64,
     }
 }
 

@@ -66,7 +66,7 @@ pub fn render(report: &TimingReport) -> String {
         );
     }
     let longest = rows.iter().map(|r| r.wall_ns).max().unwrap_or(1).max(1) as f64;
-    let scale = (WIDTH - LABEL - 100.0) / longest;
+    let scale = (WIDTH - LABEL - 230.0) / longest;
     for (index, row) in rows.iter().enumerate() {
         let y = 56.0 + index as f64 * (BAR + 6.0);
         let _ = writeln!(
@@ -89,12 +89,15 @@ pub fn render(report: &TimingReport) -> String {
             }
             x += w;
         }
+        // The hypervisor's share is often too thin to see: say it.
+        let hypervisor = row.vmm_total_ns() + row.recorder_ns;
         let _ = writeln!(
             svg,
-            r#"<text x="{:.2}" y="{}">{} ms</text>"#,
+            r#"<text x="{:.2}" y="{}">{} ms, hypervisor {} ms</text>"#,
             x + 4.0,
             y + 13.0,
-            table::ms(row.wall_ns)
+            table::ms(row.wall_ns),
+            table::ms(hypervisor)
         );
     }
     cdfs(&mut svg, &devices, cdf_top, cdf_height);

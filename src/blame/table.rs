@@ -38,15 +38,15 @@ impl Row {
             pid,
             command,
             wall_ns: total.total_ns(),
-            guest_ns: total.guest_ns,
+            guest_ns: total.times.guest_ns,
             vmm_ns: devices
                 .iter()
-                .map(|(name, d)| (name.clone(), d.vmm_ns))
+                .map(|(name, d)| (name.clone(), d.times.vmm_ns))
                 .collect(),
-            halted_ns: total.halted_ns,
-            preempted_ns: total.preempted_ns,
-            recorder_ns: total.logging_ns,
-            injected_ns: total.injected_ns,
+            halted_ns: total.times.halted_ns,
+            preempted_ns: total.times.preempted_ns,
+            recorder_ns: total.times.logging_ns,
+            injected_ns: total.times.injected_ns,
             exits: devices
                 .iter()
                 .map(|(name, d)| (name.clone(), d.exits))

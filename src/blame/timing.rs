@@ -25,11 +25,22 @@ fn bucket_of(latency_ns: u64) -> usize {
         .unwrap_or(BUCKETS - 1)
 }
 
-/// One device's exits while one process ran. Times are host nanoseconds.
+/// One device's exits while one process ran.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceTiming {
     pub exits: u64,
-    /// In the guest before these exits.
+    #[serde(flatten)]
+    pub times: Times,
+    /// Exit latency (VMM + logging: from the exit to the next entry, halts
+    /// aside) per bucket (see `BUCKETS`).
+    pub latency: Vec<u64>,
+}
+
+/// Where host time went around one exit, or around many summed. Host
+/// nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Times {
+    /// In the guest before the exits.
     pub guest_ns: u64,
     /// In the VMM handling them (injected delay included).
     pub vmm_ns: u64,
@@ -42,30 +53,33 @@ pub struct DeviceTiming {
     pub injected_ns: u64,
     /// Host preemption of the vCPU thread (sampled; part of the above).
     pub preempted_ns: u64,
-    /// Exit latency (VMM + logging: from the exit to the next entry, halts
-    /// aside) per bucket (see `BUCKETS`).
-    pub latency: Vec<u64>,
 }
 
-impl DeviceTiming {
-    /// Everything but preemption, which is part of the rest.
-    pub fn total_ns(&self) -> u64 {
-        self.guest_ns + self.hypervisor_ns() + self.halted_ns
-    }
-
-    /// The virtualization layer's share: the VMM and the recorder.
-    pub fn hypervisor_ns(&self) -> u64 {
-        self.vmm_ns + self.logging_ns
-    }
-
-    pub fn add(&mut self, other: &DeviceTiming) {
-        self.exits += other.exits;
+impl Times {
+    fn add(&mut self, other: &Times) {
         self.guest_ns += other.guest_ns;
         self.vmm_ns += other.vmm_ns;
         self.halted_ns += other.halted_ns;
         self.logging_ns += other.logging_ns;
         self.injected_ns += other.injected_ns;
         self.preempted_ns += other.preempted_ns;
+    }
+}
+
+impl DeviceTiming {
+    /// Everything but preemption, which is part of the rest.
+    pub fn total_ns(&self) -> u64 {
+        self.times.guest_ns + self.hypervisor_ns() + self.times.halted_ns
+    }
+
+    /// The virtualization layer's share: the VMM and the recorder.
+    pub fn hypervisor_ns(&self) -> u64 {
+        self.times.vmm_ns + self.times.logging_ns
+    }
+
+    pub fn add(&mut self, other: &DeviceTiming) {
+        self.exits += other.exits;
+        self.times.add(&other.times);
         if self.latency.len() < BUCKETS {
             self.latency.resize(BUCKETS, 0);
         }
@@ -75,17 +89,12 @@ impl DeviceTiming {
     }
 
     /// Counts one exit.
-    pub fn count(&mut self, exit: &ExitSample) {
+    pub fn count(&mut self, exit: &Times) {
         if self.latency.is_empty() {
             self.latency = vec![0; BUCKETS];
         }
         self.exits += 1;
-        self.guest_ns += exit.guest_ns;
-        self.vmm_ns += exit.vmm_ns;
-        self.halted_ns += exit.halted_ns;
-        self.logging_ns += exit.logging_ns;
-        self.injected_ns += exit.injected_ns;
-        self.preempted_ns += exit.preempted_ns;
+        self.times.add(exit);
         self.latency[bucket_of(exit.vmm_ns + exit.logging_ns)] += 1;
     }
 
@@ -103,17 +112,6 @@ impl DeviceTiming {
             (seen >= wanted).then(|| bucket_bound_ns(index))
         })
     }
-}
-
-/// One exit, in nanoseconds.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ExitSample {
-    pub guest_ns: u64,
-    pub vmm_ns: u64,
-    pub halted_ns: u64,
-    pub logging_ns: u64,
-    pub injected_ns: u64,
-    pub preempted_ns: u64,
 }
 
 /// A guest process's exits, by device.
@@ -208,9 +206,9 @@ mod tests {
     fn quantiles_come_from_the_histogram() {
         let mut device = DeviceTiming::default();
         for vmm_ns in [500, 1500, 1500, 10_000] {
-            device.count(&ExitSample {
+            device.count(&Times {
                 vmm_ns,
-                ..ExitSample::default()
+                ..Times::default()
             });
         }
         assert_eq!(device.latency_quantile_ns(0.25), Some(1000));

@@ -940,6 +940,12 @@ mod tests {
         assert_eq!(mmio_device(CLOCK_MMIO + 8), "clock");
         assert_eq!(mmio_device(BLOCK_MMIO), "virtio-blk");
         assert_eq!(mmio_device(MMIO_START - 1), "none");
+        // Every name exits are timed and delayed by is listed.
+        let ports = (0..=u16::MAX).map(port_device);
+        let mmio = (0..4).map(|device| mmio_device(MMIO_START + device * MMIO_DEVICE_SIZE));
+        for name in ports.chain(mmio) {
+            assert!(EXIT_DEVICES.contains(&name), "{name}");
+        }
     }
 
     const CODE: u64 = 0x1000;
