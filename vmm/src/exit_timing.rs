@@ -17,9 +17,6 @@ use crate::memory::GuestMemory;
 /// How often the vCPU thread's run delay is sampled: reading it is a
 /// system call, too dear for every exit.
 const RUN_DELAY_PERIOD: Duration = Duration::from_millis(10);
-/// Below this, an injected wait spins instead of sleeping: a sleep
-/// overshoots by tens of microseconds.
-const SPIN_BELOW: Duration = Duration::from_micros(200);
 
 /// One VM exit's share of the host's time, from the guest entry before it
 /// to the guest entry after it.
@@ -175,14 +172,13 @@ impl ExitClock {
     }
 }
 
-/// Waits `duration` on purpose, precisely: sleeps most of it, spins the
-/// rest. Returns how long it waited.
+/// Waits `duration` on purpose, precisely, by spinning: a sleeping thread
+/// wakes tens of microseconds late on an idle host and milliseconds late
+/// on a busy one (it must wait for a CPU again), which would add to every
+/// delay. Returns how long it waited.
 fn wait(duration: Duration) -> Duration {
     let start = Instant::now();
     let until = start + duration;
-    if duration > SPIN_BELOW {
-        std::thread::sleep(duration - SPIN_BELOW);
-    }
     while Instant::now() < until {
         std::hint::spin_loop();
     }
