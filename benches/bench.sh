@@ -6,8 +6,10 @@
 # TCG's record/replay (benches/replay.rs), and query and export times on a
 # million-event trace (benches/query.rs), replay with each analysis
 # against plain replay (benches/analysis.rs), what-if forks against plain
-# replay (benches/fork.rs), and what time travel costs under gdb
-# (benches/gdb.rs).
+# replay (benches/fork.rs), what time travel costs under gdb
+# (benches/gdb.rs), and hypervisor blame: the cost of exit timing, the
+# injected-delay validation sweep and a what-if replay against its
+# measurement (benches/blame.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,3 +42,5 @@ echo
 cargo bench -q --bench fork 2>/dev/null
 echo
 cargo bench -q --bench gdb 2>/dev/null
+echo
+cargo bench -q --bench blame 2>/dev/null

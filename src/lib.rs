@@ -1,5 +1,6 @@
 //! provm: runs a command inside a Linux VM on its own KVM VMM.
 
+pub mod blame;
 pub mod cpu_model;
 pub mod digest;
 pub mod disk;

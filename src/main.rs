@@ -76,6 +76,10 @@ enum Command {
         #[command(subcommand)]
         what: ExportCommand,
     },
+    /// How much of each guest process's time the virtualization layer
+    /// cost (RUN: a trace, or `provm run --timing FILE`); with two runs,
+    /// their differences; with --what-if, a replay under a changed cost.
+    Blame(provm::blame::cli::BlameArgs),
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -97,6 +101,8 @@ struct RunArgs {
     /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    timing: provm::blame::cli::TimingArgs,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -187,6 +193,9 @@ struct RecordArgs {
     /// user code computing (it goes on: a long computation is normal).
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     exitless_limit: u64,
+    /// Leave the exit timing (`provm blame`) out of the trace.
+    #[arg(long)]
+    no_timing: bool,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -213,17 +222,20 @@ struct ReplayArgs {
     output: Option<PathBuf>,
     /// Write the trace's guest kernel (vmlinux, with its symbols, for gdb)
     /// to --output instead of replaying.
-    #[arg(long, requires = "output", conflicts_with = "analyze")]
+    #[arg(long, requires = "output", conflicts_with_all = ["analyze", "timing", "inject_exit_delay"])]
     extract_kernel: bool,
     /// Serve the replay to gdb on ADDRESS (e.g. 127.0.0.1:1234), with
     /// time travel (reverse-continue, `monitor event N`); see the README.
-    #[arg(long, value_name = "ADDRESS", conflicts_with_all = ["analyze", "extract_kernel"])]
+    #[arg(long, value_name = "ADDRESS",
+          conflicts_with_all = ["analyze", "extract_kernel", "fork_at", "timing", "inject_exit_delay"])]
     gdb: Option<String>,
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
     #[command(flatten)]
     fork: ForkArgs,
+    #[command(flatten)]
+    timing: provm::blame::cli::TimingArgs,
     /// The trace (.provm).
     trace: PathBuf,
 }
@@ -234,7 +246,8 @@ struct ForkArgs {
     /// Replay exactly up to this point, then go on live with --inject and
     /// write the fork's trace to --output: an event number (`provm query`
     /// shows them), disk-write:N or disk-read:N (the Nth, from 1).
-    #[arg(long, value_name = "POINT", requires_all = ["inject", "output"], conflicts_with_all = ["analyze", "extract_kernel"])]
+    #[arg(long, value_name = "POINT", requires_all = ["inject", "output"],
+          conflicts_with_all = ["analyze", "extract_kernel", "timing", "inject_exit_delay"])]
     fork_at: Option<provm::fork::ForkPoint>,
     /// The fault the fork injects: none, disk-error (the next disk read or
     /// write fails with an I/O error), clock=+3600s (the guest's clock
@@ -390,6 +403,7 @@ fn main() -> ExitCode {
         Command::Graph(args) => graph(args),
         Command::Query(args) => query(args),
         Command::Export { what } => export(what),
+        Command::Blame(args) => provm::blame::cli::blame(args),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -399,7 +413,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.provenance, &args.keep_overlay])?;
+    refuse_to_overwrite(
+        args.force,
+        &[&args.provenance, &args.keep_overlay, &args.timing.output],
+    )?;
     let options = run_options(args, verbose);
     let ran = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
     if let Some(digest) = &ran.events_sha256 {
@@ -415,10 +432,17 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     let run = &args.run;
     refuse_to_overwrite(
         run.force,
-        &[&Some(output.clone()), &run.provenance, &run.keep_overlay],
+        &[
+            &Some(output.clone()),
+            &run.provenance,
+            &run.keep_overlay,
+            &run.timing.output,
+        ],
     )?;
+    let mut run = run_options(args.run, verbose);
+    run.timing.capture = !args.no_timing;
     let options = RecordOptions {
-        run: run_options(args.run, verbose),
+        run,
         output,
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
@@ -430,7 +454,7 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.output])?;
+    refuse_to_overwrite(args.force, &[&args.output, &args.timing.output])?;
     if let (Some(at), Some(fault)) = (args.fork.fork_at, args.fork.inject) {
         let options = provm::fork::ForkOptions {
             replay: ReplayOptions {
@@ -467,7 +491,8 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         .iter()
         .map(|name| provm_analysis::builtin::by_name(name).expect("clap checked the name"))
         .collect();
-    let (report, analyses) = provm::replay::replay(&options, analyses)?;
+    let (report, analyses, _) =
+        provm::replay::replay_timed(&options, &args.timing.options(false), analyses)?;
     for analysis in &analyses {
         analysis.report_text(&mut std::io::stdout().lock())?;
     }
@@ -511,6 +536,7 @@ fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
         keep_overlay: args.keep_overlay,
         provenance: args.provenance,
+        timing: args.timing.options(false),
         ..guest_options(args.guest, verbose)
     }
 }
@@ -686,4 +712,16 @@ fn init_tracing(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Clap checks its own rules (unique argument ids, conflicts naming
+    /// real arguments) only in this debug assertion; CI builds release.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

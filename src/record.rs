@@ -20,6 +20,7 @@ use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;
 use provm_vmm::vm::VmSnapshot;
 
+use crate::blame;
 use crate::cpu_model;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
@@ -127,7 +128,7 @@ pub fn record(
     let recording_start = Instant::now();
     let guest_start_ns = snapshot.state.clock_ns;
     let pinned = options.run.pinned.as_ref();
-    let (vm, recorder) = prepared
+    let (mut vm, recorder) = prepared
         .machine(overlay_location(&options.run), options.exitless_limit)
         .restore(snapshot, |start_ns| match pinned {
             Some(pinning) => Recorder::pinned(
@@ -137,6 +138,11 @@ pub fn record(
             ),
             None => Recorder::new(trace, start_ns, &INTERRUPTED),
         })
+        .map_err(RunError::from)?;
+    let timing = options
+        .run
+        .timing
+        .attach(&mut vm, &prepared.boot.kernel, "record")
         .map_err(RunError::from)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     if let Some(pinning) = pinned {
@@ -156,7 +162,9 @@ pub fn record(
         Ok((_, Some(document))) => Some(document.to_bytes()),
         _ => None,
     };
+    let timing = timing.map(|capture| capture.report());
     let sections_after: Vec<SectionKind> = [
+        timing.as_ref().map(|_| SectionKind::Timing),
         provenance.as_ref().map(|_| SectionKind::Provenance),
         options.embed_image.then_some(SectionKind::Image),
     ]
@@ -196,6 +204,14 @@ pub fn record(
             &serde_json::to_vec_pretty(&outcome).expect("serialises"),
         )
         .map_err(trace_error)?;
+    if let Some(report) = &timing {
+        trace
+            .section(SectionKind::Timing, &report.to_json())
+            .map_err(trace_error)?;
+        if let Some(path) = &options.run.timing.output {
+            blame::save(report, path).map_err(RunError::from)?;
+        }
+    }
     if let Some(document) = &provenance {
         trace
             .section(SectionKind::Provenance, document)

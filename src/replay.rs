@@ -13,6 +13,7 @@ use provm_trace::snapshot::SnapshotError;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
+use crate::blame::{BlameError, TimingOptions, TimingReport};
 use crate::cpu_model;
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
@@ -62,6 +63,8 @@ pub enum ReplayError {
     Snapshot(#[from] SnapshotError),
     #[error("cannot analyse this trace: {0}")]
     Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Timing(#[from] BlameError),
 }
 
 /// What a replay found.
@@ -142,11 +145,31 @@ pub fn replay(
     options: &ReplayOptions,
     analyses: Vec<Box<dyn Analysis>>,
 ) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
+    let (report, analyses, _) = replay_timed(options, &TimingOptions::default(), analyses)?;
+    Ok((report, analyses))
+}
+
+/// A replay's verdict, its analyses and its exit timing.
+type TimedReplay = (ReplayReport, Vec<Box<dyn Analysis>>, Option<TimingReport>);
+
+/// `replay`, with exit timing captured (and delays injected) as `timing`
+/// asks.
+pub fn replay_timed(
+    options: &ReplayOptions,
+    timing: &TimingOptions,
+    analyses: Vec<Box<dyn Analysis>>,
+) -> Result<TimedReplay, ReplayError> {
     let (opened, snapshot) = Opened::open(options)?;
     let replayer = opened.replayer()?;
     let (mut vm, replayer) = opened
         .machine(options.echo_console)
         .restore(snapshot, |_| replayer)?;
+    let trace = &opened.trace;
+    let capture = timing.attach_with(
+        &mut vm,
+        || Ok(KernelInfo::load(&trace.kernel()?, &trace.kernel_profile)?),
+        "replay",
+    )?;
     let deadline = Instant::now() + options.timeout;
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
@@ -167,7 +190,11 @@ pub fn replay(
         }
         (end, instrument.into_analyses())
     };
-    Ok((opened.report(end), analyses))
+    let captured = capture.map(|capture| capture.report());
+    if let (Some(captured), Some(path)) = (&captured, &timing.output) {
+        crate::blame::save(captured, path)?;
+    }
+    Ok((opened.report(end), analyses, captured))
 }
 
 /// A trace opened for replay: checked against this host, with the image

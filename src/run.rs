@@ -17,6 +17,7 @@ use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::{LiveSeam, Seam};
 use provm_vmm::vm::{BootSource, VmConfig, VmError};
 
+use crate::blame::{self, Capture, TimingOptions};
 use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
@@ -75,6 +76,9 @@ pub struct RunOptions {
     pub provenance: Option<PathBuf>,
     /// Logical time and seeded entropy instead of the host's (`--pinned`).
     pub pinned: Option<Pinning>,
+    /// Where the hypervisor's time goes: captured, and for a run without a
+    /// trace written to `timing.output` (see `blame`).
+    pub timing: TimingOptions,
 }
 
 impl RunOptions {
@@ -94,6 +98,7 @@ impl RunOptions {
             echo_console: false,
             provenance: None,
             pinned: None,
+            timing: TimingOptions::default(),
         }
     }
 }
@@ -122,6 +127,8 @@ pub enum RunError {
     Entropy(std::io::Error),
     #[error(transparent)]
     Provenance(#[from] ProvenanceError),
+    #[error(transparent)]
+    Timing(#[from] blame::BlameError),
 }
 
 /// A checked image and the guest to run on it.
@@ -252,35 +259,54 @@ pub fn start(
     prepared: &Prepared,
     deadline: Instant,
 ) -> Result<GuestSession, RunError> {
-    Ok(start_observed(options, prepared, deadline)?.0)
+    Ok(start_observed(options, prepared, deadline)?.session)
 }
 
-/// `start`, and for a pinned run the recorder (with no trace) that is its
-/// seam: it digests the run's event log.
+/// A started guest and what observes it.
+pub struct Started {
+    pub session: GuestSession,
+    /// A pinned run's recorder (with no trace): it digests the event log.
+    pub recorder: Option<Arc<Recorder>>,
+    /// The exit timing, when asked for.
+    pub timing: Option<Capture>,
+}
+
+/// `start`, with the run's observers.
 pub fn start_observed(
     options: &RunOptions,
     prepared: &Prepared,
     deadline: Instant,
-) -> Result<(GuestSession, Option<Arc<Recorder>>), RunError> {
+) -> Result<Started, RunError> {
     let identity = Identity::of(prepared)?;
     let snapshot =
         fast_start::booted(prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
     let machine = prepared.machine(overlay_location(options), None);
     let Some(pinning) = &options.pinned else {
-        let (vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
-        return Ok((
-            GuestSession::resume(vm, deadline, &prepared.boot.kernel),
-            None,
-        ));
+        let (mut vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
+        let timing = options
+            .timing
+            .attach(&mut vm, &prepared.boot.kernel, "run")?;
+        return Ok(Started {
+            session: GuestSession::resume(vm, deadline, &prepared.boot.kernel),
+            recorder: None,
+            timing,
+        });
     };
     // A plain run's Ctrl-C ends provm at once; a pinned one's too.
     static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
-    let (vm, recorder) = machine.restore(snapshot, |start_ns| {
+    let (mut vm, recorder) = machine.restore(snapshot, |start_ns| {
         Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
     })?;
+    let timing = options
+        .timing
+        .attach(&mut vm, &prepared.boot.kernel, "run")?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     session.pin_wall_clock(pinning.epoch_ns);
-    Ok((session, Some(recorder)))
+    Ok(Started {
+        session,
+        recorder: Some(recorder),
+        timing,
+    })
 }
 
 /// The logical clock of a pinned run whose guest starts at `start_ns`.
@@ -317,10 +343,17 @@ pub fn run_prepared(
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<Ran, RunError> {
     let job = job(options, &prepared.root_device)?;
-    let (mut session, recorder) = start_observed(options, prepared, deadline)?;
+    let Started {
+        mut session,
+        recorder,
+        timing,
+    } = start_observed(options, prepared, deadline)?;
     let (outcome, provenance) = run_job(&mut session, job, options, prepared, (stdout, stderr))?;
     session.power_off()?;
     drop(session);
+    if let (Some(capture), Some(path)) = (timing, &options.timing.output) {
+        blame::save(&capture.report(), path)?;
+    }
     // Without a trace the log writes nothing, so it cannot fail.
     let events_sha256 = recorder.map(|recorder| {
         let (_, totals) = recorder.finish().expect("a digest-only log has no writes");

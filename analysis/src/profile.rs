@@ -34,6 +34,9 @@ pub struct Symbols {
     /// The top of the running task's kernel stack (per-CPU, so a plain
     /// global here too), where entry code saved its user registers.
     pub cpu_current_top_of_stack: u64,
+    /// The kernel's own page tables (`swapper_pg_dir`), which map the
+    /// kernel's half of every address space and are never freed.
+    pub init_top_pgt: u64,
 }
 
 impl Symbols {
@@ -46,6 +49,7 @@ impl Symbols {
             "do_exit",
             "current_task",
             "cpu_current_top_of_stack",
+            "init_top_pgt",
         ];
         let found: HashMap<&str, u64> = elf
             .symbols()
@@ -66,7 +70,21 @@ impl Symbols {
             do_exit: address("do_exit")?,
             current_task: address("current_task")?,
             cpu_current_top_of_stack: address("cpu_current_top_of_stack")?,
+            init_top_pgt: address("init_top_pgt")?,
         })
+    }
+}
+
+/// Where x86-64 Linux maps its image (`__START_KERNEL_map`): an address
+/// of the kernel's image less this is its physical address, for a kernel
+/// loaded where it was linked to be (provm loads it so: no relocation).
+pub const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
+
+impl Symbols {
+    /// The CR3 that reads kernel memory whatever process runs: the
+    /// physical address of `init_top_pgt`.
+    pub fn kernel_cr3(&self) -> u64 {
+        self.init_top_pgt - START_KERNEL_MAP
     }
 }
 

@@ -4,7 +4,7 @@
 //! as the guest runs. A pinned `provm run` uses it too, with no trace: only
 //! the log's digest is kept.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -21,6 +21,8 @@ pub struct Recorder {
     log: Mutex<Log>,
     /// Set from outside (Ctrl-C) to end the recording at the next exit.
     interrupted: &'static AtomicBool,
+    /// Host time spent appending to the log (`Seam::logging_ns`).
+    logging_ns: AtomicU64,
 }
 
 struct Log {
@@ -87,11 +89,20 @@ impl Recorder {
                 error: None,
             }),
             interrupted,
+            logging_ns: AtomicU64::new(0),
         }
     }
 
     fn log(&self, event: Event) {
-        self.log.lock().unwrap().record(|log| log.append(&event));
+        self.timed(|log| log.append(&event));
+    }
+
+    /// Appends to the log, counting the time it takes.
+    fn timed(&self, append: impl FnOnce(&mut EventLogWriter) -> Result<(), FormatError>) {
+        let start = Instant::now();
+        self.log.lock().unwrap().record(append);
+        self.logging_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Writes the last chunk and hands the trace (if it has one) back for
@@ -175,10 +186,7 @@ impl Seam for Recorder {
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
-        self.log
-            .lock()
-            .unwrap()
-            .record(|log| log.append_disk_write(offset, data));
+        self.timed(|log| log.append_disk_write(offset, data));
     }
 
     fn stop_reason(&self) -> Option<String> {
@@ -186,5 +194,9 @@ impl Seam for Recorder {
             return Some("interrupted (Ctrl-C)".into());
         }
         self.log.lock().unwrap().error.clone()
+    }
+
+    fn logging_ns(&self) -> u64 {
+        self.logging_ns.load(Ordering::Relaxed)
     }
 }

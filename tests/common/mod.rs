@@ -358,3 +358,13 @@ pub fn digest(path: &Path) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// Least-squares slope of y over x.
+pub fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    covariance / variance
+}

@@ -52,10 +52,13 @@ pub enum SectionKind {
     Image,
     /// JSON: the run's provenance, when captured.
     Provenance,
+    /// JSON: where the host's time went, exit by exit, aggregated per guest
+    /// process and device (`provm blame`). Not an input: replay ignores it.
+    Timing,
 }
 
 impl SectionKind {
-    const ALL: [SectionKind; 9] = [
+    const ALL: [SectionKind; 10] = [
         SectionKind::Manifest,
         SectionKind::Kernel,
         SectionKind::KernelProfile,
@@ -65,6 +68,7 @@ impl SectionKind {
         SectionKind::Outcome,
         SectionKind::Image,
         SectionKind::Provenance,
+        SectionKind::Timing,
     ];
 
     fn tag(self) -> [u8; 4] {
@@ -78,6 +82,7 @@ impl SectionKind {
             SectionKind::Outcome => b"OUTC",
             SectionKind::Image => b"IMAG",
             SectionKind::Provenance => b"PROV",
+            SectionKind::Timing => b"TIME",
         }
     }
 
@@ -96,6 +101,7 @@ impl SectionKind {
             SectionKind::Outcome => "outcome",
             SectionKind::Image => "image",
             SectionKind::Provenance => "provenance",
+            SectionKind::Timing => "timing",
         }
     }
 }

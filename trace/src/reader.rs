@@ -23,6 +23,8 @@ pub struct Trace {
     /// The kernel profile's JSON.
     pub kernel_profile: Vec<u8>,
     pub provenance: Option<Vec<u8>>,
+    /// The run's exit timing (JSON), when it was captured.
+    pub timing: Option<Vec<u8>>,
     /// Bytes per section kind, as stored (compressed where compressed).
     pub stored_bytes: BTreeMap<SectionKind, u64>,
     pub has_image: bool,
@@ -53,13 +55,20 @@ impl Trace {
         let mut stored_bytes = BTreeMap::new();
         *stored_bytes.entry(first.kind).or_default() += first.payload.len() as u64;
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
+        let mut timing = None;
         let mut kernel_profile = None;
         let (mut chunks, mut has_image) = (0u32, false);
         let mut after_outcome = Vec::new();
         while let Some(header) = reader.next_header()? {
             *stored_bytes.entry(header.kind).or_default() += header.length;
             if outcome.is_some() {
-                if header.kind != SectionKind::Provenance && header.kind != SectionKind::Image {
+                if ![
+                    SectionKind::Provenance,
+                    SectionKind::Image,
+                    SectionKind::Timing,
+                ]
+                .contains(&header.kind)
+                {
                     return Err(structure(path, "sections follow the outcome"));
                 }
                 after_outcome.push(header.kind.name().to_owned());
@@ -90,6 +99,7 @@ impl Trace {
                     outcome = Some(json::<Outcome>(&reader.read_payload(header)?)?)
                 }
                 SectionKind::Provenance => provenance = Some(reader.read_payload(header)?.payload),
+                SectionKind::Timing => timing = Some(reader.read_payload(header)?.payload),
                 // Verified, not kept: reading the next header skips it.
                 SectionKind::Image => has_image = true,
             }
@@ -124,6 +134,7 @@ impl Trace {
             snapshot,
             kernel_profile,
             provenance,
+            timing,
             stored_bytes,
             has_image,
         })

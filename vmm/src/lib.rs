@@ -12,6 +12,7 @@ pub mod cpuid;
 pub mod cpuid_check;
 pub mod devices;
 pub mod disk;
+pub mod exit_timing;
 pub mod guest_debug;
 pub mod memory;
 pub mod msr;

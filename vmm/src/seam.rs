@@ -103,6 +103,12 @@ pub trait Seam: Clock {
     fn pause_here(&self) -> bool {
         false
     }
+
+    /// Host time spent logging so far, in nanoseconds: the seam's own cost,
+    /// which exit timing reports apart from the VMM's (0: logs nothing).
+    fn logging_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// The seam of a plain run: host time, ticks whenever they are due, nothing

@@ -35,6 +35,7 @@ use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
 use crate::devices::virtio::mmio::{MmioTransport, TransportState};
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
+use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
@@ -77,6 +78,36 @@ pub fn port_device(port: u16) -> &'static str {
         "i8042"
     } else {
         "none"
+    }
+}
+
+/// Every name `port_device`, `mmio_device` and `exit_device` give: the
+/// devices exits are timed and delayed by.
+pub const EXIT_DEVICES: &[&str] = &[
+    "pic",
+    "pit",
+    "cmos",
+    "serial",
+    "doorbell",
+    "i8042",
+    "virtio-blk",
+    "virtio-console",
+    "clock",
+    "halt",
+    "msr",
+    "interrupt-window",
+    "none",
+];
+
+/// The device (or, where none is involved, the reason) of a VM exit.
+fn exit_device(exit: &VcpuExit) -> &'static str {
+    match exit {
+        VcpuExit::IoIn(port, _) | VcpuExit::IoOut(port, _) => port_device(*port),
+        VcpuExit::MmioRead(address, _) | VcpuExit::MmioWrite(address, _) => mmio_device(*address),
+        VcpuExit::Hlt => "halt",
+        VcpuExit::X86Rdmsr(_) => "msr",
+        VcpuExit::IrqWindowOpen => "interrupt-window",
+        _ => "none",
     }
 }
 
@@ -286,6 +317,8 @@ pub struct Vm {
     exitless_warned: bool,
     /// What the guest stops at (`set_guest_debug`).
     guest_debug: GuestDebug,
+    /// Exit timing, when asked for (`time_exits`).
+    exit_clock: Option<ExitClock>,
     /// The guest stopped at a breakpoint and must step over it on re-entry.
     step_over_due: bool,
     /// It is stepping over one, with its breakpoints lifted.
@@ -454,10 +487,17 @@ impl Vm {
             last_exit: Instant::now(),
             exitless_warned: false,
             guest_debug: GuestDebug::default(),
+            exit_clock: None,
             step_over_due: false,
             stepping_over: false,
             _not_send: PhantomData,
         })
+    }
+
+    /// Times every exit from now on and tells `observer`; with `delay`,
+    /// waits that much longer after each exit of its device.
+    pub fn time_exits(&mut self, observer: Box<dyn ExitObserver>, delay: Option<ExitDelay>) {
+        self.exit_clock = Some(ExitClock::new(observer, delay));
     }
 
     /// The last lines the guest wrote to its serial console.
@@ -506,8 +546,15 @@ impl Vm {
                 self.seam.agent_output(&output);
                 return Ok(VmEvent::AgentOutput(output));
             }
-            if halted && !self.wait_while_halted(deadline)? {
-                return Ok(VmEvent::Halted);
+            if halted {
+                let start = Instant::now();
+                let wakes = self.wait_while_halted(deadline)?;
+                if let Some(clock) = &mut self.exit_clock {
+                    clock.halted(start.elapsed());
+                }
+                if !wakes {
+                    return Ok(VmEvent::Halted);
+                }
             }
         }
     }
@@ -572,9 +619,18 @@ impl Vm {
             self.apply_guest_debug(&guest_debug::step_over())?;
             self.stepping_over = true;
         }
+        if let Some(clock) = &mut self.exit_clock {
+            clock.entering(&self.memory, self.seam.logging_ns());
+        }
         self.kicker.arm(kick_after);
         let result = self.vcpu.fd.run();
         self.kicker.disarm();
+        if let Some(clock) = &mut self.exit_clock {
+            match &result {
+                Ok(VcpuExit::Intr | VcpuExit::Debug(_)) | Err(_) => clock.resumed_without_exit(),
+                Ok(exit) => clock.exited(exit_device(exit), self.seam.logging_ns()),
+            }
+        }
         let exit = match result {
             Ok(VcpuExit::Intr) => None,
             // Not an exit either: the guest is where it would have been.
@@ -899,6 +955,12 @@ mod tests {
         assert_eq!(mmio_device(CLOCK_MMIO + 8), "clock");
         assert_eq!(mmio_device(BLOCK_MMIO), "virtio-blk");
         assert_eq!(mmio_device(MMIO_START - 1), "none");
+        // Every name exits are timed and delayed by is listed.
+        let ports = (0..=u16::MAX).map(port_device);
+        let mmio = (0..4).map(|device| mmio_device(MMIO_START + device * MMIO_DEVICE_SIZE));
+        for name in ports.chain(mmio) {
+            assert!(EXIT_DEVICES.contains(&name), "{name}");
+        }
     }
 
     const CODE: u64 = 0x1000;

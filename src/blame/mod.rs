@@ -1,0 +1,151 @@
+//! Hypervisor blame: how much of each guest process's time the
+//! virtualization layer cost. The VMM times every exit
+//! (`provm_vmm::exit_timing`); `capture` attributes each to the guest
+//! process running at it and aggregates (`timing`); `provm blame` shows it
+//! (`table`, `svg`), compares two runs and replays a run under a changed
+//! exit cost (`compare`).
+
+pub mod capture;
+pub mod cli;
+pub mod compare;
+pub mod inject;
+pub mod svg;
+pub mod table;
+pub mod timing;
+
+use std::path::{Path, PathBuf};
+
+use provm_analysis::profile::ProfileError;
+use provm_analysis::KernelInfo;
+use provm_trace::format::FormatError;
+use provm_trace::reader::Trace;
+use provm_vmm::exit_timing::ExitDelay;
+use provm_vmm::vm::Vm;
+
+use crate::export::{AtomicFile, ExportError};
+use crate::kernel;
+
+pub use capture::Capture;
+pub use timing::TimingReport;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlameError {
+    #[error("cannot read the kernel {path} to name guest processes: {source}")]
+    Kernel {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot name guest processes: {0}")]
+    Profile(#[from] ProfileError),
+    #[error("{0}")]
+    Trace(#[from] FormatError),
+    #[error("{0} has no timing: it was recorded by an older provm or with --no-timing; record it again, or run with `provm run --timing FILE`")]
+    NoTiming(PathBuf),
+    #[error("{path}: its timing cannot be read: {reason}")]
+    BadTiming { path: PathBuf, reason: String },
+    #[error("{0} is neither a trace nor a timing file (`provm run --timing`)")]
+    NotARun(PathBuf),
+    #[error(transparent)]
+    Output(#[from] ExportError),
+    #[error("cannot replay for --what-if: {0}")]
+    Replay(String),
+}
+
+/// Whether and how to capture exit timing in a run, a recording or a replay.
+#[derive(Clone, Debug, Default)]
+pub struct TimingOptions {
+    /// Capture it (a recording does by default; a run with `--timing`).
+    pub capture: bool,
+    /// Write it here as JSON (`provm run --timing FILE`).
+    pub output: Option<PathBuf>,
+    /// Wait longer after each exit of a device (`--inject-exit-delay`).
+    pub delay: Option<ExitDelay>,
+}
+
+impl TimingOptions {
+    /// Starts capturing `vm`'s timing if asked to, naming processes with
+    /// the kernel at `vmlinux` (and its profile beside it). The delay is
+    /// injected either way.
+    pub fn attach(
+        &self,
+        vm: &mut Vm,
+        vmlinux: &Path,
+        mode: &str,
+    ) -> Result<Option<Capture>, BlameError> {
+        self.attach_with(vm, || kernel_at(vmlinux), mode)
+    }
+
+    /// `attach`, with the kernel's description from `kernel`.
+    pub fn attach_with(
+        &self,
+        vm: &mut Vm,
+        kernel: impl FnOnce() -> Result<KernelInfo, BlameError>,
+        mode: &str,
+    ) -> Result<Option<Capture>, BlameError> {
+        if !self.capture && self.output.is_none() {
+            if let Some(delay) = &self.delay {
+                vm.time_exits(Box::new(Ignore), Some(delay.clone()));
+            }
+            return Ok(None);
+        }
+        Ok(Some(Capture::attach(
+            vm,
+            &kernel()?,
+            mode,
+            self.delay.clone(),
+        )))
+    }
+}
+
+/// The description of the kernel at `vmlinux` and its profile beside it.
+fn kernel_at(vmlinux: &Path) -> Result<KernelInfo, BlameError> {
+    let read =
+        |path: PathBuf| std::fs::read(&path).map_err(|source| BlameError::Kernel { path, source });
+    Ok(KernelInfo::load(
+        &read(vmlinux.to_owned())?,
+        &read(kernel::profile_path(vmlinux))?,
+    )?)
+}
+
+/// An observer that keeps nothing: for a delay without timing.
+struct Ignore;
+
+impl provm_vmm::exit_timing::ExitObserver for Ignore {
+    fn exit(&mut self, _: &provm_vmm::exit_timing::ExitTiming, _: &provm_vmm::memory::GuestMemory) {
+    }
+}
+
+/// Writes `report` to `path` as JSON (the caller has refused an existing
+/// file already, unless forced).
+pub fn save(report: &TimingReport, path: &Path) -> Result<(), BlameError> {
+    AtomicFile::write(path, true, &report.to_json())?;
+    Ok(())
+}
+
+/// The timing of RUN: a trace's timing section, or a `--timing` file.
+pub fn load(path: &Path) -> Result<TimingReport, BlameError> {
+    let bad = |reason: String| BlameError::BadTiming {
+        path: path.to_owned(),
+        reason,
+    };
+    let bytes = if is_trace(path) {
+        Trace::open(path)?
+            .timing
+            .ok_or_else(|| BlameError::NoTiming(path.to_owned()))?
+    } else {
+        let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        if serde_json::from_slice::<serde_json::Value>(&bytes).is_err() {
+            return Err(BlameError::NotARun(path.to_owned()));
+        }
+        bytes
+    };
+    TimingReport::from_json(&bytes).map_err(bad)
+}
+
+/// Whether `path` starts as a trace does.
+pub fn is_trace(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut magic))
+        .is_ok_and(|()| &magic == provm_trace::format::MAGIC)
+}
