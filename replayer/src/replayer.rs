@@ -172,6 +172,9 @@ struct State {
     exit_status: Option<i32>,
     /// Pause at the first exit at or after this event (`pause_at`).
     pause_at: Option<u64>,
+    /// Events consumed at the last place the replay could pause (see
+    /// `Replayer::pause_place`).
+    pause_place: u64,
 }
 
 impl Replayer {
@@ -193,6 +196,7 @@ impl Replayer {
                 agent_frames: FrameReader::default(),
                 exit_status: None,
                 pause_at: None,
+                pause_place: 0,
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -284,6 +288,15 @@ impl Replayer {
         self.state.lock().unwrap().pause_at = event;
     }
 
+    /// The log position of the last place the replay could pause: right
+    /// after the last VM exit (or where `rewind` put it). Between two exits
+    /// the guest runs without touching the log, so this names the stretch
+    /// a debug stop is in, and `pause_at` with it stops at that stretch's
+    /// start.
+    pub fn pause_place(&self) -> u64 {
+        self.state.lock().unwrap().pause_place
+    }
+
     /// Where the replay stands, to come back to with `rewind`. Take it at a
     /// pause, with the VM's snapshot.
     pub fn checkpoint(&self) -> Checkpoint {
@@ -319,6 +332,7 @@ impl Replayer {
         state.divergence = None;
         state.error = None;
         state.pause_at = None;
+        state.pause_place = to.position;
         state.last_exit = Instant::now();
         self.disk_error.lock().unwrap().1 = to.disk_accesses;
         Ok(())
@@ -661,6 +675,7 @@ impl Seam for Replayer {
 
     fn pause_here(&self) -> bool {
         let mut state = self.state.lock().unwrap();
+        state.pause_place = state.position;
         let due = state.pause_at.is_some_and(|event| state.position >= event);
         if due {
             state.pause_at = None;
