@@ -225,7 +225,8 @@ struct ReplayArgs {
     #[arg(long, requires = "output", conflicts_with_all = ["analyze", "timing", "inject_exit_delay"])]
     extract_kernel: bool,
     /// Serve the replay to gdb on ADDRESS (e.g. 127.0.0.1:1234), with
-    /// time travel (reverse-continue, `monitor event N`); see the README.
+    /// time travel (reverse-continue, reverse-stepi, `monitor event N`); see
+    /// the README.
     #[arg(long, value_name = "ADDRESS",
           conflicts_with_all = ["analyze", "extract_kernel", "fork_at", "timing", "inject_exit_delay"])]
     gdb: Option<String>,

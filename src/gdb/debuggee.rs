@@ -9,6 +9,7 @@
 //! Restoring all three puts the replay back exactly there: it goes on
 //! making the recorded exits and still ends "replay matched".
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,25 +31,35 @@ use crate::snapshot;
 /// second on the development hosts, and a pause costs next to nothing.
 const POLL_EVENTS: u64 = 200;
 
-/// Where the replay stands, finer than a log event: several breakpoint
-/// hits can come between two VM exits. Ordered by time.
+/// Where the replay stands, finer than a log event. Between two VM exits
+/// the guest runs without touching the log; a point there is counted from
+/// the pause after the first of them: breakpoint hits, then single steps.
+/// Ordered by time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Point {
-    /// Log events consumed.
+    /// Log events consumed at the pause after the last VM exit
+    /// (`Replayer::pause_place`).
     pub event: u64,
-    /// Among the stops at `event`: 2n at its nth breakpoint hit, 2n+1
-    /// after it (a step), `u64::MAX` at the pause after a VM exit (a
-    /// snapshot's place: hits at `event` come before it, the next exit's
-    /// clock reading comes first after it).
-    rank: u64,
+    /// Breakpoint hits since that pause; a single step that lands on a
+    /// breakpoint's address counts as its hit, as continuing would have
+    /// stopped there, so a point reads the same however it was reached.
+    hits: u64,
+    /// Single steps since the last of those hits (or since the pause).
+    steps: u64,
 }
 
 impl Point {
+    /// The pause after a VM exit, at log event `event`.
     fn at_exit(event: u64) -> Point {
         Point {
             event,
-            rank: u64::MAX,
+            hits: 0,
+            steps: 0,
         }
+    }
+
+    fn is_pause(&self) -> bool {
+        self.hits == 0 && self.steps == 0
     }
 }
 
@@ -81,6 +92,11 @@ pub enum DebugError {
     Disk(#[from] std::io::Error),
     #[error("the log has {events} events; event {asked} is past its end")]
     PastTheEnd { asked: u64, events: u64 },
+    #[error(
+        "going back one instruction: single-stepping from the last VM exit did not come \
+         back to rip {rip:#x} (breakpoint hit {hits} after log event {event})"
+    )]
+    NotFoundAgain { event: u64, hits: u64, rip: u64 },
 }
 
 /// One time-travel snapshot.
@@ -245,7 +261,7 @@ impl Debuggee {
                 events: self.log_events,
             });
         }
-        if event < self.here.event || self.end.is_some() {
+        if Point::at_exit(event) < self.here || self.end.is_some() {
             let (at, _) = self
                 .snapshots
                 .at_or_before(event)
@@ -270,7 +286,7 @@ impl Debuggee {
     ) -> Result<Halt, DebugError> {
         let mut upto = self.here;
         loop {
-            let Some((at, _)) = self.snapshots.before(upto.event) else {
+            let Some(at) = self.snapshot_before(upto) else {
                 self.restore(0)?;
                 return Ok(Halt::Beginning);
             };
@@ -295,6 +311,164 @@ impl Debuggee {
             }
             upto = Point::at_exit(at);
         }
+    }
+
+    /// Goes back one instruction, to the point a single step before this
+    /// one, by re-executing to it. Only the stretch since the last VM exit
+    /// is single-stepped (see `instruction_before`); after some steps, not
+    /// even that: it runs to their start and steps one fewer.
+    pub fn reverse_step(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Halt, DebugError> {
+        let here = self.here;
+        let target = if here.steps > 0 {
+            Point {
+                steps: here.steps - 1,
+                ..here
+            }
+        } else {
+            match self.instruction_before(here, interrupted)? {
+                ControlFlow::Continue(Some(point)) => point,
+                ControlFlow::Continue(None) => {
+                    self.restore(0)?;
+                    return Ok(Halt::Beginning);
+                }
+                ControlFlow::Break(halt) => return Ok(halt),
+            }
+        };
+        Ok(match self.go_to(target, interrupted)? {
+            ControlFlow::Continue(()) => Halt::Step,
+            ControlFlow::Break(halt) => halt,
+        })
+    }
+
+    /// The point one instruction before `here`, a breakpoint hit or the
+    /// pause after a VM exit: counted by single-stepping from the pause
+    /// that begins its stretch, or for a pause, the stretch before it.
+    /// `None` at the replay's start.
+    fn instruction_before(
+        &mut self,
+        here: Point,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<ControlFlow<Halt, Option<Point>>, DebugError> {
+        if !here.is_pause() {
+            let rip = self.vm.rip();
+            if let ControlFlow::Break(halt) = self.go_to(Point::at_exit(here.event), interrupted)? {
+                return Ok(ControlFlow::Break(halt));
+            }
+            let before = match self.step_while(
+                |point| point.event == here.event && point < here,
+                interrupted,
+            )? {
+                ControlFlow::Continue(before) => before,
+                ControlFlow::Break(halt) => return Ok(ControlFlow::Break(halt)),
+            };
+            // Steps count hits as continuing does (see `Point::hits`) unless
+            // the breakpoints changed since, or the platform differs.
+            if self.here != here || self.vm.rip() != rip {
+                return Err(DebugError::NotFoundAgain {
+                    event: here.event,
+                    hits: here.hits,
+                    rip,
+                });
+            }
+            return Ok(ControlFlow::Continue(Some(before)));
+        }
+        // The instruction before a pause is the one that exited: the last
+        // point of the stretch before.
+        let start = match self.pause_before(here.event, interrupted)? {
+            ControlFlow::Continue(Some(start)) => start,
+            ControlFlow::Continue(None) => return Ok(ControlFlow::Continue(None)),
+            ControlFlow::Break(halt) => return Ok(ControlFlow::Break(halt)),
+        };
+        if let ControlFlow::Break(halt) = self.go_to(Point::at_exit(start), interrupted)? {
+            return Ok(ControlFlow::Break(halt));
+        }
+        Ok(
+            match self.step_while(|point| point.event == start, interrupted)? {
+                ControlFlow::Continue(last) => ControlFlow::Continue(Some(last)),
+                ControlFlow::Break(halt) => ControlFlow::Break(halt),
+            },
+        )
+    }
+
+    /// Single-steps, breakpoints off, while `more` holds where the replay
+    /// stands; returns the last point at which it held.
+    fn step_while(
+        &mut self,
+        more: impl Fn(Point) -> bool,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<ControlFlow<Halt, Point>, DebugError> {
+        let mut last = self.here;
+        while more(self.here) {
+            last = self.here;
+            match self.advance(false, true, None, interrupted)? {
+                Halt::Step => {}
+                halt => return Ok(ControlFlow::Break(halt)),
+            }
+        }
+        Ok(ControlFlow::Continue(last))
+    }
+
+    /// The pause before the one at log event `end`, found by re-executing
+    /// from the snapshot before it, pausing at every VM exit; `None` if
+    /// `end` is the replay's start.
+    fn pause_before(
+        &mut self,
+        end: u64,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<ControlFlow<Halt, Option<u64>>, DebugError> {
+        let Some((at, _)) = self.snapshots.before(end) else {
+            return Ok(ControlFlow::Continue(None));
+        };
+        self.restore(at)?;
+        let mut last = at;
+        loop {
+            match self.advance(false, false, Some(self.here.event + 1), interrupted)? {
+                Halt::Event if self.here.event < end => last = self.here.event,
+                Halt::Event => return Ok(ControlFlow::Continue(Some(last))),
+                halt => return Ok(ControlFlow::Break(halt)),
+            }
+        }
+    }
+
+    /// Re-executes to `target`: restores the nearest snapshot at or before
+    /// its pause, runs to the pause, continues to its breakpoint hit and
+    /// single-steps the rest. Stops early where the re-execution does not
+    /// reach it (the breakpoints changed since), at the next VM exit.
+    fn go_to(
+        &mut self,
+        target: Point,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<ControlFlow<Halt>, DebugError> {
+        let (at, _) = self
+            .snapshots
+            .at_or_before(target.event)
+            .expect("the first snapshot is at the replay's start");
+        self.restore(at)?;
+        let mut halt = self.advance(false, false, Some(target.event), interrupted)?;
+        loop {
+            match halt {
+                Halt::Event | Halt::Breakpoint | Halt::Step if self.here < target => {}
+                Halt::Event | Halt::Breakpoint | Halt::Step if self.here == target => {
+                    return Ok(ControlFlow::Continue(()))
+                }
+                halt => return Ok(ControlFlow::Break(halt)),
+            }
+            let step = self.here.hits == target.hits;
+            halt = self.advance(true, step, Some(target.event + 1), interrupted)?;
+        }
+    }
+
+    /// The newest snapshot taken before `point`.
+    fn snapshot_before(&self, point: Point) -> Option<u64> {
+        let found = if point.is_pause() {
+            self.snapshots.before(point.event)
+        } else {
+            self.snapshots.at_or_before(point.event)
+        };
+        found.map(|(at, _)| at)
     }
 
     /// Runs the replay forward until a breakpoint hit (if `breakpoints`),
@@ -362,17 +536,28 @@ impl Debuggee {
 
     /// The point a debug stop puts the replay at.
     fn after_stop(&self, stop: DebugStop) -> Point {
-        let event = self.position().events;
-        // Breakpoint hits at this event so far, this one included.
-        let hits = match self.here {
-            Point { event: e, rank } if e == event && rank != u64::MAX => rank / 2,
-            _ => 0,
+        let event = self.replayer.pause_place();
+        let since = if self.here.event == event {
+            self.here
+        } else {
+            Point::at_exit(event)
         };
-        let rank = match stop {
-            DebugStop::Breakpoint { .. } => 2 * (hits + 1),
-            DebugStop::Step { .. } => 2 * hits + 1,
+        let hit = match stop {
+            DebugStop::Breakpoint { .. } => true,
+            DebugStop::Step { rip } => self.breakpoints.contains(&rip),
         };
-        Point { event, rank }
+        if hit {
+            Point {
+                event,
+                hits: since.hits + 1,
+                steps: 0,
+            }
+        } else {
+            Point {
+                steps: since.steps + 1,
+                ..since
+            }
+        }
     }
 
     fn take_snapshot(&mut self) -> Result<(), DebugError> {

@@ -1,6 +1,6 @@
 //! The replayed guest as a gdbstub target: x86-64 registers, guest virtual
 //! memory through the guest's page tables, hardware breakpoints, continue,
-//! single-step, reverse-continue and monitor commands. A replay cannot be
+//! single-step, reverse-continue, reverse single-step and monitor commands. A replay cannot be
 //! changed, so writes to registers or memory are refused (and with them
 //! gdb's software breakpoints: use `hbreak`).
 
@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use gdbstub::common::Signal;
 use gdbstub::stub::SingleThreadStopReason;
-use gdbstub::target::ext::base::reverse_exec::{ReplayLogPosition, ReverseCont, ReverseContOps};
+use gdbstub::target::ext::base::reverse_exec::{
+    ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
+};
 use gdbstub::target::ext::base::singlethread::{
     SingleThreadBase, SingleThreadResume, SingleThreadResumeOps, SingleThreadSingleStep,
     SingleThreadSingleStepOps,
@@ -36,6 +38,7 @@ pub enum Resume {
     Continue,
     Step,
     ReverseContinue,
+    ReverseStep,
 }
 
 pub struct ReplayTarget {
@@ -54,6 +57,7 @@ impl ReplayTarget {
             Resume::Continue => self.debuggee.resume(interrupted)?,
             Resume::Step => self.debuggee.step(interrupted)?,
             Resume::ReverseContinue => self.debuggee.reverse_continue(interrupted)?,
+            Resume::ReverseStep => self.debuggee.reverse_step(interrupted)?,
         };
         Ok(match halt {
             Halt::Breakpoint => Some(SingleThreadStopReason::HwBreak(())),
@@ -169,6 +173,10 @@ impl SingleThreadResume for ReplayTarget {
     fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, (), Self>> {
         Some(self)
     }
+
+    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, (), Self>> {
+        Some(self)
+    }
 }
 
 impl SingleThreadSingleStep for ReplayTarget {
@@ -181,6 +189,13 @@ impl SingleThreadSingleStep for ReplayTarget {
 impl ReverseCont<()> for ReplayTarget {
     fn reverse_cont(&mut self) -> Result<(), Self::Error> {
         self.resume = Resume::ReverseContinue;
+        Ok(())
+    }
+}
+
+impl ReverseStep<()> for ReplayTarget {
+    fn reverse_step(&mut self, _: ()) -> Result<(), Self::Error> {
+        self.resume = Resume::ReverseStep;
         Ok(())
     }
 }
