@@ -1,6 +1,7 @@
 //! gdb on a replay, on the real guest with Debian's gdb: a hardware
 //! breakpoint in the guest kernel, `monitor where`, reverse-continue
-//! through a time-travel snapshot, and the replay still matches after.
+//! through a time-travel snapshot, reverse-stepi, and the replay still
+//! matches after.
 
 mod common;
 
@@ -39,6 +40,15 @@ fn where_events(output: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The values gdb printed for `p/x $pc`, in order.
+fn printed_pcs(output: &str) -> Vec<u64> {
+    output
+        .lines()
+        .filter_map(|line| line.strip_prefix('$')?.split_once(" = 0x"))
+        .filter_map(|(_, hex)| u64::from_str_radix(hex.trim(), 16).ok())
+        .collect()
+}
+
 #[test]
 fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches() {
     let _guest = one_guest_at_a_time();
@@ -64,6 +74,9 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
         &address,
         &[
             &format!("monitor event {halfway}"),
+            // Back over the VM exit that ended there.
+            "reverse-stepi",
+            "monitor where",
             "hbreak do_sys_openat2",
             "continue",
             "monitor where",
@@ -71,6 +84,26 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
             "monitor where",
             "reverse-continue",
             "monitor where",
+            // Three steps, back one: where the second left off.
+            "p/x $pc",
+            "stepi",
+            "p/x $pc",
+            "stepi",
+            "p/x $pc",
+            "stepi",
+            "p/x $pc",
+            "reverse-stepi",
+            "p/x $pc",
+            "monitor where",
+            // Back to the hit, then before it (counted from the last exit),
+            // and forward onto it again.
+            "reverse-stepi",
+            "reverse-stepi",
+            "p/x $pc",
+            "reverse-stepi",
+            "p/x $pc",
+            "stepi",
+            "p/x $pc",
             "monitor snapshots",
             "monitor event 999999999",
             "delete",
@@ -88,20 +121,42 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     let stderr = stderr.join().unwrap();
     let all = format!("gdb:\n{gdb_out}\nprovm:\n{stdout}{stderr}");
 
-    // monitor event, then where at each of the three stops.
+    // monitor event, reverse-stepi, then where at each of the three stops
+    // and after a reverse-stepi.
     let wheres = where_events(&gdb_out);
-    assert_eq!(wheres.len(), 4, "{all}");
-    let (first, second, back) = (wheres[1], wheres[2], wheres[3]);
+    assert_eq!(wheres.len(), 6, "{all}");
+    let (first, second, back) = (wheres[2], wheres[3], wheres[4]);
     assert!(wheres[0] >= halfway, "{all}");
+    assert!(
+        wheres[1] < wheres[0],
+        "reverse-stepi from the pause after a VM exit went before that exit: {all}"
+    );
     assert!(first > wheres[0] && second > first, "{all}");
     assert_eq!(
         back, first,
         "reverse-continue went back to the first hit: {all}"
     );
     assert_eq!(
+        wheres[5], back,
+        "a reverse-stepi within the stretch stays at its event: {all}"
+    );
+    // The hit, three steps, one back, two more back, before the hit, on it.
+    let pcs = printed_pcs(&gdb_out);
+    assert_eq!(pcs.len(), 8, "{all}");
+    let hit = pcs[0];
+    assert!(
+        pcs[1] != hit && pcs[2] != pcs[1] && pcs[3] != pcs[2],
+        "stepi moved: {all}"
+    );
+    assert_eq!(pcs[4], pcs[2], "reverse-stepi went back one step: {all}");
+    assert_eq!(pcs[5], hit, "two more went back to the hit: {all}");
+    assert_ne!(pcs[6], hit, "one more went before the hit: {all}");
+    assert_eq!(pcs[7], hit, "stepi from there reached the hit again: {all}");
+    // Three stops there, and a reverse-stepi and a stepi that land on it.
+    assert_eq!(
         gdb_out.matches("Breakpoint 1, ").count(),
-        3,
-        "stopped at do_sys_openat2 three times: {all}"
+        5,
+        "stopped at do_sys_openat2 five times: {all}"
     );
     assert!(gdb_out.contains("in do_sys_openat2"), "{all}");
     // The running process, and its user registers from its saved frame.
