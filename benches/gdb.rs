@@ -2,10 +2,12 @@
 //! replay takes as it goes (bytes, seconds each) and the latency of a
 //! reverse-continue (restore the nearest earlier snapshot, re-execute to
 //! the current point noting breakpoint hits, restore again, run to the
-//! last hit). Five gdb sessions (Debian's gdb, `-batch`) on one recording;
-//! each goes three quarters into the log, stops twice at a hardware
-//! breakpoint on `do_sys_openat2`, reverse-continues (timed in gdb's
-//! Python) and runs to the end. Run by benches/bench.sh; prints one table.
+//! last hit) and of a reverse-stepi after two steps (restore, run to the
+//! hit, step once). Five gdb sessions (Debian's gdb, `-batch`) on one
+//! recording; each goes three quarters into the log, stops twice at a
+//! hardware breakpoint on `do_sys_openat2`, reverse-continues, steps twice
+//! and reverse-steps (both timed in gdb's Python) and runs to the end. Run
+//! by benches/bench.sh; prints one table.
 
 // The tests' image builder and helpers.
 #[path = "../tests/common/mod.rs"]
@@ -41,6 +43,7 @@ fn main() {
     let mut snapshot_bytes = Vec::new();
     let mut snapshot_seconds = Vec::new();
     let mut reverse_seconds = Vec::new();
+    let mut reverse_step_seconds = Vec::new();
     for round in 0..RUNS {
         let address = format!("127.0.0.1:{}", free_port());
         let (mut served, stderr) = serve_gdb(&trace, &address);
@@ -55,6 +58,11 @@ fn main() {
                 "python import time; started = time.monotonic()",
                 "reverse-continue",
                 "python print('reverse-continue took', time.monotonic() - started)",
+                "stepi",
+                "stepi",
+                "python started = time.monotonic()",
+                "reverse-stepi",
+                "python print('reverse-stepi took', time.monotonic() - started)",
                 "monitor snapshots",
                 "delete",
                 "continue",
@@ -63,11 +71,13 @@ fn main() {
         let status = served.wait().unwrap();
         let stderr = stderr.join().unwrap();
         assert_eq!(status.code(), Some(0), "{out}\n{stderr}");
-        let reverse: f64 = out
-            .lines()
-            .find_map(|line| line.strip_prefix("reverse-continue took "))
-            .and_then(|seconds| seconds.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no reverse-continue time in: {out}"));
+        let took = |what: &str| -> f64 {
+            out.lines()
+                .find_map(|line| line.strip_prefix(&format!("{what} took ")))
+                .and_then(|seconds| seconds.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {what} time in: {out}"))
+        };
+        let (reverse, reverse_step) = (took("reverse-continue"), took("reverse-stepi"));
         assert_eq!(
             out.matches("Breakpoint 1, ").count(),
             3,
@@ -81,8 +91,11 @@ fn main() {
             snapshot_bytes.push(fields[0].parse::<f64>().unwrap());
             snapshot_seconds.push(fields[2].parse::<f64>().unwrap());
         }
-        eprintln!("round {round}: reverse-continue {reverse:.3} s");
+        eprintln!(
+            "round {round}: reverse-continue {reverse:.3} s, reverse-stepi {reverse_step:.3} s"
+        );
         reverse_seconds.push(reverse);
+        reverse_step_seconds.push(reverse_step);
     }
     println!(
         "time travel under provm replay --gdb: {RUNS} sessions on one {events}-event recording, \
@@ -98,6 +111,7 @@ fn main() {
     );
     row("snapshot time (s)", &mut snapshot_seconds, 1.0);
     row("reverse-continue latency (s)", &mut reverse_seconds, 1.0);
+    row("reverse-stepi latency (s)", &mut reverse_step_seconds, 1.0);
 }
 
 /// One table row: median, min and max of `values` times `scale`.
