@@ -447,6 +447,53 @@ fn export_timeline_writes_the_trace_event_format() {
     )[0]["n"];
     assert_eq!(Some(counted), expected.as_u64());
 
+    // The VMM's time by device, cumulative: it never falls, is spread over
+    // the run, and ends at the run's end with provm blame's totals.
+    let blame_samples = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| {
+                e["ph"] == "C"
+                    && e["name"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with("VMM time by device")
+            })
+            .cloned()
+            .collect()
+    };
+    let samples = blame_samples(events);
+    let last = samples.last().expect("a VMM time counter");
+    assert_eq!(last["args"], blame_json(pipeline)["total"]["vmm_ns"]);
+    let run = events
+        .iter()
+        .find(|e| e["ph"] == "X" && e["pid"] == 2)
+        .unwrap();
+    let end = run["ts"].as_f64().unwrap() + run["dur"].as_f64().unwrap();
+    assert!(
+        (last["ts"].as_f64().unwrap() - end).abs() < 0.01,
+        "{last} {run}"
+    );
+    for pair in samples.windows(2) {
+        assert!(pair[0]["ts"].as_f64() <= pair[1]["ts"].as_f64(), "{pair:?}");
+        for (device, value) in pair[0]["args"].as_object().unwrap() {
+            assert!(
+                value.as_u64() <= pair[1]["args"][device].as_u64(),
+                "{pair:?}"
+            );
+        }
+    }
+    let between = samples.iter().any(|sample| {
+        sample["args"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(device, value)| {
+                (1..last["args"][device].as_u64().unwrap()).contains(&value.as_u64().unwrap())
+            })
+    });
+    assert!(between, "no value between 0 and the total: {samples:#?}");
+
     // Without provenance: the VMM's tracks only, and a word about --prov.
     let plain_json = dir.path().join("plain.json");
     let finished = provm(&["export", "timeline", path(plain), "-o", path(&plain_json)]);
@@ -456,6 +503,20 @@ fn export_timeline_writes_the_trace_event_format() {
     let events = document["traceEvents"].as_array().unwrap();
     check_trace_event_format(events);
     assert!(!events.iter().any(|e| e["ph"] == "X" && e["pid"] == 1));
+
+    // Without timing: no VMM time counter, and no failure.
+    let untimed_json = dir.path().join("untimed.json");
+    succeeds(&[
+        "export",
+        "timeline",
+        path(&recorded().untimed),
+        "-o",
+        path(&untimed_json),
+    ]);
+    let document: Value = serde_json::from_slice(&std::fs::read(&untimed_json).unwrap()).unwrap();
+    let events = document["traceEvents"].as_array().unwrap();
+    check_trace_event_format(events);
+    assert!(blame_samples(events).is_empty());
 
     // With a replay: the processes, and every system call on its thread,
     // nested in its process's life.
