@@ -328,7 +328,8 @@ enum ExportCommand {
     },
     /// The run as a timeline in the Trace Event Format, for Perfetto
     /// (ui.perfetto.dev) or chrome://tracing: one track per guest process
-    /// (with --prov), VM exits by device, interrupts and disk writes.
+    /// (with --prov), VM exits by device, interrupts and disk writes, and
+    /// the VMM's time by device (when the trace keeps exit timing).
     Timeline {
         /// The trace (.provm).
         run: PathBuf,

@@ -1,7 +1,8 @@
 //! End-to-end `provm query` and `provm export` on real recordings: one run
 //! of the provenance tests' pipeline recorded with `--prov`, and one
-//! without provenance, shared by every test of this binary (the first
-//! record boots the guest; the second starts from its snapshot).
+//! without provenance, and one without exit timing, shared by every test of
+//! this binary (the first record boots the guest; the others start from
+//! its snapshot).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::{digest, images, one_guest_at_a_time, path, provm, record_shell, PROVM_FAILED};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The provenance tests' pipeline, each program started by a shell of its
 /// own so that it is exec'd and its arguments are recorded (busybox's shell
@@ -23,6 +24,8 @@ struct Recorded {
     pipeline: PathBuf,
     /// Recorded without.
     plain: PathBuf,
+    /// Recorded with --no-timing.
+    untimed: PathBuf,
 }
 
 fn recorded() -> &'static Recorded {
@@ -44,6 +47,7 @@ fn recorded() -> &'static Recorded {
                 PIPELINE,
             ),
             plain: record("plain", &[], "echo plain"),
+            untimed: record("untimed", &["--no-timing"], "echo untimed"),
         }
     })
 }
@@ -62,6 +66,12 @@ fn query_json(traces: &[&Path], sql: &str) -> Vec<Value> {
     args.push(sql);
     let rows: Value = serde_json::from_str(&succeeds(&args)).expect("query's JSON parses");
     rows.as_array().expect("an array of rows").clone()
+}
+
+/// `provm blame --format json TRACE`, parsed.
+fn blame_json(trace: &Path) -> Value {
+    serde_json::from_str(&succeeds(&["blame", "--format", "json", path(trace)]))
+        .expect("blame's JSON parses")
 }
 
 /// The event counts by kind that `provm inspect` prints, and its total.
@@ -173,7 +183,9 @@ fn queries_see_the_log_and_the_provenance() {
 
 #[test]
 fn several_runs_are_told_apart_by_their_run_column() {
-    let Recorded { pipeline, plain } = recorded();
+    let Recorded {
+        pipeline, plain, ..
+    } = recorded();
     let rows = query_json(
         &[pipeline, plain],
         "SELECT m.run, m.events, m.has_provenance, \
@@ -193,6 +205,91 @@ fn several_runs_are_told_apart_by_their_run_column() {
     assert!(by_run[path(pipeline)]["processes"].as_u64() > Some(2));
     assert_eq!(by_run[path(plain)]["has_provenance"], 0);
     assert_eq!(by_run[path(plain)]["processes"], 0);
+}
+
+#[test]
+fn blame_tables_agree_with_provm_blame() {
+    let Recorded {
+        pipeline, untimed, ..
+    } = recorded();
+    let blamed = blame_json(pipeline);
+    let sum = |by_device: &Value| -> u64 {
+        let values = by_device.as_object().expect("a map by device").values();
+        values.map(|n| n.as_u64().unwrap()).sum()
+    };
+    let expected: Vec<Value> = blamed["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            json!({
+                "pid": p["pid"], "command": p["command"], "wall_ns": p["wall_ns"],
+                "guest_ns": p["guest_ns"], "vmm_ns": sum(&p["vmm_ns"]),
+                "halted_ns": p["halted_ns"], "preempted_ns": p["preempted_ns"],
+                "recorder_ns": p["recorder_ns"], "injected_ns": p["injected_ns"],
+                "exits": sum(&p["exits"]),
+            })
+        })
+        .collect();
+    // blame's order: longest first, then by pid.
+    let rows = query_json(
+        &[pipeline],
+        "SELECT pid, command, wall_ns, guest_ns, vmm_ns, halted_ns, preempted_ns, \
+                recorder_ns, injected_ns, exits FROM blame ORDER BY wall_ns DESC, pid",
+    );
+    assert!(rows.len() > 1, "{rows:#?}");
+    assert!(rows.iter().any(|row| row["command"] == "sh"), "{rows:#?}");
+    assert_eq!(rows, expected);
+
+    // Per device, over the processes: blame's totals.
+    let devices = query_json(
+        &[pipeline],
+        "SELECT device, sum(exits) AS exits, sum(vmm_ns) AS vmm_ns FROM blame_devices GROUP BY device",
+    );
+    let column = |name: &str| -> Value {
+        devices
+            .iter()
+            .map(|row| {
+                (
+                    row["device"].as_str().unwrap().to_owned(),
+                    row[name].clone(),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    assert_eq!(column("exits"), blamed["total"]["exits"]);
+    assert_eq!(column("vmm_ns"), blamed["total"]["vmm_ns"]);
+    assert!(sum(&blamed["total"]["vmm_ns"]) > 0, "{blamed}");
+    // Each row's histogram holds its exits, and its percentiles rise.
+    let odd = query_json(
+        &[pipeline],
+        "SELECT * FROM blame_devices WHERE exits != (SELECT sum(value) FROM json_each(latency)) \
+         OR json_array_length(latency) != 24 OR NOT (p50_ns <= p90_ns AND p90_ns <= p99_ns)",
+    );
+    assert!(odd.is_empty(), "{odd:#?}");
+
+    // A trace without timing: empty tables, not an error.
+    let both = query_json(
+        &[pipeline, untimed],
+        "SELECT run, has_timing, (SELECT count(*) FROM blame b WHERE b.run = m.run) AS processes, \
+                (SELECT count(*) FROM blame_devices d WHERE d.run = m.run) AS devices \
+         FROM manifest m",
+    );
+    let by_run: BTreeMap<&str, &Value> = both
+        .iter()
+        .map(|row| (row["run"].as_str().unwrap(), row))
+        .collect();
+    assert_eq!(by_run[path(pipeline)]["has_timing"], 1);
+    assert_eq!(by_run[path(pipeline)]["processes"], rows.len());
+    assert_eq!(
+        (
+            &by_run[path(untimed)]["has_timing"],
+            &by_run[path(untimed)]["processes"],
+            &by_run[path(untimed)]["devices"]
+        ),
+        (&json!(0), &json!(0), &json!(0))
+    );
 }
 
 #[test]
@@ -227,7 +324,9 @@ fn bad_queries_say_what_is_wrong_and_what_there_is() {
 
 #[test]
 fn export_sqlite_writes_a_database_python_opens() {
-    let Recorded { pipeline, plain } = recorded();
+    let Recorded {
+        pipeline, plain, ..
+    } = recorded();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("run.db");
     succeeds(&[
@@ -304,7 +403,9 @@ fn is_exit_kind(kind: &str) -> bool {
 
 #[test]
 fn export_timeline_writes_the_trace_event_format() {
-    let Recorded { pipeline, plain } = recorded();
+    let Recorded {
+        pipeline, plain, ..
+    } = recorded();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("run.json");
     succeeds(&["export", "timeline", path(pipeline), "-o", path(&json)]);
@@ -346,6 +447,53 @@ fn export_timeline_writes_the_trace_event_format() {
     )[0]["n"];
     assert_eq!(Some(counted), expected.as_u64());
 
+    // The VMM's time by device, cumulative: it never falls, is spread over
+    // the run, and ends at the run's end with provm blame's totals.
+    let blame_samples = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| {
+                e["ph"] == "C"
+                    && e["name"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with("VMM time by device")
+            })
+            .cloned()
+            .collect()
+    };
+    let samples = blame_samples(events);
+    let last = samples.last().expect("a VMM time counter");
+    assert_eq!(last["args"], blame_json(pipeline)["total"]["vmm_ns"]);
+    let run = events
+        .iter()
+        .find(|e| e["ph"] == "X" && e["pid"] == 2)
+        .unwrap();
+    let end = run["ts"].as_f64().unwrap() + run["dur"].as_f64().unwrap();
+    assert!(
+        (last["ts"].as_f64().unwrap() - end).abs() < 0.01,
+        "{last} {run}"
+    );
+    for pair in samples.windows(2) {
+        assert!(pair[0]["ts"].as_f64() <= pair[1]["ts"].as_f64(), "{pair:?}");
+        for (device, value) in pair[0]["args"].as_object().unwrap() {
+            assert!(
+                value.as_u64() <= pair[1]["args"][device].as_u64(),
+                "{pair:?}"
+            );
+        }
+    }
+    let between = samples.iter().any(|sample| {
+        sample["args"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(device, value)| {
+                (1..last["args"][device].as_u64().unwrap()).contains(&value.as_u64().unwrap())
+            })
+    });
+    assert!(between, "no value between 0 and the total: {samples:#?}");
+
     // Without provenance: the VMM's tracks only, and a word about --prov.
     let plain_json = dir.path().join("plain.json");
     let finished = provm(&["export", "timeline", path(plain), "-o", path(&plain_json)]);
@@ -355,6 +503,20 @@ fn export_timeline_writes_the_trace_event_format() {
     let events = document["traceEvents"].as_array().unwrap();
     check_trace_event_format(events);
     assert!(!events.iter().any(|e| e["ph"] == "X" && e["pid"] == 1));
+
+    // Without timing: no VMM time counter, and no failure.
+    let untimed_json = dir.path().join("untimed.json");
+    succeeds(&[
+        "export",
+        "timeline",
+        path(&recorded().untimed),
+        "-o",
+        path(&untimed_json),
+    ]);
+    let document: Value = serde_json::from_slice(&std::fs::read(&untimed_json).unwrap()).unwrap();
+    let events = document["traceEvents"].as_array().unwrap();
+    check_trace_event_format(events);
+    assert!(blame_samples(events).is_empty());
 
     // With a replay: the processes, and every system call on its thread,
     // nested in its process's life.
@@ -442,7 +604,9 @@ fn check_trace_event_format(events: &[Value]) {
 /// input, rebuilds outputs with the recorded digests.
 #[test]
 fn export_makefile_rebuilds_the_recorded_outputs() {
-    let Recorded { pipeline, plain } = recorded();
+    let Recorded {
+        pipeline, plain, ..
+    } = recorded();
     let makefile = succeeds(&["export", "makefile", path(pipeline)]);
     assert!(
         makefile.contains("/data/out.txt: /data/mid.txt\n"),
@@ -579,7 +743,9 @@ fn runc_run(bundle: &Path) -> std::process::Output {
 
 #[test]
 fn export_oci_holds_what_the_run_read_and_runs_it_again() {
-    let Recorded { pipeline, plain } = recorded();
+    let Recorded {
+        pipeline, plain, ..
+    } = recorded();
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("pipeline.tar");
     succeeds(&["export", "oci", path(pipeline), "-o", path(&archive)]);

@@ -17,12 +17,9 @@ use serde::Serialize;
 
 use super::inject::describe;
 use super::table::{ms, Row};
-use super::timing::{DeviceTiming, ProcessTiming, TimingReport};
+use super::timing::{DeviceTiming, ProcessTiming, TimingReport, QUANTILES};
 use super::{BlameError, TimingOptions};
 use crate::replay::{self, ReplayOptions};
-
-/// Quantiles of exit latency shown when comparing runs.
-const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
 /// A process is the same in two runs of one command if its pid and
 /// command are (pids follow from the snapshot the runs restore).

@@ -14,6 +14,10 @@ pub const TIMING_FORMAT: u32 = 1;
 /// takes everything longer.
 pub const BUCKETS: usize = 24;
 
+/// The latency percentiles blame reports (`provm blame A B`, the
+/// `blame_devices` table).
+pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+
 /// The upper bound of histogram bucket `index`, in nanoseconds.
 pub fn bucket_bound_ns(index: usize) -> u64 {
     1000 << index

@@ -8,7 +8,9 @@
 //!   with `dur`), from the provenance graph when the run has one;
 //! - pid 2, "VMM": the run itself as a complete event, and counters (`C`)
 //!   of the VM exits by device, the interrupts injected and the bytes
-//!   written to disk in every 10 ms of guest time;
+//!   written to disk in every 10 ms of guest time, and, when the trace
+//!   keeps exit timing, a counter of the VMM's time by device (see
+//!   `blame_counter`);
 //! - names for both processes and every thread as metadata events (`M`);
 //! - with a replay (`--with-replay`), every system call as a complete event
 //!   on its thread (tid the guest's thread id), nested in its process's
@@ -33,6 +35,7 @@ use provm_analysis::builtin::processes::ProcessTree;
 use provm_analysis::builtin::syscalls::SyscallLog;
 
 use super::{AtomicFile, ExportError};
+use crate::blame::TimingReport;
 use crate::provenance::{Provenance, VM_ACTIVITY};
 use crate::query::Run;
 use crate::replay::{self, ReplayOptions};
@@ -86,6 +89,9 @@ fn document(run: &Run, with_replay: bool) -> Result<Value, ExportError> {
     }
     if with_replay {
         events.extend(replayed_events(run)?);
+    }
+    if let Some(timing) = run.timing()? {
+        events.extend(blame_counter(&timing, &vmm));
     }
     events.extend(vmm.counters);
     Ok(json!({ "traceEvents": events, "displayTimeUnit": "ms" }))
@@ -184,6 +190,9 @@ struct VmmEvents {
     /// The wall clock the job set, from the host's message to the agent.
     job_wall_ns: Option<u64>,
     counters: Vec<Value>,
+    /// The log's VM exits per bucket of guest time, by device (or exit
+    /// reason, as the exit timing names them).
+    exits: BTreeMap<u64, BTreeMap<&'static str, u64>>,
 }
 
 fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
@@ -191,6 +200,7 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
     let mut agent_input = FrameReader::default();
     let (mut start_ns, mut now_ns, mut job_wall_ns) = (None, 0, None);
     let mut counters = Counters::default();
+    let mut exits: BTreeMap<u64, BTreeMap<&'static str, u64>> = BTreeMap::new();
     while let Some(event) = log.next_event()? {
         let device = match &event {
             Event::Clock(ns) => {
@@ -220,13 +230,79 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
         if let Some(device) = device {
             counters.add(now_ns, "VM exits by device", device, 1);
         }
+        let exit = device.or(match event {
+            Event::Halt { .. } => Some("halt"),
+            Event::MsrRead { .. } => Some("msr"),
+            Event::InterruptWindow { .. } => Some("interrupt-window"),
+            _ => None,
+        });
+        if let Some(exit) = exit {
+            *exits
+                .entry(now_ns / BUCKET_NS)
+                .or_default()
+                .entry(exit)
+                .or_default() += 1;
+        }
     }
     Ok(VmmEvents {
         start_ns: start_ns.unwrap_or(0),
         end_ns: now_ns,
         job_wall_ns,
         counters: counters.finish(),
+        exits,
     })
+}
+
+const BLAME_COUNTER: &str = "VMM time by device (ns, cumulative, spread over its exits)";
+
+/// The VMM's time by device as a cumulative counter. The timing section
+/// holds each device's total over the run, not each exit's cost, so the
+/// total is spread over the device's exits in the log, an equal share each
+/// (its mean): the shape of the curve is where the exits fell, its value
+/// at the run's end the measured total. A device whose exits the log does
+/// not hold (a halt the recorder did not log) reaches its total at the end.
+fn blame_counter(timing: &TimingReport, vmm: &VmmEvents) -> Vec<Value> {
+    let by_device = timing.by_device();
+    let totals: BTreeMap<&str, u64> = by_device
+        .iter()
+        .map(|(device, d)| (device.as_str(), d.times.vmm_ns))
+        .collect();
+    let mut logged: BTreeMap<&str, u64> = BTreeMap::new();
+    for (device, n) in vmm.exits.values().flatten() {
+        *logged.entry(device).or_default() += n;
+    }
+    let sample = |at_ns: u64, args: BTreeMap<&str, u64>| {
+        json!({ "ph": "C", "pid": VMM_PID, "tid": 0, "name": BLAME_COUNTER,
+                "ts": micros(at_ns), "args": args })
+    };
+    let spread = |seen: &BTreeMap<&str, u64>| -> BTreeMap<&str, u64> {
+        totals
+            .iter()
+            .map(|(&device, &total)| {
+                let share = match (seen.get(device), logged.get(device)) {
+                    (Some(&n), Some(&all)) => {
+                        (u128::from(total) * u128::from(n) / u128::from(all)) as u64
+                    }
+                    _ => 0,
+                };
+                (device, share)
+            })
+            .collect()
+    };
+    let mut seen = BTreeMap::new();
+    let mut samples = vec![sample(vmm.start_ns, spread(&seen))];
+    for (bucket, exits) in &vmm.exits {
+        for (device, n) in exits {
+            *seen.entry(*device).or_default() += n;
+        }
+        // At the bucket's end: by then its exits were handled.
+        let at_ns = ((bucket + 1) * BUCKET_NS).max(vmm.start_ns);
+        if at_ns < vmm.end_ns {
+            samples.push(sample(at_ns, spread(&seen)));
+        }
+    }
+    samples.push(sample(vmm.end_ns, totals));
+    samples
 }
 
 /// The wall clock of the first job in the agent's input so far, if a whole
@@ -324,6 +400,59 @@ mod tests {
         assert!(samples
             .iter()
             .all(|s| s["ph"] == "C" && s["pid"] == VMM_PID));
+    }
+
+    #[test]
+    fn vmm_time_is_spread_over_the_logged_exits_and_ends_at_the_total() {
+        use crate::blame::timing::{DeviceTiming, ProcessTiming, Times};
+        let device = |exits, vmm_ns| DeviceTiming {
+            exits,
+            times: Times {
+                vmm_ns,
+                ..Times::default()
+            },
+            latency: Vec::new(),
+        };
+        let process = |pid, devices: Vec<(&str, DeviceTiming)>| ProcessTiming {
+            pid,
+            comm: "p".into(),
+            devices: devices.into_iter().map(|(n, d)| (n.into(), d)).collect(),
+        };
+        let timing = TimingReport {
+            format: crate::blame::timing::TIMING_FORMAT,
+            mode: "record".into(),
+            injected: None,
+            preemption_measured: true,
+            capture_ns: 0,
+            processes: vec![
+                process(1, vec![("pic", device(3, 300)), ("msr", device(1, 50))]),
+                process(2, vec![("pic", device(1, 100))]),
+            ],
+        };
+        // pic: one exit in bucket 0, three in bucket 2; msr is not logged.
+        let vmm = VmmEvents {
+            start_ns: 5,
+            end_ns: 3 * BUCKET_NS + 7,
+            job_wall_ns: None,
+            counters: Vec::new(),
+            exits: BTreeMap::from([
+                (0, BTreeMap::from([("pic", 1)])),
+                (2, BTreeMap::from([("pic", 3)])),
+            ]),
+        };
+        let shown: Vec<(f64, String)> = blame_counter(&timing, &vmm)
+            .iter()
+            .map(|s| (s["ts"].as_f64().unwrap(), s["args"].to_string()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (micros(5), r#"{"msr":0,"pic":0}"#.into()),
+                (micros(BUCKET_NS), r#"{"msr":0,"pic":100}"#.into()),
+                (micros(3 * BUCKET_NS), r#"{"msr":0,"pic":400}"#.into()),
+                (micros(3 * BUCKET_NS + 7), r#"{"msr":50,"pic":400}"#.into()),
+            ]
+        );
     }
 
     #[test]

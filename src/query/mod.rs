@@ -31,6 +31,8 @@ pub enum QueryError {
     Trace(#[from] provm_trace::format::FormatError),
     #[error(transparent)]
     Provenance(#[from] crate::provenance::ProvenanceError),
+    #[error("{path}: its timing cannot be read: {reason}")]
+    Timing { path: PathBuf, reason: String },
     /// The query itself is wrong: SQLite's message and what can be asked.
     #[error("{message}\n{tables}")]
     Sql { message: String, tables: String },

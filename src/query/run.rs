@@ -1,11 +1,13 @@
 //! One recorded run as the tables see it: its verified trace and, when it
-//! was recorded with `--prov`, its provenance graph.
+//! was recorded with `--prov`, its provenance graph; its exit timing on
+//! demand.
 
 use std::path::Path;
 
 use provm_trace::reader::Trace;
 
 use super::QueryError;
+use crate::blame::TimingReport;
 use crate::provenance::Provenance;
 
 pub struct Run {
@@ -29,5 +31,19 @@ impl Run {
             trace,
             provenance,
         })
+    }
+
+    /// The trace's exit timing, if it has a timing section (not with
+    /// `--no-timing`, nor from an older provm). Read when asked, not at
+    /// open: a query that does not read it must not fail on it.
+    pub fn timing(&self) -> Result<Option<TimingReport>, QueryError> {
+        let Some(bytes) = &self.trace.timing else {
+            return Ok(None);
+        };
+        let report = TimingReport::from_json(bytes).map_err(|reason| QueryError::Timing {
+            path: self.trace.path.clone(),
+            reason,
+        })?;
+        Ok(Some(report))
     }
 }

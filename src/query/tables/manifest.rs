@@ -53,6 +53,11 @@ pub const MANIFEST: Table = Table {
             "INTEGER",
             "1 if recorded with --prov (processes, files and edges are filled)",
         ),
+        column(
+            "has_timing",
+            "INTEGER",
+            "1 if the trace keeps exit timing (blame and blame_devices are filled)",
+        ),
     ],
     indexes: &[],
     fill,
@@ -86,5 +91,6 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
         &(o.disk_writes as i64),
         &trace_bytes,
         &run.provenance.is_some(),
+        &run.trace.timing.is_some(),
     ])
 }

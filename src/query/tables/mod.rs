@@ -1,12 +1,13 @@
 //! The tables a run is loaded into. Each is a [`Table`]: its name, what a
 //! row is, its columns, the indexes worth having, and the function that
 //! produces its rows from a [`Run`]; a [`View`] is a query over them. A new
-//! table (system calls from a replay analysis, blame rows) is one more
+//! table (system calls from a replay analysis, exit timing) is one more
 //! entry in [`TABLES`]: the schema, the loading, `export sqlite`, the error
 //! listing and `provm query --schema` all follow from the list. A table
 //! filled by replaying the run (`from_replay`) is filled only when a query
 //! reads it, or `export sqlite --with-replay` asks.
 
+mod blame;
 mod events;
 mod manifest;
 mod provenance;
@@ -24,6 +25,8 @@ pub const TABLES: &[Table] = &[
     provenance::FILES,
     provenance::EDGES,
     syscalls::SYSCALLS,
+    blame::BLAME,
+    blame::BLAME_DEVICES,
 ];
 
 /// Every view.

@@ -1,0 +1,156 @@
+//! `blame` and `blame_devices`: the trace's exit timing (`provm blame`),
+//! per guest process and per process and device. Empty for a trace without
+//! a timing section (`--no-timing`, an older provm; `manifest.has_timing`
+//! tells them apart).
+
+use super::{column, Rows, Table};
+use crate::blame::table::Row;
+use crate::blame::timing::QUANTILES;
+use crate::query::{QueryError, Run};
+
+pub const BLAME: Table = Table {
+    name: "blame",
+    doc: "one row per guest process in the exit timing: where its host time went (provm blame)",
+    columns: &[
+        column(
+            "pid",
+            "INTEGER",
+            "the process (thread group) id; 0 the idle task, -1 not readable",
+        ),
+        column(
+            "command",
+            "TEXT",
+            "its name, the kernel's comm (15 bytes at most)",
+        ),
+        column("wall_ns", "INTEGER", "guest + vmm + recorder + halted"),
+        column("guest_ns", "INTEGER", "host ns in the guest (KVM_RUN)"),
+        column(
+            "vmm_ns",
+            "INTEGER",
+            "host ns in the VMM handling its exits, all devices (injected delay included)",
+        ),
+        column(
+            "halted_ns",
+            "INTEGER",
+            "host ns halted after its exits, waiting for a tick",
+        ),
+        column(
+            "preempted_ns",
+            "INTEGER",
+            "host preemption of the vCPU thread, sampled, part of the others (0 without schedstat)",
+        ),
+        column(
+            "recorder_ns",
+            "INTEGER",
+            "host ns the recorder spent logging its exits",
+        ),
+        column(
+            "injected_ns",
+            "INTEGER",
+            "of vmm_ns, delay injected on purpose",
+        ),
+        column("exits", "INTEGER", "its VM exits, all devices"),
+    ],
+    indexes: &["pid"],
+    fill: fill_processes,
+    from_replay: false,
+};
+
+pub const BLAME_DEVICES: Table = Table {
+    name: "blame_devices",
+    doc:
+        "one row per guest process and device (or exit reason) it exited for, from the exit timing",
+    columns: &[
+        column("pid", "INTEGER", "the process, as in blame"),
+        column("command", "TEXT", "its name, as in blame"),
+        column(
+            "device",
+            "TEXT",
+            "a device as in events, or the exit's reason: halt, msr, interrupt-window",
+        ),
+        column("exits", "INTEGER", "the process's VM exits for it"),
+        column("guest_ns", "INTEGER", "host ns in the guest before them"),
+        column("vmm_ns", "INTEGER", "host ns in the VMM handling them"),
+        column("halted_ns", "INTEGER", "host ns halted after them"),
+        column(
+            "preempted_ns",
+            "INTEGER",
+            "host preemption, sampled, part of the others",
+        ),
+        column("recorder_ns", "INTEGER", "host ns logging them"),
+        column("injected_ns", "INTEGER", "of vmm_ns, delay injected"),
+        column(
+            "p50_ns",
+            "INTEGER",
+            "median exit latency (vmm + recorder), as its histogram bucket's upper bound",
+        ),
+        column("p90_ns", "INTEGER", "90th percentile, likewise"),
+        column("p99_ns", "INTEGER", "99th percentile, likewise"),
+        column(
+            "latency",
+            "TEXT",
+            "exits per latency bucket, a JSON array: bucket i below 2^i µs (the last: the rest)",
+        ),
+    ],
+    indexes: &["pid", "device"],
+    fill: fill_devices,
+    from_replay: false,
+};
+
+/// SQLite's integers are i64; host nanoseconds of one run stay below 2^63.
+fn int(value: u64) -> i64 {
+    value as i64
+}
+
+fn fill_processes(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(timing) = run.timing()? else {
+        return Ok(());
+    };
+    for process in &timing.processes {
+        // `provm blame`'s own row, so that the table and the command agree.
+        let row = Row::process(process);
+        rows.insert(&[
+            &row.pid,
+            &row.command,
+            &int(row.wall_ns),
+            &int(row.guest_ns),
+            &int(row.vmm_total_ns()),
+            &int(row.halted_ns),
+            &int(row.preempted_ns),
+            &int(row.recorder_ns),
+            &int(row.injected_ns),
+            &int(row.exits.values().sum()),
+        ])?;
+    }
+    Ok(())
+}
+
+fn fill_devices(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(timing) = run.timing()? else {
+        return Ok(());
+    };
+    for process in &timing.processes {
+        for (device, d) in &process.devices {
+            let times = &d.times;
+            let [p50, p90, p99] = QUANTILES.map(|q| d.latency_quantile_ns(q).map(int));
+            let latency = serde_json::to_string(&d.latency).expect("counts serialise");
+            rows.insert(&[
+                &process.pid,
+                &process.comm,
+                device,
+                &int(d.exits),
+                &int(times.guest_ns),
+                &int(times.vmm_ns),
+                &int(times.halted_ns),
+                &int(times.preempted_ns),
+                &int(times.logging_ns),
+                &int(times.injected_ns),
+                &p50,
+                &p90,
+                &p99,
+                &latency,
+            ])?;
+        }
+    }
+    Ok(())
+}
