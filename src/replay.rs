@@ -164,18 +164,21 @@ pub fn replay_timed(
     let (mut vm, replayer) = opened
         .machine(options.echo_console)
         .restore(snapshot, |_| replayer)?;
-    let trace = &opened.trace;
-    let capture = timing.attach_with(
-        &mut vm,
-        || Ok(KernelInfo::load(&trace.kernel()?, &trace.kernel_profile)?),
-        "replay",
-    )?;
+    // Read once for both: the kernel embedded in a trace is large.
+    let kernel = (timing.captures() || !analyses.is_empty())
+        .then(|| opened.kernel_info())
+        .transpose()?;
+    let expect_kernel = || {
+        kernel
+            .clone()
+            .expect("read when timing or analyses need it")
+    };
+    let capture = timing.attach_with(&mut vm, || Ok(expect_kernel()), "replay")?;
     let deadline = Instant::now() + options.timeout;
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
     } else {
-        let kernel = KernelInfo::load(&opened.trace.kernel()?, &opened.trace.kernel_profile)?;
-        let mut instrument = Instrument::new(kernel, analyses);
+        let mut instrument = Instrument::new(expect_kernel(), analyses);
         vm.set_guest_debug(&instrument.guest_debug())?;
         replayer.set_tap(instrument.event_tap());
         let end = replayer.replay_observed(&mut vm, deadline, &mut instrument)?;
@@ -267,6 +270,14 @@ impl Opened {
             replayer.fail_disk_access(access);
         }
         Ok(replayer)
+    }
+
+    /// The description of the trace's own kernel: its symbols and profile.
+    pub fn kernel_info(&self) -> Result<KernelInfo, ReplayError> {
+        Ok(KernelInfo::load(
+            &self.trace.kernel()?,
+            &self.trace.kernel_profile,
+        )?)
     }
 
     /// The report of a replay of this trace that ended so.

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_analysis::guest::Guest;
-use provm_analysis::KernelInfo;
 
 use provm_guest_agent::{
     DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
@@ -195,9 +194,7 @@ impl GuestSession {
     /// (`current_task`); `None` when the kernel's symbols, its profile or
     /// the task cannot be read.
     fn running_task(&self) -> Option<String> {
-        let vmlinux = std::fs::read(&self.kernel).ok()?;
-        let profile = std::fs::read(crate::kernel::profile_path(&self.kernel)).ok()?;
-        let kernel = KernelInfo::load(&vmlinux, &profile).ok()?;
+        let kernel = crate::kernel::info(&self.kernel).ok()?;
         let view = self.vm.view().ok()?;
         let guest = Guest::new(&view, &kernel);
         let task = guest.task(guest.current_task().ok()?).ok()?;

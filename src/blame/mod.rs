@@ -23,7 +23,7 @@ use provm_vmm::exit_timing::ExitDelay;
 use provm_vmm::vm::Vm;
 
 use crate::export::{AtomicFile, ExportError};
-use crate::kernel;
+use crate::kernel::{self, KernelInfoError};
 
 pub use capture::Capture;
 pub use timing::TimingReport;
@@ -63,6 +63,11 @@ pub struct TimingOptions {
 }
 
 impl TimingOptions {
+    /// Whether timing is captured (else only the delay is injected).
+    pub fn captures(&self) -> bool {
+        self.capture || self.output.is_some()
+    }
+
     /// Starts capturing `vm`'s timing if asked to, naming processes with
     /// the kernel at `vmlinux` (and its profile beside it). The delay is
     /// injected either way.
@@ -82,7 +87,7 @@ impl TimingOptions {
         kernel: impl FnOnce() -> Result<KernelInfo, BlameError>,
         mode: &str,
     ) -> Result<Option<Capture>, BlameError> {
-        if !self.capture && self.output.is_none() {
+        if !self.captures() {
             if let Some(delay) = &self.delay {
                 vm.time_exits(Box::new(Ignore), Some(delay.clone()));
             }
@@ -99,12 +104,10 @@ impl TimingOptions {
 
 /// The description of the kernel at `vmlinux` and its profile beside it.
 fn kernel_at(vmlinux: &Path) -> Result<KernelInfo, BlameError> {
-    let read =
-        |path: PathBuf| std::fs::read(&path).map_err(|source| BlameError::Kernel { path, source });
-    Ok(KernelInfo::load(
-        &read(vmlinux.to_owned())?,
-        &read(kernel::profile_path(vmlinux))?,
-    )?)
+    kernel::info(vmlinux).map_err(|error| match error {
+        KernelInfoError::Read { path, source } => BlameError::Kernel { path, source },
+        KernelInfoError::Profile(error) => BlameError::Profile(error),
+    })
 }
 
 /// An observer that keeps nothing: for a delay without timing.

@@ -158,8 +158,7 @@ impl Debuggee {
     pub fn new(options: ReplayOptions, every: u64, limit: usize) -> Result<Self, DebugError> {
         let (opened, start) = Opened::open(&options)?;
         let trace = &opened.trace;
-        let kernel =
-            KernelInfo::load(&trace.kernel()?, &trace.kernel_profile).map_err(ReplayError::from)?;
+        let kernel = opened.kernel_info()?;
         let log_events = trace.outcome.events;
         let disk = DiskJournal::new(Box::new(
             overlay::create(&opened.base, OverlayLocation::temporary())
