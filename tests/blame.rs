@@ -313,6 +313,37 @@ fn bad_input_is_refused_with_a_reason() {
             refused.stderr
         );
     }
+    // What does not replay as recorded takes no timing flags: refused, not
+    // ignored, and the trace is left as it was.
+    let before = std::fs::read(&untimed).unwrap();
+    for (mode, timing) in [
+        (&["--gdb", "127.0.0.1:1"][..], &["--timing", "t.json"][..]),
+        (
+            &["--fork-at", "0", "--inject", "none", "-o", "f.provm"],
+            &["--inject-exit-delay", "virtio-blk:1ms"],
+        ),
+        (
+            &["--extract-kernel", "-o", "vmlinux"],
+            &["--timing", "t.json"],
+        ),
+    ] {
+        let args: Vec<&str> = ["replay"]
+            .iter()
+            .chain(mode)
+            .chain(timing)
+            .copied()
+            .chain([path(&untimed)])
+            .collect();
+        let refused = provm(&args);
+        assert_eq!(refused.status, 2, "{args:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("cannot be used with"),
+            "{args:?}: {}",
+            refused.stderr
+        );
+    }
+    assert_eq!(std::fs::read(&untimed).unwrap(), before);
+
     let not_a_run = in_dir("not-a-run.txt");
     std::fs::write(&not_a_run, "hello").unwrap();
     let refused = provm(&["blame", path(&not_a_run)]);
