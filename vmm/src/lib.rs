@@ -8,6 +8,7 @@
 pub mod boot;
 pub mod bus;
 pub mod clock;
+mod code_guest;
 pub mod cpuid;
 pub mod cpuid_check;
 pub mod devices;
@@ -17,6 +18,7 @@ pub mod guest_debug;
 pub mod memory;
 pub mod msr;
 pub mod paging;
+pub mod port_exit;
 pub mod seam;
 pub mod vcpu;
 pub mod vector_state;

@@ -54,6 +54,12 @@ pub enum VcpuError {
     },
     #[error("KVM refuses to set MSR {index:#x} to the snapshot's {value:#x}")]
     Msr { index: u32, value: u64 },
+    #[error("the snapshot's MSR {index:#x} holds {value:#x}, and this host's KVM has no such MSR (replay on a host whose kernel has it)")]
+    MsrUnknownHere { index: u32, value: u64 },
+    #[error("cannot probe how this host's KVM behaves: {0}")]
+    Probe(kvm_ioctls::Error),
+    #[error("this host's KVM behaved unexpectedly in a probe: {0}")]
+    ProbeExit(String),
 }
 
 /// Everything KVM holds for the vCPU, as a snapshot needs it. A change here
@@ -108,6 +114,19 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VcpuError> {
     Ok(supported.as_slice().iter().map(CpuidEntry::from).collect())
 }
 
+/// The entries of a table KVM_GET_CPUID2 filled. Linux before 6.2 leaves
+/// `nent` as passed in when the call succeeds (6.1's
+/// kvm_vcpu_ioctl_get_cpuid2 updates it only on E2BIG), so a table read
+/// with room for KVM_MAX_CPUID_ENTRIES ends in the zeroed entries KVM did
+/// not write. No real entry is all zero: leaf 0 names the vendor.
+fn entries_read_back(table: &[kvm_cpuid_entry2]) -> Vec<CpuidEntry> {
+    table
+        .iter()
+        .map(CpuidEntry::from)
+        .filter(|entry| *entry != CpuidEntry::default())
+        .collect()
+}
+
 impl Vcpu {
     /// Creates vCPU 0 and gives it `cpuid`.
     pub fn new(kvm: &Kvm, vm: &VmFd, cpuid: &[CpuidEntry]) -> Result<Self, VcpuError> {
@@ -121,7 +140,7 @@ impl Vcpu {
             .map_err(VcpuError::GetCpuid)?;
         let mut vcpu = Vcpu {
             fd,
-            cpuid: effective.as_slice().iter().map(CpuidEntry::from).collect(),
+            cpuid: entries_read_back(effective.as_slice()),
             synced_registers: false,
         };
         vcpu.sync_registers(kvm);
@@ -139,15 +158,24 @@ impl Vcpu {
 
     /// Where the guest is at the exit the last KVM_RUN returned.
     pub fn place(&self) -> Result<Place, VcpuError> {
-        let regs = if self.synced_registers {
-            self.fd.sync_regs().regs
+        Ok(place_of(&self.exit_registers()?))
+    }
+
+    /// Like `place`, at an OUT exit on a host that reports the OUT itself:
+    /// the place past it, where PVM reports it (see `port_exit`).
+    pub fn place_past_out(&self, memory: &crate::memory::GuestMemory) -> Result<Place, VcpuError> {
+        let mut regs = self.exit_registers()?;
+        regs.rip += self.out_instruction_len(memory).unwrap_or(0);
+        Ok(place_of(&regs))
+    }
+
+    /// The general registers at the last exit.
+    fn exit_registers(&self) -> Result<kvm_regs, VcpuError> {
+        if self.synced_registers {
+            Ok(self.fd.sync_regs().regs)
         } else {
-            self.fd.get_regs().map_err(getting("registers"))?
-        };
-        Ok(Place {
-            rip: regs.rip,
-            registers: register_digest(&regs),
-        })
+            self.fd.get_regs().map_err(getting("registers"))
+        }
     }
 
     /// The PVH entry state: 32-bit protected mode, paging off, flat segments,
@@ -239,8 +267,24 @@ impl Vcpu {
     /// Sets each saved MSR. KVM refuses to set some it lets be read (e.g.
     /// KVM's poll control without an in-kernel LAPIC); those are fine when
     /// the new vCPU already holds the saved value.
-    fn restore_msrs(&self, saved: &[kvm_msr_entry]) -> Result<(), VcpuError> {
+    ///
+    /// An MSR this host's KVM does not list at all came from a recording
+    /// host with a newer kernel (6.12 lists Hyper-V's 0x40000118, 6.1 does
+    /// not). Held at 0, its reset value, the guest never wrote it (provm's
+    /// guest sees no Hyper-V or KVM paravirtual leaves), so the machine is
+    /// the same without it; any other value is refused by name.
+    fn restore_msrs(&self, kvm: &Kvm, saved: &[kvm_msr_entry]) -> Result<(), VcpuError> {
+        let listed = kvm.get_msr_index_list().map_err(getting("MSR list"))?;
         for entry in saved {
+            if !listed.as_slice().contains(&entry.index) {
+                if entry.data == 0 {
+                    continue;
+                }
+                return Err(VcpuError::MsrUnknownHere {
+                    index: entry.index,
+                    value: entry.data,
+                });
+            }
             let mut one = Msrs::from_entries(&[*entry]).expect("one MSR fits the FAM wrapper");
             if self.fd.set_msrs(&one).map_err(setting("MSRs"))? == 1 {
                 continue;
@@ -259,7 +303,7 @@ impl Vcpu {
     /// Puts back a state taken by `save`, on a vCPU created with
     /// `state.cpuid`. Refuses when KVM presents a different CPUID than the
     /// snapshot's, naming each difference.
-    pub fn restore(&self, state: &VcpuState) -> Result<(), VcpuError> {
+    pub fn restore(&self, kvm: &Kvm, state: &VcpuState) -> Result<(), VcpuError> {
         let differences = cpuid_check::differences(&state.cpuid, &self.cpuid);
         if !differences.is_empty() {
             return Err(VcpuError::CpuidNotPresented(differences));
@@ -267,7 +311,7 @@ impl Vcpu {
         let fd = &self.fd;
         fd.set_sregs(&state.sregs)
             .map_err(setting("system registers"))?;
-        self.restore_msrs(&state.msrs)?;
+        self.restore_msrs(kvm, &state.msrs)?;
         fd.set_regs(&state.regs).map_err(setting("registers"))?;
         fd.set_xcrs(&state.xcrs).map_err(setting("XCRs"))?;
         // SAFETY: the area came from KVM_GET_XSAVE, the legacy 4 KiB size
@@ -368,6 +412,13 @@ impl Vcpu {
             index: msr.index,
             data: &mut msr.data,
         }
+    }
+}
+
+fn place_of(regs: &kvm_regs) -> Place {
+    Place {
+        rip: regs.rip,
+        registers: register_digest(regs),
     }
 }
 
@@ -548,10 +599,50 @@ mod tests {
         let first = guest_vcpu(&kvm, &kvm.create_vm().unwrap());
         let state = first.save(&kvm).unwrap();
         let second = Vcpu::new(&kvm, &kvm.create_vm().unwrap(), &state.cpuid).unwrap();
-        second.restore(&state).unwrap();
+        second.restore(&kvm, &state).unwrap();
         let again = second.save(&kvm).unwrap();
         assert_eq!(again.xcrs.xcrs[0].value, state.xcrs.xcrs[0].value);
         assert_eq!(again.mp_state.mp_state, state.mp_state.mp_state);
+    }
+
+    /// A snapshot from a newer KVM carries MSRs this one does not list:
+    /// at their reset value they are left out, otherwise refused by name.
+    #[test]
+    fn msrs_this_kvm_lacks_restore_only_at_their_reset_value() {
+        let kvm = Kvm::new().unwrap();
+        let vcpu = guest_vcpu(&kvm, &kvm.create_vm().unwrap());
+        let mut state = vcpu.save(&kvm).unwrap();
+        let unlisted = 0x4000_0118; // Hyper-V's TSC invariant control, listed since 6.2
+        assert!(!kvm
+            .get_msr_index_list()
+            .unwrap()
+            .as_slice()
+            .contains(&unlisted));
+        state.msrs.push(kvm_msr_entry {
+            index: unlisted,
+            ..Default::default()
+        });
+        vcpu.restore(&kvm, &state).unwrap();
+        state.msrs.last_mut().unwrap().data = 1;
+        let refused = vcpu.restore(&kvm, &state).unwrap_err().to_string();
+        let named = format!("MSR {unlisted:#x} holds 0x1");
+        assert!(refused.contains(&named), "{refused}");
+    }
+
+    /// Linux 6.1 leaves `nent` as passed in: the zeroed tail is not CPUID.
+    #[test]
+    fn a_table_read_back_ends_at_the_last_entry_kvm_wrote() {
+        let leaf0 = kvm_cpuid_entry2 {
+            eax: 0xd,
+            ebx: 0x6874_7541,
+            ..Default::default()
+        };
+        let mut as_6_1_returns = vec![leaf0];
+        as_6_1_returns.resize(KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2::default());
+        assert_eq!(
+            entries_read_back(&as_6_1_returns),
+            [CpuidEntry::from(&leaf0)]
+        );
     }
 
     #[test]
@@ -561,7 +652,7 @@ mod tests {
         let mut state = vcpu.save(&kvm).unwrap();
         let leaf = state.cpuid.iter_mut().find(|e| e.function == 0).unwrap();
         leaf.ebx ^= 1;
-        let refused = vcpu.restore(&state).unwrap_err().to_string();
+        let refused = vcpu.restore(&kvm, &state).unwrap_err().to_string();
         assert!(refused.contains("CPUID leaf 0x0.0 Ebx"), "{refused}");
         assert!(refused.contains("differing bit 0"), "{refused}");
     }

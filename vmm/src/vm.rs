@@ -40,6 +40,7 @@ use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
 use crate::paging::{self, Unmapped};
+use crate::port_exit::{self, OutExitRip};
 use crate::seam::{Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
@@ -307,6 +308,8 @@ pub struct Vm {
     console: Arc<Mutex<MmioTransport<VirtioConsole>>>,
     console_tail: ConsoleTail,
     seam: Arc<dyn Seam>,
+    /// Where this host's KVM leaves RIP at an OUT exit (see `port_exit`).
+    out_exit_rip: OutExitRip,
     exitless_limit: Option<Duration>,
     /// Whether the last KVM_RUN ended in a VM exit (not a kick): the points
     /// at which a non-preemptive VM may inject interrupts.
@@ -364,7 +367,7 @@ impl Vm {
         let state = snapshot.state;
         let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid)?;
         snapshot.memory.restore(&vm.memory)?;
-        vm.vcpu.restore(&state.vcpu)?;
+        vm.vcpu.restore(&vm.kvm, &state.vcpu)?;
         vm.pic.lock().unwrap().restore(&state.pic)?;
         vm.pit.lock().unwrap().restore(&state.pit)?;
         vm.cmos.lock().unwrap().restore(&state.cmos)?;
@@ -410,8 +413,9 @@ impl Vm {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
         msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
-        register_memory(&vm, &memory)?;
+        register_memory(&vm, &memory).map_err(VmError::Kvm)?;
         let vcpu = Vcpu::new(&kvm, &vm, cpuid)?;
+        let out_exit_rip = port_exit::host_convention(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
 
         let seam = config.seam;
@@ -482,6 +486,7 @@ impl Vm {
             console,
             console_tail,
             seam,
+            out_exit_rip,
             exitless_limit: config.exitless_limit,
             at_exit: true,
             last_exit: Instant::now(),
@@ -727,7 +732,10 @@ impl Vm {
     /// A port write: each access of a string instruction writes its own
     /// element to the device, in order.
     fn port_write(&mut self) -> Result<(), VmError> {
-        let at = self.vcpu.place()?;
+        let at = match self.out_exit_rip {
+            OutExitRip::PastInstruction => self.vcpu.place()?,
+            OutExitRip::AtInstruction => self.vcpu.place_past_out(&self.memory)?,
+        };
         let PioExit { port, size, data } = self.vcpu.pio_exit();
         self.seam.exit(Exit::PioWrite { port, data }, at);
         self.pio.write_elements(port.into(), size, data);
@@ -923,7 +931,7 @@ pub fn check_kvm() -> Result<(), VmError> {
     open_kvm().map(drop)
 }
 
-fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
+pub(crate) fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
     for (slot, region) in memory.iter().enumerate() {
         let region_spec = kvm_userspace_memory_region {
             slot: slot as u32,
@@ -932,9 +940,9 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
             userspace_addr: region.as_ptr() as u64,
             flags: 0,
         };
-        // SAFETY: the region is mapped for the VM's whole life (the Vm keeps
-        // `memory`), and slots do not overlap.
-        unsafe { vm.set_user_memory_region(region_spec) }.map_err(VmError::Kvm)?;
+        // SAFETY: the caller keeps `memory` mapped for the VM's whole life
+        // (a Vm or CodeGuest owns both), and slots do not overlap.
+        unsafe { vm.set_user_memory_region(region_spec) }?;
     }
     Ok(())
 }
@@ -942,7 +950,7 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), VmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::boot::{EntryPoint, GDT, GDT_START};
+    use crate::code_guest::CodeGuest;
     use crate::seam::Place;
 
     #[test]
@@ -963,7 +971,6 @@ mod tests {
         }
     }
 
-    const CODE: u64 = 0x1000;
     const BUFFER: u64 = 0x2000;
 
     /// 32-bit code: `rep insw` of two words from port 0x3f8 into BUFFER, HLT.
@@ -977,37 +984,23 @@ mod tests {
     ];
 
     /// A vCPU about to run REP_INSW, with the VM and memory it needs.
-    fn rep_insw_guest() -> (VmFd, GuestMemory, Vcpu) {
+    fn rep_insw_guest() -> CodeGuest {
         tiny_guest(REP_INSW, false)
     }
 
     /// A vCPU about to run `code` (32-bit, at CODE), with the VM and memory
     /// it needs; `msrs_to_vmm` routes the MSR reads provm answers to it.
-    fn tiny_guest(code: &[u8], msrs_to_vmm: bool) -> (VmFd, GuestMemory, Vcpu) {
-        let kvm = open_kvm().unwrap();
-        let vm = kvm.create_vm().unwrap();
-        if msrs_to_vmm {
-            msr::route_reads_to_vmm(&vm).unwrap();
-        }
-        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        register_memory(&vm, &memory).unwrap();
-        let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
-        memory.write_slice(&gdt, GDT_START).unwrap();
-        memory.write_slice(code, GuestAddress(CODE)).unwrap();
-        let vcpu = Vcpu::new(&kvm, &vm, &vcpu::supported_cpuid(&kvm).unwrap()).unwrap();
-        vcpu.enter_pvh(EntryPoint {
-            entry: GuestAddress(CODE),
-            start_info: GuestAddress(0),
-        })
-        .unwrap();
-        (vm, memory, vcpu)
+    fn tiny_guest(code: &[u8], msrs_to_vmm: bool) -> CodeGuest {
+        CodeGuest::new(&open_kvm().unwrap(), code, msrs_to_vmm).unwrap()
     }
 
     /// KVM's report of a string instruction, as `Vcpu::pio_exit` reads it:
     /// the access size and all the accesses' data at one exit.
     #[test]
     fn string_port_input_arrives_as_accesses_of_its_size() {
-        let (_vm, memory, mut vcpu) = rep_insw_guest();
+        let CodeGuest {
+            memory, mut vcpu, ..
+        } = rep_insw_guest();
         assert!(matches!(vcpu.fd.run(), Ok(VcpuExit::IoIn(0x3f8, _))));
         let PioExit { port, size, data } = vcpu.pio_exit();
         assert_eq!((port, size, data.len()), (0x3f8, 2, 4));
@@ -1024,7 +1017,8 @@ mod tests {
     /// where it can) is the one KVM_GET_REGS gives, at every exit.
     #[test]
     fn the_place_of_an_exit_is_the_vcpus_registers_there() {
-        let (_vm, _memory, mut vcpu) = rep_insw_guest();
+        let guest = rep_insw_guest();
+        let mut vcpu = guest.vcpu;
         let in_guest = |vcpu: &Vcpu| {
             let regs = vcpu.fd.get_regs().unwrap();
             Place {
@@ -1053,7 +1047,8 @@ mod tests {
     /// guest gets the VMM's answer, on this host's KVM.
     #[test]
     fn a_filtered_msr_read_exits_and_takes_the_vmms_value() {
-        let (_vm, _memory, mut vcpu) = tiny_guest(RDMSR_TSC, true);
+        let guest = tiny_guest(RDMSR_TSC, true);
+        let mut vcpu = guest.vcpu;
         match vcpu.fd.run() {
             Ok(VcpuExit::X86Rdmsr(read)) => {
                 assert_eq!(read.index, msr::IA32_TSC);

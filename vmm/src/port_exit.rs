@@ -1,0 +1,156 @@
+//! Where RIP stands at a port-write exit, the same on every kind of KVM.
+//!
+//! Measured with `probe`: PVM reports a non-string OUT with RIP already past
+//! the instruction, while KVM on SVM (and on VMX: `kvm_fast_pio` skips the
+//! instruction only when the access completes, after user space) reports
+//! the OUT itself and moves RIP on at the next KVM_RUN. IN, string I/O and
+//! MMIO agree on both. A trace logs the place of every exit, so the VMM
+//! reports the one convention, PVM's (every trace before this one was
+//! recorded there): on a host that reports the OUT itself, the place is
+//! moved past it, its length decoded from guest memory.
+
+use std::sync::OnceLock;
+
+use kvm_bindings::kvm_sregs;
+use kvm_ioctls::{Kvm, VcpuExit};
+
+use crate::code_guest::{CodeGuest, CODE};
+use crate::vcpu::{Vcpu, VcpuError};
+
+/// How this host's KVM reports RIP at a non-string OUT exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutExitRip {
+    /// Past the instruction (PVM), the convention traces use.
+    PastInstruction,
+    /// At the instruction (VMX, SVM).
+    AtInstruction,
+}
+
+/// The longest x86 instruction.
+pub const MAX_INSTRUCTION_LEN: usize = 15;
+
+/// 32-bit code: `out 0x80, al`, then HLT.
+const PROBE_CODE: &[u8] = &[0xe6, 0x80, 0xf4];
+
+/// This host's convention, probed once per process with a small guest.
+pub fn host_convention(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
+    static PROBED: OnceLock<OutExitRip> = OnceLock::new();
+    if let Some(known) = PROBED.get() {
+        return Ok(*known);
+    }
+    let probed = probe(kvm)?;
+    Ok(*PROBED.get_or_init(|| probed))
+}
+
+fn probe(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
+    let mut guest = CodeGuest::new(kvm, PROBE_CODE, false)?;
+    let exit = guest.vcpu.fd.run().map_err(VcpuError::Probe)?;
+    if !matches!(exit, VcpuExit::IoOut(0x80, _)) {
+        return Err(VcpuError::ProbeExit(format!("{exit:?}")));
+    }
+    let rip = guest.vcpu.fd.get_regs().map_err(VcpuError::Probe)?.rip;
+    let past = CODE.0 + PROBE_CODE.len() as u64 - 1;
+    let convention = match rip {
+        at if at == CODE.0 => OutExitRip::AtInstruction,
+        at if at == past => OutExitRip::PastInstruction,
+        other => {
+            return Err(VcpuError::ProbeExit(format!(
+                "an OUT at {:#x} exited at RIP {other:#x}",
+                CODE.0
+            )))
+        }
+    };
+    // The decoder must find the place PVM reports, or the probe is wrong.
+    if convention == OutExitRip::AtInstruction
+        && guest.vcpu.place_past_out(&guest.memory)?.rip != past
+    {
+        return Err(VcpuError::ProbeExit(
+            "the OUT instruction could not be read back from guest memory".into(),
+        ));
+    }
+    Ok(convention)
+}
+
+/// The length of the non-string OUT instruction that starts `code`, or
+/// None when `code` starts with something else (OUTS, which every KVM
+/// reports at the instruction, needs no adjustment). Only prefixes and the
+/// four OUT opcodes need decoding: no crate decodes this little without
+/// pulling in a whole disassembler.
+pub fn out_instruction_len(code: &[u8], long_mode: bool) -> Option<u64> {
+    for (at, &byte) in code.iter().enumerate().take(MAX_INSTRUCTION_LEN) {
+        match byte {
+            // Operand/address size, REP, LOCK and segment prefixes.
+            0x66 | 0x67 | 0xf2 | 0xf3 | 0xf0 | 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 => {}
+            0x40..=0x4f if long_mode => {}             // REX
+            0xe6 | 0xe7 => return Some(at as u64 + 2), // out imm8, al/eax
+            0xee | 0xef => return Some(at as u64 + 1), // out dx, al/eax
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The guest-linear address of the instruction at `rip`.
+pub fn linear_rip(sregs: &kvm_sregs, rip: u64) -> u64 {
+    if sregs.cs.l == 1 {
+        rip // 64-bit code: CS's base is ignored
+    } else {
+        sregs.cs.base.wrapping_add(rip)
+    }
+}
+
+impl Vcpu {
+    /// The length of the OUT instruction at the current RIP, read through
+    /// the guest's own translation (KVM_TRANSLATE, so any paging mode).
+    pub fn out_instruction_len(&self, memory: &crate::memory::GuestMemory) -> Option<u64> {
+        use vm_memory::{Bytes, GuestAddress};
+        let sregs = self.fd.get_sregs().ok()?;
+        let rip = self.fd.get_regs().ok()?.rip;
+        let linear = linear_rip(&sregs, rip);
+        let mut code = [0u8; MAX_INSTRUCTION_LEN];
+        for (offset, byte) in code.iter_mut().enumerate() {
+            let address = linear.wrapping_add(offset as u64);
+            let translation = self.fd.translate_gva(address).ok()?;
+            if translation.valid == 0 {
+                break;
+            }
+            *byte = memory
+                .read_obj(GuestAddress(translation.physical_address))
+                .ok()?;
+        }
+        out_instruction_len(&code, sregs.cs.l == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_lengths_follow_the_encoding() {
+        assert_eq!(out_instruction_len(&[0xe6, 0x80], false), Some(2));
+        assert_eq!(out_instruction_len(&[0xee], true), Some(1));
+        assert_eq!(out_instruction_len(&[0x66, 0xef], true), Some(2));
+        assert_eq!(out_instruction_len(&[0x66, 0xe7, 0x70], false), Some(3));
+        // REX only in 64-bit code, where it is a prefix.
+        assert_eq!(out_instruction_len(&[0x48, 0xee], true), Some(2));
+        assert_eq!(out_instruction_len(&[0x48, 0xee], false), None);
+        // OUTS, IN and anything else are left alone.
+        assert_eq!(out_instruction_len(&[0xf3, 0x6e], true), None);
+        assert_eq!(out_instruction_len(&[0xec], true), None);
+        assert_eq!(out_instruction_len(&[0x90], true), None);
+        assert_eq!(out_instruction_len(&[0x66; 20], true), None);
+    }
+
+    /// The probe answers on this host, and the answer is the one the
+    /// host kind is known for.
+    #[test]
+    fn this_host_reports_its_out_exits_as_measured() {
+        let kvm = Kvm::new().unwrap();
+        let expected = match crate::cpuid::Platform::detect() {
+            crate::cpuid::Platform::Pvm => OutExitRip::PastInstruction,
+            crate::cpuid::Platform::Hardware => OutExitRip::AtInstruction,
+        };
+        assert_eq!(host_convention(&kvm).unwrap(), expected);
+    }
+}
