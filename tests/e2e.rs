@@ -164,6 +164,20 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
     assert_eq!(digest(&images.tiny_qcow2), image_digest);
 }
 
+/// Two builds a second apart are byte-identical, so every test binary
+/// shares one booted guest's snapshot (the cache is keyed by the image).
+#[test]
+fn test_images_are_the_same_bytes_whenever_they_are_built() {
+    let first = common::build_images();
+    std::thread::sleep(Duration::from_millis(1100));
+    let second = common::build_images();
+    assert_eq!(digest(&first.tiny_qcow2), digest(&second.tiny_qcow2));
+    assert_eq!(
+        digest(&first.partitioned_raw),
+        digest(&second.partitioned_raw)
+    );
+}
+
 #[test]
 fn a_partitioned_image_boots_from_its_root_partition() {
     let _guest = one_guest_at_a_time();

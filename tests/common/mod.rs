@@ -262,18 +262,23 @@ fn run(command: &mut Command) {
     );
 }
 
-fn build_images() -> Images {
+/// One fixed identity for every file system and partition table the tests
+/// build: with it, fixed timestamps and the same content, every test binary
+/// builds byte-identical images, so the booted guest's snapshot (whose cache
+/// key includes the image's digest) is shared by all of them and the guest
+/// cold-boots once per machine configuration instead of once per binary.
+const FIXED_UUID: &str = "6a0e5e4b-7b1e-4c6e-9d3a-70726f766d31";
+/// The time every inode and the superblock carry (seconds since 1970).
+const FIXED_TIME: &str = "1";
+
+pub fn build_images() -> Images {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     let root = path.join("root");
     populate_busybox_root(&root);
 
     let raw = path.join("tiny.raw");
-    run(Command::new("mkfs.ext4")
-        .args(["-q", "-d"])
-        .arg(&root)
-        .arg(&raw)
-        .arg("24M"));
+    deterministic_ext4(&root, &raw, "24M");
     let tiny_qcow2 = path.join("tiny.qcow2");
     run(Command::new("qemu-img")
         .args(["convert", "-O", "qcow2"])
@@ -286,7 +291,13 @@ fn build_images() -> Images {
         .unwrap()
         .set_len(32 << 20)
         .unwrap();
-    let table = "label: gpt\nstart=2048, size=2048, type=L\nstart=4096, size=55296, type=L\n";
+    let table = format!(
+        "label: gpt\nlabel-id: {FIXED_UUID}\n\
+         start=2048, size=2048, type=L, uuid={}\n\
+         start=4096, size=55296, type=L, uuid={}\n",
+        with_last_digit(FIXED_UUID, '2'),
+        with_last_digit(FIXED_UUID, '3'),
+    );
     let mut sfdisk = Command::new("sfdisk");
     sfdisk
         .arg("--quiet")
@@ -297,11 +308,10 @@ fn build_images() -> Images {
         .expect("sfdisk (package fdisk) is needed: run scripts/install-deps");
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), table.as_bytes()).unwrap();
     assert!(child.wait().unwrap().success(), "sfdisk failed");
-    run(Command::new("mkfs.ext4")
-        .args(["-q", "-E", "offset=2097152", "-d"])
-        .arg(&root)
-        .arg(&partitioned_raw)
-        .arg("27M"));
+    let root_partition = path.join("partition.raw");
+    deterministic_ext4(&root, &root_partition, "27M");
+    copy_into(&root_partition, &partitioned_raw, 4096 * 512);
+    std::fs::remove_file(&root_partition).unwrap();
 
     Images {
         dir: path,
@@ -309,6 +319,67 @@ fn build_images() -> Images {
         tiny_qcow2,
         partitioned_raw,
     }
+}
+
+fn with_last_digit(uuid: &str, digit: char) -> String {
+    format!("{}{digit}", &uuid[..uuid.len() - 1])
+}
+
+/// An ext4 file system of `size` holding `root`, the same bytes whenever
+/// `root` has the same content: a fixed UUID and directory hash seed, and
+/// every time (the superblock's through E2FSPROGS_FAKE_TIME, each inode's
+/// by debugfs: mkfs -d copies ctime, which no tool can set on the source).
+fn deterministic_ext4(root: &Path, image: &Path, size: &str) {
+    run(Command::new("mkfs.ext4")
+        .env("E2FSPROGS_FAKE_TIME", FIXED_TIME)
+        .args(["-q", "-U", FIXED_UUID, "-E"])
+        .arg(format!("hash_seed={FIXED_UUID}"))
+        .arg("-d")
+        .arg(root)
+        .arg(image)
+        .arg(size));
+    let mut commands = String::new();
+    for inode in inodes_under(root) {
+        for field in ["atime", "mtime", "ctime", "crtime"] {
+            commands += &format!("set_inode_field \"{inode}\" {field} {FIXED_TIME}\n");
+        }
+    }
+    let script = image.with_extension("debugfs");
+    std::fs::write(&script, commands).unwrap();
+    run(Command::new("debugfs")
+        .env("E2FSPROGS_FAKE_TIME", FIXED_TIME)
+        .arg("-w")
+        .arg("-f")
+        .arg(&script)
+        .arg(image));
+    std::fs::remove_file(&script).unwrap();
+}
+
+/// Every path under `root` as the file system it becomes names it
+/// ("/", "/bin", "/bin/sh", ...), symbolic links not followed.
+fn inodes_under(root: &Path) -> Vec<String> {
+    let mut found = vec!["/".to_owned()];
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let inside = entry.path().strip_prefix(root).unwrap().to_owned();
+            found.push(format!("/{}", inside.display()));
+            if entry.file_type().unwrap().is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+/// Writes `part` into `disk` at byte `offset`.
+fn copy_into(part: &Path, disk: &Path, offset: u64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let bytes = std::fs::read(part).unwrap();
+    let mut disk = std::fs::OpenOptions::new().write(true).open(disk).unwrap();
+    disk.seek(SeekFrom::Start(offset)).unwrap();
+    disk.write_all(&bytes).unwrap();
 }
 
 /// A test program as built for the test images (static), runnable on the
