@@ -573,7 +573,7 @@ mod tests {
 
     fn guest_vcpu(kvm: &Kvm, vm: &VmFd) -> Vcpu {
         let model = guest_cpuid(&supported_cpuid(kvm).unwrap(), Platform::detect());
-        Vcpu::new(&kvm, vm, &model).unwrap()
+        Vcpu::new(kvm, vm, &model).unwrap()
     }
 
     /// What this host records, it can replay: the guest's CPUID lacks no
