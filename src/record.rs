@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_recorder::Recorder;
+use provm_seams::Recorder;
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;

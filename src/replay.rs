@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
-use provm_replayer::{RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;

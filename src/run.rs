@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_recorder::Recorder;
+use provm_seams::Recorder;
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::{LiveSeam, Seam};

@@ -10,7 +10,7 @@
 use std::any::Any;
 use std::io::{self, Write};
 
-use provm_replayer::Position;
+use provm_seams::Position;
 use provm_trace::events::Event;
 use serde::Serialize;
 

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use provm_replayer::{EventTap, Position, StopHandler};
+use provm_seams::{EventTap, Position, StopHandler};
 use provm_trace::events::Event;
 use provm_vmm::guest_debug::{DebugStop, GuestDebug};
 use provm_vmm::paging::Unmapped;

@@ -355,14 +355,14 @@ fn live_failure(ended: Result<VmEvent, VmError>, outputs: &AgentOutputs) -> Stri
 
 /// The replay part ended before the fork point.
 fn replay_failure(
-    replayer: &provm_replayer::Replayer,
+    replayer: &provm_seams::Replayer,
     ended: Result<VmEvent, VmError>,
     rip: u64,
 ) -> ForkError {
     match replayer.finish(ended, rip) {
-        Ok(provm_replayer::ReplayEnd::Diverged { divergence, rip }) => ForkError::Diverged(
-            format!("replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}"),
-        ),
+        Ok(provm_seams::ReplayEnd::Diverged { divergence, rip }) => ForkError::Diverged(format!(
+            "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}"
+        )),
         Ok(_) => ForkError::NeverForked,
         Err(error) => ForkError::Vm(error),
     }

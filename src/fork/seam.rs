@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use provm_recorder::{exit_event, Recorder};
-use provm_replayer::Replayer;
+use provm_seams::{exit_event, Recorder, Replayer};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, TraceWriter};

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use provm_analysis::guest::{Guest, SavedRegs, Task};
 use provm_analysis::KernelInfo;
-use provm_replayer::{Checkpoint, Position, ReplayEnd, Replayer, Stopped};
+use provm_seams::{Checkpoint, Position, ReplayEnd, Replayer, Stopped};
 use provm_vmm::guest_debug::{DebugStop, GuestDebug, HW_BREAKPOINTS};
 use provm_vmm::paging::Unmapped;
 use provm_vmm::vm::{GuestView, Vm, VmConfig, VmError};

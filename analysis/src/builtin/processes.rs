@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use provm_replayer::Position;
+use provm_seams::Position;
 use serde::Serialize;
 
 use crate::api::{Analysis, ProcessEvent};

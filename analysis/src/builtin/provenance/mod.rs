@@ -18,7 +18,7 @@ use std::io::{self, Write};
 
 use provm_guest_agent::records::{assemble, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
-use provm_replayer::Position;
+use provm_seams::Position;
 use serde_json::json;
 use syscalls::x86_64::Sysno;
 

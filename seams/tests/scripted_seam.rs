@@ -9,8 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use provm_guest_agent::{GuestMessage, Outcome};
-use provm_recorder::Recorder;
-use provm_replayer::{Divergence, Expected, RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer};
 use provm_trace::event_log::{chunk_frame, encode_chunk, EventStream};
 use provm_trace::events::{self, Decoder, Encoder, Event};
 use provm_trace::format::{SectionKind, TraceReader, TraceWriter};

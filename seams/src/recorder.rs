@@ -9,12 +9,13 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use provm_trace::event_log::{EventLogWriter, LogTotals};
-use provm_trace::events::{self, Event};
+use provm_trace::events::Event;
 use provm_trace::format::{FormatError, TraceWriter};
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
 use provm_vmm::seam::{Exit, Place, Seam};
 
 use crate::clock::RecorderClock;
+use crate::exit_event;
 
 pub struct Recorder {
     clock: RecorderClock,
@@ -113,31 +114,6 @@ impl Recorder {
             .take()
             .expect("a recorder finishes once")
             .finish()
-    }
-}
-
-/// The event that logs `exit`, made at `at`.
-pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
-    let at = events::Place {
-        rip: at.rip,
-        registers: at.registers,
-    };
-    match exit {
-        Exit::PioRead { port, len } => Event::PioRead { port, len, at },
-        Exit::PioWrite { port, data } => Event::PioWrite {
-            port,
-            data: data.to_vec(),
-            at,
-        },
-        Exit::MmioRead { address, len } => Event::MmioRead { address, len, at },
-        Exit::MmioWrite { address, data } => Event::MmioWrite {
-            address,
-            data: data.to_vec(),
-            at,
-        },
-        Exit::Halt => Event::Halt { at },
-        Exit::InterruptWindow => Event::InterruptWindow { at },
-        Exit::MsrRead { index } => Event::MsrRead { index, at },
     }
 }
 

@@ -6,7 +6,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{FrameReader, GuestMessage};
-use provm_recorder::exit_event;
 use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
 use provm_trace::format::FormatError;
@@ -15,6 +14,8 @@ use provm_vmm::clock::Clock;
 use provm_vmm::guest_debug::DebugStop;
 use provm_vmm::seam::{Exit, Place, Seam};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
+
+use crate::exit_event;
 
 /// How many events before a divergence its report shows.
 const CONTEXT: usize = 12;
