@@ -114,9 +114,9 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VcpuError> {
     Ok(supported.as_slice().iter().map(CpuidEntry::from).collect())
 }
 
-/// The entries of a table KVM_GET_CPUID2 filled. Linux before 6.2 leaves
-/// `nent` as passed in when the call succeeds (6.1's
-/// kvm_vcpu_ioctl_get_cpuid2 updates it only on E2BIG), so a table read
+/// The entries of a table KVM_GET_CPUID2 filled. Linux 6.1 leaves `nent`
+/// as passed in when the call succeeds (its kvm_vcpu_ioctl_get_cpuid2
+/// updates it only on E2BIG; 6.12 updates it), so a table read
 /// with room for KVM_MAX_CPUID_ENTRIES ends in the zeroed entries KVM did
 /// not write. No real entry is all zero: leaf 0 names the vendor.
 fn entries_read_back(table: &[kvm_cpuid_entry2]) -> Vec<CpuidEntry> {
