@@ -44,7 +44,9 @@ pub enum VcpuError {
     },
     #[error("KVM_INTERRUPT of vector {vector:#x} failed: {source}")]
     Inject { vector: u8, source: std::io::Error },
-    #[error("cannot set up the vCPU kick timer: {0}")]
+    #[error(
+        "the vCPU kick timer failed (without it a guest that makes no exits is never stopped): {0}"
+    )]
     Kicker(std::io::Error),
     #[error("cannot {action} the vCPU's {what}: {source}")]
     State {
@@ -345,9 +347,12 @@ impl Vcpu {
         run.ready_for_interrupt_injection != 0 && run.if_flag != 0
     }
 
-    /// Whether the guest runs user code (CPL 3) now; false if KVM cannot say.
-    pub fn in_user_mode(&self) -> bool {
-        self.fd.get_sregs().is_ok_and(|sregs| sregs.cs.dpl == 3)
+    /// Whether the guest runs user code (CPL 3) now. An error is one: read
+    /// as kernel mode it would have a computing process taken for a
+    /// spinning kernel, and the guest stopped.
+    pub fn in_user_mode(&self) -> Result<bool, VcpuError> {
+        let sregs = self.fd.get_sregs().map_err(getting("system registers"))?;
+        Ok(sregs.cs.dpl == 3)
     }
 
     /// Whether the guest had interrupts enabled at the last exit.
@@ -532,23 +537,29 @@ impl Kicker {
     }
 
     /// Kicks the vCPU `after` from now (at most `RETRY`), then every `RETRY`.
-    pub fn arm(&mut self, after: Duration) {
-        self.set(after.clamp(Duration::from_micros(50), RETRY), RETRY);
+    /// An error must stop the run: without kicks a guest that makes no
+    /// exits would never return to the loop that checks the deadline,
+    /// Ctrl-C and the end of the log.
+    pub fn arm(&mut self, after: Duration) -> Result<(), VcpuError> {
+        self.set(after.clamp(Duration::from_micros(50), RETRY), RETRY)
     }
 
     /// Stops the kicks: outside KVM_RUN they would only interrupt the
     /// host's own system calls (EINTR).
-    pub fn disarm(&mut self) {
-        self.set(Duration::ZERO, Duration::ZERO);
+    pub fn disarm(&mut self) -> Result<(), VcpuError> {
+        self.set(Duration::ZERO, Duration::ZERO)
     }
 
-    fn set(&mut self, first: Duration, every: Duration) {
+    fn set(&mut self, first: Duration, every: Duration) -> Result<(), VcpuError> {
         let spec = libc::itimerspec {
             it_interval: timespec(every),
             it_value: timespec(first),
         };
         // SAFETY: the timer is ours and alive; spec is a valid itimerspec.
-        unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) };
+        if unsafe { libc::timer_settime(self.timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+            return Err(VcpuError::Kicker(std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 }
 
@@ -643,6 +654,23 @@ mod tests {
             entries_read_back(&as_6_1_returns),
             [CpuidEntry::from(&leaf0)]
         );
+    }
+
+    /// A timer that cannot be armed is an error, not a run without kicks.
+    #[test]
+    fn a_kick_timer_that_fails_to_arm_says_so() {
+        let mut kicker = Kicker::for_current_thread().unwrap();
+        kicker.arm(Duration::from_millis(1)).unwrap();
+        kicker.disarm().unwrap();
+        // SAFETY: the timer is deleted once here; `kicker` is forgotten
+        // below, so its Drop does not delete it again.
+        unsafe { libc::timer_delete(kicker.timer) };
+        let failed = kicker
+            .arm(Duration::from_millis(1))
+            .unwrap_err()
+            .to_string();
+        std::mem::forget(kicker);
+        assert!(failed.contains("kick timer failed"), "{failed}");
     }
 
     #[test]

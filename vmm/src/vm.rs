@@ -627,9 +627,9 @@ impl Vm {
         if let Some(clock) = &mut self.exit_clock {
             clock.entering(&self.memory, self.seam.logging_ns());
         }
-        self.kicker.arm(kick_after);
+        self.kicker.arm(kick_after)?;
         let result = self.vcpu.fd.run();
-        self.kicker.disarm();
+        self.kicker.disarm()?;
         if let Some(clock) = &mut self.exit_clock {
             match &result {
                 Ok(VcpuExit::Intr | VcpuExit::Debug(_)) | Err(_) => clock.resumed_without_exit(),
@@ -792,7 +792,7 @@ impl Vm {
             return Ok(());
         }
         let rip = self.rip();
-        if !self.vcpu.in_user_mode() {
+        if !self.vcpu.in_user_mode()? {
             return Err(VmError::Exitless {
                 seconds: spinning.as_secs(),
                 rip,
