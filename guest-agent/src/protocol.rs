@@ -349,24 +349,42 @@ pub fn provenance_messages(records: Vec<ProvRecord>) -> Vec<GuestMessage> {
 }
 
 /// Splits a byte stream into frames; feed it bytes as they arrive.
+///
+/// A bad frame header ends the stream: with length-prefixed frames nothing
+/// after it can be found again. The reader then keeps no more bytes (they
+/// would pile up for ever) and gives the same error at every call.
 #[derive(Clone, Default)]
 pub struct FrameReader {
     buffer: Vec<u8>,
+    broken: Option<DecodeError>,
 }
 
 impl FrameReader {
+    /// Whether a bad frame has ended the stream.
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
     pub fn push(&mut self, bytes: &[u8]) {
-        self.buffer.extend_from_slice(bytes);
+        if self.broken.is_none() {
+            self.buffer.extend_from_slice(bytes);
+        }
     }
 
     /// The next complete frame as (kind, payload), if one has arrived.
     pub fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, DecodeError> {
+        if let Some(error) = &self.broken {
+            return Err(error.clone());
+        }
         if self.buffer.len() < HEADER_LEN {
             return Ok(None);
         }
         let len = u32::from_le_bytes(self.buffer[1..HEADER_LEN].try_into().unwrap()) as usize;
         if len > MAX_PAYLOAD {
-            return Err(DecodeError::TooLong(len));
+            self.buffer = Vec::new();
+            let error = DecodeError::TooLong(len);
+            self.broken = Some(error.clone());
+            return Err(error);
         }
         if self.buffer.len() < HEADER_LEN + len {
             return Ok(None);
@@ -761,6 +779,19 @@ mod tests {
             GuestMessage::decode(0x7f, &[]),
             Err(DecodeError::UnknownKind(0x7f))
         );
+    }
+
+    /// After a bad header nothing more is kept, and the error stays.
+    #[test]
+    fn a_broken_stream_keeps_no_more_bytes_and_stays_broken() {
+        let mut reader = FrameReader::default();
+        reader.push(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff]);
+        assert!(reader.next_frame().is_err());
+        for _ in 0..64 {
+            reader.push(&[0; 1 << 16]);
+        }
+        assert!(reader.buffer.is_empty());
+        assert!(matches!(reader.next_frame(), Err(DecodeError::TooLong(_))));
     }
 
     #[test]

@@ -558,11 +558,29 @@ impl State {
     }
 
     /// Notes the command's exit status when the agent's output reports it.
+    /// A bad frame is said once; the output is still compared with the log.
     fn watch_agent(&mut self, bytes: &[u8]) {
+        let already_broken = self.agent_frames.is_broken();
         self.agent_frames.push(bytes);
-        while let Ok(Some((kind, payload))) = self.agent_frames.next_frame() {
-            if let Ok(GuestMessage::Finished(outcome)) = GuestMessage::decode(kind, &payload) {
-                self.exit_status = Some(outcome.shell_status());
+        loop {
+            match self.agent_frames.next_frame() {
+                Ok(Some((kind, payload))) => {
+                    if let Ok(GuestMessage::Finished(outcome)) =
+                        GuestMessage::decode(kind, &payload)
+                    {
+                        self.exit_status = Some(outcome.shell_status());
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    if !already_broken {
+                        tracing::warn!(
+                            "the agent's output cannot be read past a bad frame ({error}): \
+                             the replay compares its bytes but cannot tell the command's exit status"
+                        );
+                    }
+                    break;
+                }
             }
         }
     }
