@@ -1,7 +1,10 @@
 //! The guest's CPU model: the host's KVM-supported CPUID with features taken
-//! away, for two different reasons kept in two lists:
+//! away, for three different reasons kept in three lists:
 //! - `DETERMINISM`: sources of nondeterminism (time, randomness, CPU
 //!   identity, interrupt hardware) that the VMM must own; hidden on every host.
+//! - `VIRTUALIZATION`: the host's own virtualization features, which KVM
+//!   offers only on some hosts (nested=1, some AMD parts); hidden on every
+//!   host, so that a trace moves between host kinds.
 //! - `EMULATOR_HOLES`: instructions that PVM, this project's development
 //!   platform, cannot emulate in guest ring 0; hidden only on PVM, so that on
 //!   a VMX/SVM host the guest keeps x86-64-v2 and more (RHEL 9 userlands
@@ -109,23 +112,71 @@ impl Platform {
             Platform::Pvm => EMULATOR_HOLES,
             Platform::Hardware => &[],
         };
-        DETERMINISM.iter().chain(holes)
+        DETERMINISM.iter().chain(VIRTUALIZATION).chain(holes)
     }
 
-    /// Leaves removed whole: they describe things the guest must not use.
+    /// Whether leaf `function` is removed whole here (`DROPPED_LEAVES`).
     fn drops_leaf(self, function: u32) -> bool {
-        match function {
-            // Performance monitoring: no PMU.
-            0xa
-            // KVM's paravirtual interface (kvmclock, async page faults, ...):
-            // the guest must see no clock or event source but the VMM's devices.
-            | 0x4000_0000..=0x4000_00ff => true,
-            // XSAVE state components, when XSAVE is hidden.
-            0xd => self == Platform::Pvm,
-            _ => false,
-        }
+        DROPPED_LEAVES.iter().any(|dropped| {
+            dropped.functions.contains(&function) && (!dropped.pvm_only || self == Platform::Pvm)
+        })
     }
 }
+
+/// Leaves removed whole from the guest's CPUID: reading one gives zeros.
+pub struct DroppedLeaf {
+    pub functions: std::ops::RangeInclusive<u32>,
+    /// Dropped only on PVM.
+    pub pvm_only: bool,
+    pub why: &'static str,
+}
+
+const fn drop_leaves(
+    functions: std::ops::RangeInclusive<u32>,
+    pvm_only: bool,
+    why: &'static str,
+) -> DroppedLeaf {
+    DroppedLeaf {
+        functions,
+        pvm_only,
+        why,
+    }
+}
+
+pub const DROPPED_LEAVES: &[DroppedLeaf] = &[
+    drop_leaves(0xa..=0xa, false, "performance monitoring: no PMU"),
+    drop_leaves(
+        0xd..=0xd,
+        true,
+        "XSAVE state components: XSAVE is hidden on PVM",
+    ),
+    drop_leaves(0x12..=0x12, false, "SGX enclave leaves: sgx is hidden"),
+    drop_leaves(
+        0x14..=0x14,
+        false,
+        "Intel processor trace: intel_pt is hidden",
+    ),
+    drop_leaves(
+        0x4000_0000..=0x4000_00ff,
+        false,
+        "KVM's paravirtual interface (kvmclock, async page faults, ...): the guest must see no clock or event source but the VMM's devices, nor which hypervisor runs it",
+    ),
+    drop_leaves(
+        0x8000_000a..=0x8000_000a,
+        false,
+        "SVM's features, for a guest's own VMs: svm is hidden",
+    ),
+    drop_leaves(
+        0x8000_001f..=0x8000_001f,
+        false,
+        "SEV/SME memory encryption: a host's capability (kvm_amd sev=1); provm's guest is not encrypted",
+    ),
+    drop_leaves(
+        0x8000_0022..=0x8000_0022,
+        false,
+        "AMD performance monitoring v2: no PMU",
+    ),
+];
 
 /// One CPUID feature bit the guest does not see.
 #[derive(Debug)]
@@ -180,7 +231,6 @@ pub const DETERMINISM: &[HiddenFeature] = &[
         3,
         "MONITOR/MWAIT idle would hide halts from the VMM",
     ),
-    hide("vmx", 1, 0, Ecx, 5, IDENTITY),
     hide("est", 1, 0, Ecx, 7, IDENTITY),
     hide("pdcm", 1, 0, Ecx, 15, NO_PMU),
     hide("x2apic", 1, 0, Ecx, 21, IRQ),
@@ -202,6 +252,14 @@ pub const DETERMINISM: &[HiddenFeature] = &[
     hide("rtm", 7, 0, Ebx, 11, TSX),
     hide("mpx", 7, 0, Ebx, 14, IDENTITY),
     hide("rdseed", 7, 0, Ebx, 18, ENTROPY),
+    hide(
+        "intel_pt",
+        7,
+        0,
+        Ebx,
+        25,
+        "processor trace writes packets (with timestamps) the VMM neither saves nor replays",
+    ),
     hide("waitpkg", 7, 0, Ecx, 5, TIME),
     hide(
         "rdpid",
@@ -211,10 +269,31 @@ pub const DETERMINISM: &[HiddenFeature] = &[
         22,
         "reads the host's TSC_AUX: CPU identity",
     ),
+    hide("sgx_lc", 7, 0, Ecx, 30, "SGX launch control: follows sgx"),
     hide("tsxldtrk", 7, 0, Edx, 16, TSX),
     // Extended leaves.
     hide("rdtscp", 0x8000_0001, 0, Edx, 27, TIME),
     hide("constant_tsc", 0x8000_0007, 0, Edx, 8, TIME),
+];
+
+const NESTED: &str = "a guest's own VMs: provm neither snapshots nor replays their state, and KVM offers the bit only with nested=1";
+
+/// Hidden on every host: what KVM reports of the host's own virtualization.
+/// Linux 6.1 and 6.12 KVM (arch/x86/kvm/cpuid.c, vmx.c, svm.c) report
+/// these bits, and the leaves in `DROPPED_LEAVES` that go with them
+/// (0x8000000a SVM, 0x12 SGX, 0x14 PT, 0x8000001f SEV); they do not set the
+/// `hypervisor` bit (leaf 1 ECX bit 31) and KVM's own leaves are dropped.
+pub const VIRTUALIZATION: &[HiddenFeature] = &[
+    hide("vmx", 1, 0, Ecx, 5, NESTED),
+    hide("svm", 0x8000_0001, 0, Ecx, 2, NESTED),
+    hide(
+        "virt_ssbd",
+        0x8000_0008,
+        0,
+        Ebx,
+        25,
+        "a hypervisor's interface (MSR VIRT_SPEC_CTRL), offered by KVM only on some AMD hosts",
+    ),
 ];
 
 const EMULATOR: &str = "guest ring 0 is emulated on PVM and the emulator lacks it";
@@ -309,6 +388,7 @@ pub const EMULATOR_HOLES: &[HiddenFeature] = &[
 pub fn feature_name(leaf: u32, subleaf: u32, register: Register, bit: u8) -> Option<&'static str> {
     DETERMINISM
         .iter()
+        .chain(VIRTUALIZATION)
         .chain(EMULATOR_HOLES)
         .find(|f| (f.leaf, f.subleaf, f.register, f.bit) == (leaf, subleaf, register, bit))
         .map(|f| f.name)
@@ -384,7 +464,12 @@ mod tests {
     }
 
     fn all_features() -> Vec<CpuidEntry> {
-        vec![entry(1, 0), entry(7, 0), entry(0x8000_0001, 0)]
+        vec![
+            entry(1, 0),
+            entry(7, 0),
+            entry(0x8000_0001, 0),
+            entry(0x8000_0008, 0),
+        ]
     }
 
     fn visible(leaves: &[CpuidEntry], leaf: u32, register: Register, bit: u8) -> bool {
@@ -475,6 +560,39 @@ mod tests {
         assert_eq!(functions(Platform::Hardware), [0, 0xd]);
     }
 
+    /// What a nested-capable SVM or VMX host's KVM reports of its own
+    /// virtualization never reaches the guest, on any host.
+    #[test]
+    fn the_hosts_virtualization_is_hidden_everywhere() {
+        let host = [
+            entry(1, 0),
+            entry(0x12, 0),
+            entry(0x14, 0),
+            entry(0x8000_0001, 0),
+            entry(0x8000_0008, 0),
+            entry(0x8000_000a, 0),
+            entry(0x8000_001f, 0),
+            entry(0x8000_0021, 0),
+            entry(0x8000_0022, 0),
+        ];
+        for platform in [Platform::Pvm, Platform::Hardware] {
+            let guest = guest_cpuid(&host, platform);
+            let functions: Vec<u32> = guest.iter().map(|e| e.function).collect();
+            assert_eq!(
+                functions,
+                [1, 0x8000_0001, 0x8000_0008, 0x8000_0021],
+                "{platform:?}"
+            );
+            assert!(!visible(&guest, 1, Ecx, 5), "vmx");
+            assert!(!visible(&guest, 0x8000_0001, Ecx, 2), "svm");
+            assert!(!visible(&guest, 0x8000_0008, Ebx, 25), "virt_ssbd");
+        }
+        for dropped in DROPPED_LEAVES {
+            assert!(!dropped.why.is_empty());
+            assert!(dropped.functions.start() <= dropped.functions.end());
+        }
+    }
+
     #[test]
     fn features_a_hypervisor_left_visible_become_kernel_arguments() {
         let honoured = guest_cpuid(&[entry(1, 0), entry(7, 0)], Platform::Pvm);
@@ -507,7 +625,11 @@ mod tests {
 
     #[test]
     fn tables_have_no_duplicates_and_valid_bits() {
-        let all: Vec<&HiddenFeature> = DETERMINISM.iter().chain(EMULATOR_HOLES).collect();
+        let all: Vec<&HiddenFeature> = DETERMINISM
+            .iter()
+            .chain(VIRTUALIZATION)
+            .chain(EMULATOR_HOLES)
+            .collect();
         for (i, a) in all.iter().enumerate() {
             assert!(a.bit < 32);
             for b in &all[i + 1..] {
