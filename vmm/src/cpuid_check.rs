@@ -12,93 +12,172 @@
 //!   recording host's.
 //!
 //! `differences` ignores only the fields KVM itself fills at run time or per
-//! vCPU (`KVM_FILLED`). Everything else is compared exactly, including the
+//! vCPU (`MAY_DIFFER`). Everything else is compared exactly, the entries'
+//! KVM flags (whether the subleaf is significant) included, and the
 //! cache and TLB descriptors of leaves 2 and 4 and the vendor, family and
 //! model: KVM presents them as set, so they differ only where the host
 //! replaces the table (PVM), and there a guest that reads them (glibc sizes
 //! its memcpy thresholds from leaf 4) could behave differently.
 
+use std::ops::RangeInclusive;
+
 use crate::cpuid::{feature_name, CpuidEntry, Register};
 
-/// The words of feature flags: a recorded bit set in one of these must be
-/// supported by the replaying host's KVM.
-const FEATURE_WORDS: &[(u32, u32, Register)] = &[
+/// Every word of feature flags a guest can read (as of Linux 6.12's KVM
+/// and the leaves Linux itself reads): a recorded bit set in one of these
+/// must be offered by the replaying host. One entry per leaf, subleaf and
+/// register.
+pub const FEATURE_WORDS: &[(u32, u32, Register)] = &[
+    // The basic feature flags.
     (1, 0, Register::Ecx),
     (1, 0, Register::Edx),
+    // Thermal and power management (KVM offers ARAT).
+    (6, 0, Register::Eax),
+    // Structured extended features, subleaves 0-2.
     (7, 0, Register::Ebx),
     (7, 0, Register::Ecx),
     (7, 0, Register::Edx),
     (7, 1, Register::Eax),
+    (7, 1, Register::Ebx),
+    (7, 1, Register::Ecx),
+    (7, 1, Register::Edx),
+    (7, 2, Register::Edx),
+    // XSAVE: the XCR0 and XSS state components, and the XSAVE variants.
+    (0xd, 0, Register::Eax),
+    (0xd, 0, Register::Edx),
     (0xd, 1, Register::Eax),
+    (0xd, 1, Register::Ecx),
+    (0xd, 1, Register::Edx),
+    // SGX capabilities.
+    (0x12, 0, Register::Eax),
+    // Processor trace capabilities.
+    (0x14, 0, Register::Ebx),
+    (0x14, 0, Register::Ecx),
+    // Key Locker.
+    (0x19, 0, Register::Eax),
+    (0x19, 0, Register::Ebx),
+    (0x19, 0, Register::Ecx),
+    // AVX10 (Linux 6.12's KVM does not offer it yet; a later one may).
+    (0x24, 0, Register::Ebx),
+    // Extended features, AMD's and Intel's.
     (0x8000_0001, 0, Register::Ecx),
     (0x8000_0001, 0, Register::Edx),
+    (0x8000_0007, 0, Register::Edx),
     (0x8000_0008, 0, Register::Ebx),
+    (0x8000_000a, 0, Register::Edx),
+    (0x8000_001f, 0, Register::Eax),
+    (0x8000_0021, 0, Register::Eax),
+    (0x8000_0021, 0, Register::Ecx),
+    (0x8000_0022, 0, Register::Eax),
+    // Centaur/Zhaoxin.
+    (0xc000_0001, 0, Register::Edx),
 ];
 
-/// A field KVM fills itself, which may differ between two vCPUs of the same
-/// model: `leaf` (any subleaf when `subleaf` is None), `register`, `mask`.
-struct Filled {
-    leaf: u32,
-    subleaf: Option<u32>,
-    register: Register,
-    mask: u32,
+/// Words that are not flags but describe what the hardware does, which a
+/// VMM cannot change: a recorded value must be the replaying host's. The
+/// XSAVE state components' sizes and offsets (the XSAVE instructions run on
+/// the hardware, in its layout: Intel and AMD place PKRU differently), and
+/// the AMX tile and TMUL geometry. `subleaf` None: every subleaf.
+pub const HARDWARE_WORDS: &[(u32, RangeInclusive<u32>, Register, &str)] = &[
+    (0xd, 2..=63, Register::Eax, "XSAVE component size"),
+    (0xd, 2..=63, Register::Ebx, "XSAVE component offset"),
+    (0x1d, 0..=u32::MAX, Register::Eax, "AMX palette"),
+    (0x1d, 0..=u32::MAX, Register::Ebx, "AMX palette"),
+    (0x1d, 0..=u32::MAX, Register::Ecx, "AMX palette"),
+    (0x1e, 0..=0, Register::Ebx, "AMX TMUL geometry"),
+];
+
+/// A field that may differ between a recorded table and what a host
+/// presents, and why: `leaf` (any subleaf when `subleaf` is None),
+/// `register`, `mask`.
+pub struct MayDiffer {
+    pub leaf: u32,
+    pub subleaf: Option<u32>,
+    pub register: Register,
+    pub mask: u32,
+    pub why: &'static str,
 }
 
-const KVM_FILLED: &[Filled] = &[
-    // Initial APIC ID, EBX[31:24]: per vCPU (and per host CPU on PVM).
-    Filled {
+/// Everything `differences` ignores: fields KVM fills itself at run time or
+/// per vCPU, which may differ between two vCPUs of the same model.
+pub const MAY_DIFFER: &[MayDiffer] = &[
+    MayDiffer {
         leaf: 1,
         subleaf: None,
         register: Register::Ebx,
         mask: 0xff00_0000,
+        why: "initial APIC ID: per vCPU (and per host CPU on PVM)",
     },
-    // OSXSAVE follows the guest's CR4.OSXSAVE at run time.
-    Filled {
+    MayDiffer {
         leaf: 1,
         subleaf: None,
         register: Register::Ecx,
         mask: 1 << 27,
+        why: "OSXSAVE follows the guest's CR4.OSXSAVE at run time",
     },
-    // OSPKE follows the guest's CR4.PKE at run time.
-    Filled {
+    MayDiffer {
         leaf: 7,
         subleaf: Some(0),
         register: Register::Ecx,
         mask: 1 << 4,
+        why: "OSPKE follows the guest's CR4.PKE at run time",
     },
-    // x2APIC ID of the extended topology leaves: per vCPU.
-    Filled {
+    MayDiffer {
         leaf: 0xb,
         subleaf: None,
         register: Register::Edx,
         mask: u32::MAX,
+        why: "x2APIC ID of the extended topology leaf: per vCPU",
     },
-    Filled {
+    MayDiffer {
         leaf: 0x1f,
         subleaf: None,
         register: Register::Edx,
         mask: u32::MAX,
+        why: "x2APIC ID of the V2 extended topology leaf: per vCPU",
     },
-    // XSAVE area size for the current XCR0 / XSS: follows the guest.
-    Filled {
+    MayDiffer {
+        leaf: 0x8000_001e,
+        subleaf: None,
+        register: Register::Eax,
+        mask: u32::MAX,
+        why: "AMD's extended APIC ID: per CPU (KVM zeroes it; PVM's user space reads the host's)",
+    },
+    MayDiffer {
+        leaf: 0x8000_001e,
+        subleaf: None,
+        register: Register::Ebx,
+        mask: 0xff,
+        why: "AMD's core ID: per CPU, as the extended APIC ID",
+    },
+    MayDiffer {
+        leaf: 0x8000_001e,
+        subleaf: None,
+        register: Register::Ecx,
+        mask: 0xff,
+        why: "AMD's node ID: per CPU, as the extended APIC ID",
+    },
+    MayDiffer {
         leaf: 0xd,
         subleaf: Some(0),
         register: Register::Ebx,
         mask: u32::MAX,
+        why: "XSAVE area size for the guest's current XCR0: follows the guest",
     },
-    Filled {
+    MayDiffer {
         leaf: 0xd,
         subleaf: Some(1),
         register: Register::Ebx,
         mask: u32::MAX,
+        why: "XSAVE area size for the guest's current XCR0 and XSS: follows the guest",
     },
 ];
 
 const REGISTERS: [Register; 4] = [Register::Eax, Register::Ebx, Register::Ecx, Register::Edx];
 
-/// The bits of `register` in `entry` that KVM fills itself.
+/// The bits of `register` in `entry` that may differ (`MAY_DIFFER`).
 fn filled_mask(entry: &CpuidEntry, register: Register) -> u32 {
-    KVM_FILLED
+    MAY_DIFFER
         .iter()
         .filter(|f| {
             f.leaf == entry.function
@@ -144,7 +223,8 @@ fn name_bits(leaf: u32, subleaf: u32, register: Register, bits: u32) -> Vec<Stri
 /// neither `supported` (KVM_GET_SUPPORTED_CPUID) nor `presented` (what a
 /// guest here sees; on PVM the host's own CPUID, which PVM's supported list
 /// understates: it omits even SSE3). Named as Linux names them where provm
-/// knows the name, else by leaf, register and bit.
+/// knows the name, else by leaf, register and bit. Then the
+/// `HARDWARE_WORDS` whose recorded value this host's hardware does not have.
 pub fn lacking(
     recorded: &[CpuidEntry],
     supported: &[CpuidEntry],
@@ -159,6 +239,25 @@ pub fn lacking(
                 Some(name) => name.to_owned(),
                 None => format!("CPUID leaf {leaf:#x}.{subleaf} {register:?} bit {bit}"),
             });
+        }
+    }
+    for (leaf, subleaves, register, what) in HARDWARE_WORDS {
+        let recorded_words = recorded
+            .iter()
+            .filter(|e| e.function == *leaf && subleaves.contains(&e.index));
+        for entry in recorded_words {
+            let was = entry.register(*register);
+            let here = |table| find(table, *leaf, entry.index).map(|e| e.register(*register));
+            let (offered, shown) = (here(supported), here(presented));
+            if was != 0 && offered != Some(was) && shown != Some(was) {
+                let is = offered
+                    .or(shown)
+                    .map_or("none".into(), |v| format!("{v:#x}"));
+                missing.push(format!(
+                    "CPUID leaf {leaf:#x}.{} {register:?} ({what}): recorded {was:#x}, this host's {is}",
+                    entry.index
+                ));
+            }
         }
     }
     missing
@@ -176,6 +275,12 @@ pub fn differences(recorded: &[CpuidEntry], presented: &[CpuidEntry]) -> Vec<Str
             ));
             continue;
         };
+        if entry.flags != here.flags {
+            found.push(format!(
+                "CPUID leaf {leaf:#x}.{subleaf} flags: recorded {:#x}, presented {:#x}",
+                entry.flags, here.flags
+            ));
+        }
         for register in REGISTERS {
             let (was, is) = (entry.register(register), here.register(register));
             let differ = (was ^ is) & !filled_mask(entry, register);
@@ -226,6 +331,103 @@ mod tests {
         // What a guest here is presented (PVM: the host's CPUID) is offered.
         let presented = [leaf(1, 0, 0, 1 << 30, 0)];
         assert!(lacking(&[leaf(1, 0, 0, 1 << 30, 0)], &[], &presented).is_empty());
+    }
+
+    fn full(function: u32, index: u32) -> CpuidEntry {
+        CpuidEntry {
+            function,
+            index,
+            eax: u32::MAX,
+            ebx: u32::MAX,
+            ecx: u32::MAX,
+            edx: u32::MAX,
+            ..Default::default()
+        }
+    }
+
+    /// Each listed word is checked, the leaves the issue found unchecked
+    /// among them; a host that offers everything lacks nothing.
+    #[test]
+    fn every_feature_word_is_checked() {
+        for &(function, index, register) in FEATURE_WORDS {
+            let recorded = [full(function, index)];
+            let missing = lacking(&recorded, &[], &[]);
+            assert!(
+                missing.len() >= 32,
+                "{function:#x}.{index} {register:?}: {missing:?}"
+            );
+            assert!(lacking(&recorded, &recorded, &[]).is_empty());
+        }
+        for (function, index, register) in [
+            (7, 1, Register::Edx),
+            (0x14, 0, Register::Ebx),
+            (0x19, 0, Register::Ebx),
+            (0x8000_0021, 0, Register::Eax),
+        ] {
+            assert!(FEATURE_WORDS.contains(&(function, index, register)));
+        }
+        let listed = |function| HARDWARE_WORDS.iter().any(|(f, ..)| *f == function);
+        assert!(listed(0x1d) && listed(0x1e));
+        for (i, word) in FEATURE_WORDS.iter().enumerate() {
+            assert!(!FEATURE_WORDS[i + 1..].contains(word), "{word:?} twice");
+        }
+    }
+
+    #[test]
+    fn the_hardwares_xsave_layout_and_amx_geometry_must_match() {
+        // PKRU (component 9) at Intel's offset, on a host that puts it at AMD's.
+        let intel = [leaf(0xd, 9, 2688, 0, 0), leaf(0x1e, 0, 0x4010, 0, 0)];
+        let intel = intel.map(|e| CpuidEntry { eax: 8, ..e });
+        let amd = [CpuidEntry {
+            eax: 8,
+            ..leaf(0xd, 9, 2432, 0, 0)
+        }];
+        assert_eq!(
+            lacking(&intel, &amd, &[]),
+            [
+                "CPUID leaf 0xd.9 Ebx (XSAVE component offset): recorded 0xa80, this host's 0x980",
+                "CPUID leaf 0x1e.0 Ebx (AMX TMUL geometry): recorded 0x4010, this host's none",
+            ]
+        );
+        assert!(lacking(&intel, &intel, &[]).is_empty());
+        assert!(lacking(&intel, &[], &intel).is_empty());
+        // Subleaves 0 and 1 of leaf 0xd are flags and sizes, not layout.
+        let sizes = [leaf(0xd, 0, 0x340, 0, 0), leaf(0xd, 1, 0x340, 0, 0)];
+        assert!(lacking(&sizes, &[], &[]).is_empty());
+    }
+
+    /// What may differ is exactly the listed fields, each with its reason.
+    #[test]
+    fn only_the_listed_fields_may_differ() {
+        for field in MAY_DIFFER {
+            assert!(!field.why.is_empty());
+            let index = field.subleaf.unwrap_or(3);
+            let recorded = [leaf(field.leaf, index, 0, 0, 0)];
+            let mut presented = recorded;
+            *presented[0].register_mut(field.register) = field.mask;
+            assert!(
+                differences(&recorded, &presented).is_empty(),
+                "{:#x}",
+                field.leaf
+            );
+            *presented[0].register_mut(field.register) = !field.mask;
+            if field.mask != u32::MAX {
+                assert_eq!(
+                    differences(&recorded, &presented).len(),
+                    1,
+                    "{:#x}",
+                    field.leaf
+                );
+            }
+        }
+        let flagged = [CpuidEntry {
+            flags: 1,
+            ..leaf(4, 0, 0, 0, 0)
+        }];
+        assert_eq!(
+            differences(&[leaf(4, 0, 0, 0, 0)], &flagged),
+            ["CPUID leaf 0x4.0 flags: recorded 0x0, presented 0x1"]
+        );
     }
 
     #[test]
