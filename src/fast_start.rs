@@ -86,7 +86,7 @@ impl Identity {
             kernel_sha256: file(&prepared.boot.kernel)?,
             initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
             image: chain::identify(&prepared.base)?,
-            cpu: vm::probe_cpu()?,
+            cpu: vm::probe_cpu(prepared.boot.cpu)?,
         })
     }
 }

@@ -51,6 +51,17 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         )?;
         writeln!(
             out,
+            "cpu        {} ({} CPUID entries{})",
+            m.cpu.baseline.as_deref().unwrap_or("host"),
+            m.cpu.cpuid.len(),
+            if m.cpu.user_space_cpuid.is_some() {
+                "; user space saw the host's own CPUID"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            out,
             "image      {}{}",
             m.image.path,
             if trace.has_image { " (embedded)" } else { "" }

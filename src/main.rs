@@ -14,6 +14,7 @@ use provm::record::RecordOptions;
 use provm::replay::{ReplayOptions, ReplayReport};
 use provm::repro::{ReproOptions, Verdict};
 use provm::run::RunOptions;
+use provm_vmm::cpu_baseline::Baseline;
 
 /// provm's own failures exit with this status, so that they are not mistaken
 /// for the command's (as `docker run` and `podman run` do).
@@ -196,6 +197,14 @@ struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     no_timing: bool,
+    /// The guest's CPU: `host`, this host's (less what provm hides), or a
+    /// named baseline that keeps only that x86-64 level's features, so that
+    /// the trace replays on any host that can offer it (not on PVM).
+    #[arg(long, value_name = "MODEL", default_value = "host",
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::builder::PossibleValuesParser::new(Baseline::NAMES),
+              |name| name.parse::<Baseline>().expect("one of the names")))]
+    cpu: Baseline,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -443,6 +452,7 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     )?;
     let mut run = run_options(args.run, verbose);
     run.timing.capture = !args.no_timing;
+    run.cpu = args.cpu;
     let options = RecordOptions {
         run,
         output,

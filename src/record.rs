@@ -270,7 +270,12 @@ fn manifest(
         // The table the snapshot's vCPU holds, which a replay sets: read back
         // from a guest that has booted, some bits are its own (OSXSAVE, the
         // XSAVE area's size), not what a fresh vCPU shows.
-        cpu: cpu_model::recorded(snapshot.state.cpuid(), &identity.cpu.ignored_by_kernel),
+        cpu: cpu_model::recorded(
+            snapshot.state.cpuid(),
+            &identity.cpu.ignored_by_kernel,
+            prepared.boot.cpu,
+            Platform::detect(),
+        ),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
         fork: None,
@@ -314,7 +319,7 @@ fn host_description() -> HostDescription {
         kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
         cpu,
         hypervisor: match Platform::detect() {
-            Platform::Pvm => "KVM (PVM)",
+            Platform::Pvm => cpu_model::PVM_HYPERVISOR,
             Platform::Hardware => "KVM",
         }
         .into(),

@@ -10,11 +10,13 @@ use provm_seams::{RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
+use provm_vmm::cpu_baseline::Baseline;
+use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::blame::{BlameError, TimingOptions, TimingReport};
-use crate::cpu_model;
+use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::machine::{Machine, MachineError};
@@ -49,8 +51,8 @@ pub enum ReplayError {
     ImageMissing(PathBuf),
     #[error(transparent)]
     Chain(#[from] ChainError),
-    #[error("refusing to replay: this host's CPU lacks features the recorded guest saw: {}", .0.join(", "))]
-    CpuLacks(Vec<String>),
+    #[error("refusing to replay: {0}")]
+    Cpu(#[from] CpuRefusal),
     #[error("the trace is inconsistent: its snapshot's CPUID is not the one its manifest records")]
     SnapshotCpuid,
     #[error(transparent)]
@@ -225,10 +227,12 @@ impl Opened {
                 env!("CARGO_PKG_VERSION")
             );
         }
-        let missing = cpu_model::missing_here(&manifest.cpu, &vm::probe_cpu()?);
-        if !missing.is_empty() {
-            return Err(ReplayError::CpuLacks(missing));
-        }
+        cpu_model::check_here(
+            &manifest.cpu,
+            &manifest.host.hypervisor,
+            &vm::probe_cpu(Baseline::Host)?,
+            Platform::detect(),
+        )?;
         let (base, extracted) = open_image(options, &trace)?;
         chain::check(&base, &manifest.image)?;
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use provm_guest_agent::{Job, Outcome};
 use provm_seams::Recorder;
 use provm_vmm::clock::PinnedClock;
+use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::{LiveSeam, Seam};
 use provm_vmm::vm::{BootSource, VmConfig, VmError};
@@ -79,6 +80,8 @@ pub struct RunOptions {
     /// Where the hypervisor's time goes: captured, and for a run without a
     /// trace written to `timing.output` (see `blame`).
     pub timing: TimingOptions,
+    /// The guest's CPU model (`provm record --cpu`).
+    pub cpu: Baseline,
 }
 
 impl RunOptions {
@@ -99,6 +102,7 @@ impl RunOptions {
             provenance: None,
             pinned: None,
             timing: TimingOptions::default(),
+            cpu: Baseline::Host,
         }
     }
 }
@@ -205,6 +209,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
             kernel,
             initramfs: initramfs::agent_initramfs(),
             cmdline: kernel_args(options.echo_console),
+            cpu: options.cpu,
         },
         memory_mib: options.memory_mib,
         root_device: root.device(),

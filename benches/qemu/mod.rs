@@ -72,7 +72,8 @@ impl Machine {
         match accel {
             Accel::Tcg => args,
             Accel::Kvm => {
-                let probe = provm_vmm::vm::probe_cpu().expect("KVM is usable");
+                let probe = provm_vmm::vm::probe_cpu(provm_vmm::cpu_baseline::Baseline::Host)
+                    .expect("KVM is usable");
                 format!("{args} {}", probe.kernel_args)
             }
         }

@@ -78,6 +78,16 @@ pub struct ImageFile {
 pub struct CpuModel {
     pub cpuid: Vec<CpuidEntry>,
     pub ignored_by_kernel: Vec<String>,
+    /// The model asked for (`provm record --cpu`): `host`, `x86-64-v2`,
+    /// `x86-64-v3`. Absent from the traces of older provm versions, which
+    /// all recorded the host's.
+    #[serde(default)]
+    pub baseline: Option<String>,
+    /// Recorded on PVM: what the guest's user space saw at each leaf and
+    /// subleaf of `cpuid`, the recording host's own CPUID (user-mode CPUID
+    /// runs natively there), where the kernel saw `cpuid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_space_cpuid: Option<Vec<CpuidEntry>>,
 }
 
 /// One CPUID leaf (`function`) and subleaf (`index`) with KVM's flags and

@@ -56,6 +56,22 @@ impl CpuidEntry {
     }
 }
 
+#[cfg(test)]
+impl CpuidEntry {
+    /// Leaf `function`.`index` with every bit of its four registers set.
+    pub(crate) fn all_ones(function: u32, index: u32) -> Self {
+        CpuidEntry {
+            function,
+            index,
+            eax: u32::MAX,
+            ebx: u32::MAX,
+            ecx: u32::MAX,
+            edx: u32::MAX,
+            ..Default::default()
+        }
+    }
+}
+
 impl From<&kvm_cpuid_entry2> for CpuidEntry {
     fn from(entry: &kvm_cpuid_entry2) -> Self {
         CpuidEntry {
@@ -392,6 +408,7 @@ pub fn feature_name(leaf: u32, subleaf: u32, register: Register, bit: u8) -> Opt
         .chain(EMULATOR_HOLES)
         .find(|f| (f.leaf, f.subleaf, f.register, f.bit) == (leaf, subleaf, register, bit))
         .map(|f| f.name)
+        .or_else(|| crate::cpu_baseline::feature_name(leaf, subleaf, register, bit))
 }
 
 /// The guest's CPUID on `platform`: `supported` (KVM_GET_SUPPORTED_CPUID)
@@ -452,15 +469,7 @@ mod tests {
     use super::*;
 
     fn entry(function: u32, index: u32) -> CpuidEntry {
-        CpuidEntry {
-            function,
-            index,
-            eax: u32::MAX,
-            ebx: u32::MAX,
-            ecx: u32::MAX,
-            edx: u32::MAX,
-            ..Default::default()
-        }
+        CpuidEntry::all_ones(function, index)
     }
 
     fn all_features() -> Vec<CpuidEntry> {

@@ -333,24 +333,12 @@ mod tests {
         assert!(lacking(&[leaf(1, 0, 0, 1 << 30, 0)], &[], &presented).is_empty());
     }
 
-    fn full(function: u32, index: u32) -> CpuidEntry {
-        CpuidEntry {
-            function,
-            index,
-            eax: u32::MAX,
-            ebx: u32::MAX,
-            ecx: u32::MAX,
-            edx: u32::MAX,
-            ..Default::default()
-        }
-    }
-
     /// Each listed word is checked, the leaves the issue found unchecked
     /// among them; a host that offers everything lacks nothing.
     #[test]
     fn every_feature_word_is_checked() {
         for &(function, index, register) in FEATURE_WORDS {
-            let recorded = [full(function, index)];
+            let recorded = [CpuidEntry::all_ones(function, index)];
             let missing = lacking(&recorded, &[], &[]);
             assert!(
                 missing.len() >= 32,

@@ -9,6 +9,7 @@ pub mod boot;
 pub mod bus;
 pub mod clock;
 mod code_guest;
+pub mod cpu_baseline;
 pub mod cpuid;
 pub mod cpuid_check;
 pub mod devices;

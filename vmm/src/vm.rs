@@ -18,6 +18,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryReg
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
+use crate::cpu_baseline::{self, Baseline, BaselineError};
 use crate::cpuid::{self, CpuidEntry, Platform};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
@@ -134,6 +135,8 @@ pub struct BootSource {
     pub initramfs: Vec<u8>,
     /// Kernel arguments; the VM appends the descriptions of its devices.
     pub cmdline: String,
+    /// The CPU model the guest boots with.
+    pub cpu: Baseline,
 }
 
 /// The machine: everything needed to build a VM, booted or restored.
@@ -193,6 +196,8 @@ pub enum VmError {
     Boot(#[from] BootError),
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Baseline(#[from] BaselineError),
     #[error("device layout: {0}")]
     Bus(#[from] BusError),
     #[error("virtio device: {0}")]
@@ -340,7 +345,7 @@ impl Vm {
         })?;
         let kvm = open_kvm()?;
         let platform = Platform::detect();
-        let model = cpuid::guest_cpuid(&vcpu::supported_cpuid(&kvm)?, platform);
+        let model = cpu_baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
         let vm = Self::build(kvm, config, &model)?;
         let unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
         if !unenforced.is_empty() {
@@ -910,13 +915,15 @@ fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
     )
 }
 
-/// The CPU model a VM gets on this host, without building one.
-pub fn probe_cpu() -> Result<CpuProbe, VmError> {
+/// The CPU model a VM booted with `baseline` gets on this host, without
+/// building one.
+pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
     let platform = Platform::detect();
     let supported = vcpu::supported_cpuid(&kvm)?;
-    let vcpu = Vcpu::new(&kvm, &vm, &cpuid::guest_cpuid(&supported, platform))?;
+    let model = cpu_baseline::guest_model(&supported, platform, baseline)?;
+    let vcpu = Vcpu::new(&kvm, &vm, &model)?;
     let unenforced = cpuid::unenforced(&vcpu.cpuid, platform);
     Ok(CpuProbe {
         supported,

@@ -98,6 +98,8 @@ pub fn sample_sections() -> Sections {
         cpu: CpuModel {
             cpuid: Vec::new(),
             ignored_by_kernel: Vec::new(),
+            baseline: None,
+            user_space_cpuid: None,
         },
         host: HostDescription {
             kernel: String::new(),
