@@ -204,3 +204,46 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
         replayed.stdout
     );
 }
+
+/// `record --cpu x86-64-v2` where a baseline can be presented (VMX/SVM):
+/// the guest sees the baseline's features and no more, and the trace
+/// replays matched. On PVM, whose guest user space reads the host's own
+/// CPUID, the recording is refused before anything is written, saying so.
+#[test]
+fn a_baseline_recording_replays_or_is_refused_on_pvm() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("baseline-x86-64-v2");
+    let _ = fs::remove_file(&trace);
+    let recorded = record(
+        &trace,
+        &["--cpu", "x86-64-v2"],
+        "grep -m1 flags /proc/cpuinfo",
+    );
+    if Platform::detect() == Platform::Pvm {
+        assert_eq!(recorded.status, PROVM_FAILED, "{}", recorded.stdout);
+        for expected in [
+            "--cpu x86-64-v2 cannot be presented on PVM",
+            "guest user space runs natively",
+            "lacks cx16, popcnt",
+        ] {
+            assert!(recorded.stderr.contains(expected), "{}", recorded.stderr);
+        }
+        assert!(!trace.exists());
+        return;
+    }
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let flags: Vec<&str> = recorded.stdout.split_whitespace().collect();
+    for v2 in ["cx16", "popcnt", "sse4_2", "ssse3", "lahf_lm"] {
+        assert!(flags.contains(&v2), "{v2}: {}", recorded.stdout);
+    }
+    for beyond in ["avx", "avx2", "bmi1", "svm", "vmx", "rdrand"] {
+        assert!(!flags.contains(&beyond), "{beyond}: {}", recorded.stdout);
+    }
+    let inspect = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspect.stdout.contains("cpu        x86-64-v2 ("),
+        "{}",
+        inspect.stdout
+    );
+    assert_replay_matches(&trace);
+}
