@@ -6,8 +6,10 @@
 //! vendor stays, its feature words keep only the baseline's bits, and what
 //! identifies the host is replaced by fixed values, so that two hosts of
 //! the same vendor present the same table:
-//! - family/model/stepping 15/6/1 (QEMU's `kvm64`, which runs on hosts of
-//!   both vendors) and a brand string naming the baseline;
+//! - family/model/stepping 15/107/1 (QEMU's `qemu64`, its default model,
+//!   which runs on hosts of both vendors; an AMD model below 0x14 would
+//!   make Linux drop lahf_lm, K8 erratum 110) and a brand string naming
+//!   the baseline;
 //! - one cache hierarchy (leaves 2, 4, 0x80000005/6: 32 KiB L1s, 1 MiB L2,
 //!   16 MiB L3, 64-byte lines), one processor (no topology leaves 0xb,
 //!   0x1f, 0x8000001d/e), 36 physical and 48 virtual address bits (every
@@ -152,8 +154,9 @@ fn word(table: &[CpuidEntry], leaf: u32, subleaf: u32, register: Register) -> u3
 
 /// KVM's flag for leaves whose subleaf (ECX) selects the entry.
 const SIGNIFICANT_INDEX: u32 = 1;
-/// Family 15, model 6, stepping 1: QEMU's `kvm64`.
-const SIGNATURE: u32 = 0x0000_0f61;
+/// Family 15, model 107 (extended model 6, model 0xb), stepping 1: QEMU's
+/// `qemu64`.
+const SIGNATURE: u32 = 0x0006_0fb1;
 /// x87, SSE and AVX state: what x86-64-v3's XSAVE manages.
 const XCR0_AVX: u32 = 0b111;
 /// The XSAVE area for x87, SSE and AVX: 512 legacy + 64 header + 256.
@@ -596,6 +599,11 @@ mod tests {
         assert_eq!(find(0, 0).eax, 0xd);
         assert_eq!(find(0x8000_0000, 0).eax, 0x8000_0008);
         assert_eq!(find(1, 0).eax, SIGNATURE);
+        let (family, model) = (
+            (SIGNATURE >> 8) & 0xf,
+            (SIGNATURE >> 12) & 0xf0 | (SIGNATURE >> 4) & 0xf,
+        );
+        assert_eq!((family, model, SIGNATURE & 0xf), (15, 107, 1));
         let brand: Vec<u8> = (0x8000_0002..=0x8000_0004)
             .flat_map(|f| {
                 let e = find(f, 0);
