@@ -249,7 +249,8 @@ mod tests {
         assert!(check_here(&pvm, PVM_HYPERVISOR, &probe(host.clone()), Platform::Pvm).is_ok());
 
         let mut other = host.clone();
-        other[0].ebx ^= 1;
+        // Another signature (family/model/stepping), as a baseline's.
+        other[1].eax ^= 1;
         let svm = recorded(&other, &[], Baseline::X86_64V2, Platform::Hardware);
         let refused = check_here(&svm, "KVM", &probe(host), Platform::Pvm)
             .unwrap_err()
@@ -259,6 +260,6 @@ mod tests {
             "{refused}"
         );
         assert!(refused.contains("Replay on a VMX/SVM host"), "{refused}");
-        assert!(refused.contains("CPUID leaf 0x0.0 Ebx"), "{refused}");
+        assert!(refused.contains("CPUID leaf 0x1.0 Eax"), "{refused}");
     }
 }

@@ -75,10 +75,15 @@ pub const FEATURE_WORDS: &[(u32, u32, Register)] = &[
 
 /// Words that are not flags but describe what the hardware does, which a
 /// VMM cannot change: a recorded value must be the replaying host's. The
-/// XSAVE state components' sizes and offsets (the XSAVE instructions run on
-/// the hardware, in its layout: Intel and AMD place PKRU differently), and
-/// the AMX tile and TMUL geometry. `subleaf` None: every subleaf.
+/// vendor (KVM would present another, but instructions such as SYSCALL and
+/// SYSENTER keep the hardware's semantics), the XSAVE state components'
+/// sizes and offsets (the XSAVE instructions run on the hardware, in its
+/// layout: Intel and AMD place PKRU differently), and the AMX tile and
+/// TMUL geometry; over the subleaves given.
 pub const HARDWARE_WORDS: &[(u32, RangeInclusive<u32>, Register, &str)] = &[
+    (0, 0..=0, Register::Ebx, "vendor"),
+    (0, 0..=0, Register::Ecx, "vendor"),
+    (0, 0..=0, Register::Edx, "vendor"),
     (0xd, 2..=63, Register::Eax, "XSAVE component size"),
     (0xd, 2..=63, Register::Ebx, "XSAVE component offset"),
     (0x1d, 0..=u32::MAX, Register::Eax, "AMX palette"),
@@ -362,7 +367,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hardwares_xsave_layout_and_amx_geometry_must_match() {
+    fn the_hardwares_vendor_xsave_layout_and_amx_geometry_must_match() {
         // PKRU (component 9) at Intel's offset, on a host that puts it at AMD's.
         let intel = [leaf(0xd, 9, 2688, 0, 0), leaf(0x1e, 0, 0x4010, 0, 0)];
         let intel = intel.map(|e| CpuidEntry { eax: 8, ..e });
@@ -378,6 +383,18 @@ mod tests {
             ]
         );
         assert!(lacking(&intel, &intel, &[]).is_empty());
+        // "GenuineIntel" on an "AuthenticAMD" host.
+        let vendor = |ebx, ecx, edx| CpuidEntry {
+            eax: 0xd,
+            ..leaf(0, 0, ebx, ecx, edx)
+        };
+        let genuine_intel = [vendor(0x756e_6547, 0x6c65_746e, 0x4965_6e69)];
+        let authentic_amd = [vendor(0x6874_7541, 0x444d_4163, 0x6974_6e65)];
+        assert_eq!(
+            lacking(&genuine_intel, &authentic_amd, &authentic_amd)[0],
+            "CPUID leaf 0x0.0 Ebx (vendor): recorded 0x756e6547, this host's 0x68747541"
+        );
+        assert!(lacking(&genuine_intel, &genuine_intel, &[]).is_empty());
         assert!(lacking(&intel, &[], &intel).is_empty());
         // Subleaves 0 and 1 of leaf 0xd are flags and sizes, not layout.
         let sizes = [leaf(0xd, 0, 0x340, 0, 0), leaf(0xd, 1, 0x340, 0, 0)];
