@@ -535,6 +535,12 @@ impl Vm {
             // Only right after an exit: a restored snapshot goes on as from
             // one (it may inject interrupts first).
             if self.at_exit && self.seam.pause_here() {
+                // Complete the exiting instruction, as a snapshot here does,
+                // so that a paused guest stands past it on every host: SVM
+                // and VMX leave RIP at an OUT (and every KVM at an IN) until
+                // the next KVM_RUN, and a debugger stepping from the pause
+                // would otherwise count that instruction twice.
+                self.vcpu.finish_pending_exit();
                 return Ok(VmEvent::Paused);
             }
             if self.at_exit || self.seam.preemptive() {
