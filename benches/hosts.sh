@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Boot, restore, record and replay on both KVM kinds: this machine's PVM and
+# the SVM test bed's two kernels (scripts/svm-testbed), five rounds each,
+# median (min-max) seconds of wall time.
+#
+#   benches/hosts.sh [ROUNDS]
+#
+# - boot: `provm run IMAGE -- true` with an empty snapshot cache (boots the
+#   guest kernel to its agent, snapshots it, runs the command);
+# - restore: the same with the snapshot cached (restore, run, stop);
+# - record / replay: `provm record` of a shell workload, `provm replay` of it.
+# Inside the test bed, guest user space runs under TCG (about 3.5x slower
+# than native) and every exit costs ~0.1 ms of nested emulation; the guest
+# kernel runs at TCG speed instead of PVM's emulated ring 0.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+provm="$repo/target/release/provm"
+rounds="${1:-5}"
+workload='seq 1 2000 | sort -r | head -n 3; head -c 4096 /dev/urandom | md5sum; date +%s; for i in 1 2 3; do echo $i | cat | wc -c; done'
+
+# seconds COMMAND...: the wall time of one run, failing if it fails.
+seconds() {
+  local start end
+  start="$(date +%s.%N)"
+  "$@" >/dev/null 2>&1 || { echo "hosts.sh: failed: $*" >&2; exit 1; }
+  end="$(date +%s.%N)"
+  echo "$end - $start" | bc
+}
+
+# summary: "median (min-max)" of the numbers on stdin.
+summary() {
+  sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
+
+# measure HOST IMAGE SCRATCH: one line per measurement, "HOST|what|summary".
+measure() {
+  local host="$1" image="$2" scratch="$3" i
+  local cache="$scratch/cache"
+  mkdir -p "$cache"
+  cp -r "${PROVM_CACHE:-$HOME/.cache/provm}/kernels" "$cache/" 2>/dev/null || true
+  export PROVM_CACHE="$cache"
+  for i in $(seq "$rounds"); do
+    rm -rf "$cache/snapshots"
+    seconds "$provm" run "$image" -- true
+  done | summary | sed "s/^/$host|boot|/"; echo
+  for i in $(seq "$rounds"); do seconds "$provm" run "$image" -- true; done | summary | sed "s/^/$host|restore|/"; echo
+  for i in $(seq "$rounds"); do
+    seconds "$provm" record --force -o "$scratch/bench.provm" "$image" -- /bin/sh -c "$workload"
+  done | summary | sed "s/^/$host|record|/"; echo
+  for i in $(seq "$rounds"); do seconds "$provm" replay "$scratch/bench.provm"; done | summary | sed "s/^/$host|replay|/"; echo
+}
+
+if [ "${1:-}" = --inside ]; then
+  rounds="$3"
+  out="${PROVM_SVM_TESTBED_OUT:?run by scripts/svm-testbed}"
+  measure "$2" "$4" /tmp/bench >"$out/results"
+  exit 0
+fi
+
+[ -x "$provm" ] || { echo "hosts.sh: build provm first: cargo build --release" >&2; exit 1; }
+work="$repo/target/bench-hosts"
+rm -rf "$work"
+mkdir -p "$work/root/bin" "$work/root/"{tmp,proc,sys,dev,etc}
+cp /bin/busybox "$work/root/bin/"
+for applet in $(/bin/busybox --list); do
+  [ "$applet" = busybox ] || ln -s busybox "$work/root/bin/$applet"
+done
+mkfs.ext4 -q -d "$work/root" "$work/image.raw" 24M
+results="$work/results"
+measure pvm "$work/image.raw" "$work/pvm" >"$results"
+for kernel in 6.12 6.1; do
+  l1_out="$(mktemp -d "$work/l1-XXXXXX")"
+  PROVM_SVM_TESTBED_OUT="$l1_out" "$repo/scripts/svm-testbed" run --kernel "$kernel" -- \
+    bash "$repo/benches/hosts.sh" --inside "svm$kernel" "$rounds" "$work/image.raw"
+  cat "$l1_out/results" >>"$results"
+  rm -rf "$l1_out"
+done
+echo "| host | boot | restore | record | replay |"
+echo "|---|---|---|---|---|"
+for host in pvm svm6.12 svm6.1; do
+  row="| $host"
+  for what in boot restore record replay; do
+    row+=" | $(grep "^$host|$what|" "$results" | cut -d'|' -f3)"
+  done
+  echo "$row |"
+done
