@@ -116,6 +116,13 @@ pub const MAY_DIFFER: &[MayDiffer] = &[
     MayDiffer {
         leaf: 1,
         subleaf: None,
+        register: Register::Edx,
+        mask: 1 << 9,
+        why: "APIC follows the APIC base MSR's enable bit at run time (KVM's kvm_update_cpuid_runtime, seen on SVM); provm's guest runs with nolapic either way",
+    },
+    MayDiffer {
+        leaf: 1,
+        subleaf: None,
         register: Register::Ecx,
         mask: 1 << 27,
         why: "OSXSAVE follows the guest's CR4.OSXSAVE at run time",
