@@ -33,7 +33,8 @@ summary() {
 }
 
 # measure HOST IMAGE SCRATCH: one line per measurement, "HOST|what|summary".
-measure() {
+# A subshell: its PROVM_CACHE stays its own.
+measure() (
   local host="$1" image="$2" scratch="$3" i
   local cache="$scratch/cache"
   mkdir -p "$cache"
@@ -48,7 +49,7 @@ measure() {
     seconds "$provm" record --force -o "$scratch/bench.provm" "$image" -- /bin/sh -c "$workload"
   done | summary | sed "s/^/$host|record|/"; echo
   for i in $(seq "$rounds"); do seconds "$provm" replay "$scratch/bench.provm"; done | summary | sed "s/^/$host|replay|/"; echo
-}
+)
 
 if [ "${1:-}" = --inside ]; then
   rounds="$3"
