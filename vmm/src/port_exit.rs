@@ -27,7 +27,7 @@ pub enum OutExitRip {
 }
 
 /// The longest x86 instruction.
-pub const MAX_INSTRUCTION_LEN: usize = 15;
+const MAX_INSTRUCTION_LEN: usize = 15;
 
 /// 32-bit code: `out 0x80, al`, then HLT.
 const PROBE_CODE: &[u8] = &[0xe6, 0x80, 0xf4];
@@ -91,7 +91,7 @@ pub fn out_instruction_len(code: &[u8], long_mode: bool) -> Option<u64> {
 }
 
 /// The guest-linear address of the instruction at `rip`.
-pub fn linear_rip(sregs: &kvm_sregs, rip: u64) -> u64 {
+fn linear_rip(sregs: &kvm_sregs, rip: u64) -> u64 {
     if sregs.cs.l == 1 {
         rip // 64-bit code: CS's base is ignored
     } else {
@@ -99,26 +99,39 @@ pub fn linear_rip(sregs: &kvm_sregs, rip: u64) -> u64 {
     }
 }
 
+const PAGE_SIZE: u64 = 4096;
+
 impl Vcpu {
-    /// The length of the OUT instruction at the current RIP, read through
-    /// the guest's own translation (KVM_TRANSLATE, so any paging mode).
-    pub fn out_instruction_len(&self, memory: &crate::memory::GuestMemory) -> Option<u64> {
+    /// The length of the OUT instruction at `rip`, read through the guest's
+    /// own translation (KVM_TRANSLATE, so any paging mode): one translation
+    /// per page the instruction's bytes can lie on, at most two.
+    pub fn out_instruction_len(
+        &self,
+        memory: &crate::memory::GuestMemory,
+        rip: u64,
+    ) -> Option<u64> {
         use vm_memory::{Bytes, GuestAddress};
         let sregs = self.fd.get_sregs().ok()?;
-        let rip = self.fd.get_regs().ok()?.rip;
-        let linear = linear_rip(&sregs, rip);
         let mut code = [0u8; MAX_INSTRUCTION_LEN];
-        for (offset, byte) in code.iter_mut().enumerate() {
-            let address = linear.wrapping_add(offset as u64);
-            let translation = self.fd.translate_gva(address).ok()?;
+        let mut read = 0;
+        let mut linear = linear_rip(&sregs, rip);
+        while read < code.len() {
+            let translation = self.fd.translate_gva(linear).ok()?;
             if translation.valid == 0 {
                 break;
             }
-            *byte = memory
-                .read_obj(GuestAddress(translation.physical_address))
+            let on_page = (PAGE_SIZE - linear % PAGE_SIZE) as usize;
+            let end = code.len().min(read + on_page);
+            memory
+                .read_slice(
+                    &mut code[read..end],
+                    GuestAddress(translation.physical_address),
+                )
                 .ok()?;
+            linear = linear.wrapping_add((end - read) as u64);
+            read = end;
         }
-        out_instruction_len(&code, sregs.cs.l == 1)
+        out_instruction_len(&code[..read], sregs.cs.l == 1)
     }
 }
 
@@ -140,6 +153,21 @@ mod tests {
         assert_eq!(out_instruction_len(&[0xec], true), None);
         assert_eq!(out_instruction_len(&[0x90], true), None);
         assert_eq!(out_instruction_len(&[0x66; 20], true), None);
+    }
+
+    /// The OUT is read back from guest memory, here across a page boundary:
+    /// `66 e7 80` (out 0x80, eax with an operand-size prefix) from the last
+    /// byte of one page into the next, after NOPs to get there.
+    #[test]
+    fn an_out_across_a_page_boundary_is_read_from_guest_memory() {
+        let at = PAGE_SIZE * 2 - 1;
+        let mut code = vec![0x90; (at - CODE.0) as usize];
+        code.extend_from_slice(&[0x66, 0xe7, 0x80, 0xf4]);
+        let kvm = Kvm::new().unwrap();
+        let mut guest = CodeGuest::new(&kvm, &code, false).unwrap();
+        assert!(matches!(guest.vcpu.fd.run(), Ok(VcpuExit::IoOut(0x80, _))));
+        assert_eq!(guest.vcpu.out_instruction_len(&guest.memory, at), Some(3));
+        assert_eq!(guest.vcpu.out_instruction_len(&guest.memory, CODE.0), None);
     }
 
     /// The probe answers on this host, and the answer is the one the

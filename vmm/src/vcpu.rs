@@ -167,7 +167,7 @@ impl Vcpu {
     /// the place past it, where PVM reports it (see `port_exit`).
     pub fn place_past_out(&self, memory: &crate::memory::GuestMemory) -> Result<Place, VcpuError> {
         let mut regs = self.exit_registers()?;
-        regs.rip += self.out_instruction_len(memory).unwrap_or(0);
+        regs.rip += self.out_instruction_len(memory, regs.rip).unwrap_or(0);
         Ok(place_of(&regs))
     }
 
