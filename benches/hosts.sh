@@ -61,12 +61,7 @@ fi
 [ -x "$provm" ] || { echo "hosts.sh: build provm first: cargo build --release" >&2; exit 1; }
 work="$repo/target/bench-hosts"
 rm -rf "$work"
-mkdir -p "$work/root/bin" "$work/root/"{tmp,proc,sys,dev,etc}
-cp /bin/busybox "$work/root/bin/"
-for applet in $(/bin/busybox --list); do
-  [ "$applet" = busybox ] || ln -s busybox "$work/root/bin/$applet"
-done
-mkfs.ext4 -q -d "$work/root" "$work/image.raw" 24M
+"$repo/scripts/busybox-image" "$work"
 results="$work/results"
 measure pvm "$work/image.raw" "$work/pvm" >"$results"
 for kernel in 6.12 6.1; do
