@@ -254,6 +254,17 @@ fn bad_input_gets_a_clear_error() {
         "/no/such/image.qcow2",
     );
 
+    // An unknown CPU model is a usage error that lists the models.
+    let unknown_cpu = provm(&["record", "--cpu", "x86-64-v9", tiny, "--", "true"]);
+    assert_eq!(unknown_cpu.status, 2, "{}", unknown_cpu.stderr);
+    assert!(
+        unknown_cpu
+            .stderr
+            .contains("[possible values: host, x86-64-v2, x86-64-v3]"),
+        "{}",
+        unknown_cpu.stderr
+    );
+
     let empty = dir.join("empty.img");
     std::fs::write(&empty, b"").unwrap();
     expect_error(&["run", path(&empty), "--", "true"], "empty");
