@@ -392,8 +392,11 @@ impl Debuggee {
         )
     }
 
-    /// Single-steps, breakpoints off, while `more` holds where the replay
-    /// stands; returns the last point at which it held.
+    /// Single-steps, as `stepi` does, while `more` holds where the replay
+    /// stands; returns the last point at which it held. Breakpoints stay
+    /// armed: a step can run more than one instruction (over a fault, its
+    /// handler; with the trap flag, a SYSCALL whose FMASK clears it), and
+    /// must stop where continuing would have stopped too.
     fn step_while(
         &mut self,
         more: impl Fn(Point) -> bool,
@@ -402,8 +405,8 @@ impl Debuggee {
         let mut last = self.here;
         while more(self.here) {
             last = self.here;
-            match self.advance(false, true, None, interrupted)? {
-                Halt::Step => {}
+            match self.advance(true, true, None, interrupted)? {
+                Halt::Step | Halt::Breakpoint => {}
                 halt => return Ok(ControlFlow::Break(halt)),
             }
         }

@@ -108,13 +108,19 @@ impl DebugStop {
         }
     }
 
-    /// Whether resuming must step over the instruction breakpoint that
-    /// stopped the guest: an instruction breakpoint is a fault, taken again
-    /// when the guest is re-entered at it. RFLAGS.RF would suppress it for
-    /// one instruction on hardware, but PVM's ring-0 emulator ignores RF;
-    /// a single step without breakpoints works on both (as gdb does it).
-    pub fn needs_step_over(&self) -> bool {
-        matches!(self, DebugStop::Breakpoint { .. })
+    /// Whether resuming under `debug` must step over an instruction
+    /// breakpoint where the guest stands: the one that stopped it, or one a
+    /// single step landed on. An instruction breakpoint is a fault, taken
+    /// when the guest is entered at it, so without this a step that lands
+    /// on one would stop there twice (SVM and VMX; PVM's ring-0 emulator
+    /// does not fault there). RFLAGS.RF would suppress it for one
+    /// instruction on hardware, but PVM's emulator ignores RF; a single step
+    /// without breakpoints works on every host (as gdb does it).
+    pub fn needs_step_over(&self, debug: &GuestDebug) -> bool {
+        match *self {
+            DebugStop::Breakpoint { .. } => true,
+            DebugStop::Step { rip } => debug.breakpoints.contains(&rip),
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! one seam (see `seam.rs`).
 
 pub mod boot;
+pub mod breakpoint_step;
 pub mod bus;
 pub mod clock;
 mod code_guest;

@@ -11,6 +11,7 @@
 
 use std::sync::OnceLock;
 
+use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use kvm_bindings::kvm_sregs;
 use kvm_ioctls::{Kvm, VcpuExit};
 
@@ -73,21 +74,11 @@ fn probe(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
 
 /// The length of the non-string OUT instruction that starts `code`, or
 /// None when `code` starts with something else (OUTS, which every KVM
-/// reports at the instruction, needs no adjustment). Only prefixes and the
-/// four OUT opcodes need decoding: no crate decodes this little without
-/// pulling in a whole disassembler.
+/// reports at the instruction, needs no adjustment).
 pub fn out_instruction_len(code: &[u8], long_mode: bool) -> Option<u64> {
-    for (at, &byte) in code.iter().enumerate().take(MAX_INSTRUCTION_LEN) {
-        match byte {
-            // Operand/address size, REP, LOCK and segment prefixes.
-            0x66 | 0x67 | 0xf2 | 0xf3 | 0xf0 | 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 => {}
-            0x40..=0x4f if long_mode => {}             // REX
-            0xe6 | 0xe7 => return Some(at as u64 + 2), // out imm8, al/eax
-            0xee | 0xef => return Some(at as u64 + 1), // out dx, al/eax
-            _ => return None,
-        }
-    }
-    None
+    let bitness = if long_mode { 64 } else { 32 };
+    let instruction = Decoder::new(bitness, code, DecoderOptions::NONE).decode();
+    (instruction.mnemonic() == Mnemonic::Out).then(|| instruction.len() as u64)
 }
 
 /// The guest-linear address of the instruction at `rip`.
@@ -102,19 +93,32 @@ fn linear_rip(sregs: &kvm_sregs, rip: u64) -> u64 {
 const PAGE_SIZE: u64 = 4096;
 
 impl Vcpu {
-    /// The length of the OUT instruction at `rip`, read through the guest's
-    /// own translation (KVM_TRANSLATE, so any paging mode): one translation
-    /// per page the instruction's bytes can lie on, at most two.
+    /// The length of the OUT instruction at `rip` (see
+    /// `out_instruction_len`).
     pub fn out_instruction_len(
         &self,
         memory: &crate::memory::GuestMemory,
         rip: u64,
     ) -> Option<u64> {
-        use vm_memory::{Bytes, GuestAddress};
         let sregs = self.fd.get_sregs().ok()?;
+        let code = self.instruction_bytes(memory, &sregs, rip)?;
+        out_instruction_len(&code, sregs.cs.l == 1)
+    }
+
+    /// The bytes at `rip` an instruction can span (15), or as many of them
+    /// as are mapped, read through the guest's own translation
+    /// (KVM_TRANSLATE, so any paging mode): one translation per page they
+    /// lie on, at most two.
+    pub(crate) fn instruction_bytes(
+        &self,
+        memory: &crate::memory::GuestMemory,
+        sregs: &kvm_sregs,
+        rip: u64,
+    ) -> Option<Vec<u8>> {
+        use vm_memory::{Bytes, GuestAddress};
         let mut code = [0u8; MAX_INSTRUCTION_LEN];
         let mut read = 0;
-        let mut linear = linear_rip(&sregs, rip);
+        let mut linear = linear_rip(sregs, rip);
         while read < code.len() {
             let translation = self.fd.translate_gva(linear).ok()?;
             if translation.valid == 0 {
@@ -131,7 +135,7 @@ impl Vcpu {
             linear = linear.wrapping_add((end - read) as u64);
             read = end;
         }
-        out_instruction_len(&code[..read], sregs.cs.l == 1)
+        Some(code[..read].to_vec())
     }
 }
 

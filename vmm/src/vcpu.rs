@@ -58,6 +58,8 @@ pub enum VcpuError {
     Msr { index: u32, value: u64 },
     #[error("the snapshot's MSR {index:#x} holds {value:#x}, and this host's KVM has no such MSR (replay on a host whose kernel has it)")]
     MsrUnknownHere { index: u32, value: u64 },
+    #[error("KVM cannot read MSR {0:#x}")]
+    MsrUnreadable(u32),
     #[error("cannot probe how this host's KVM behaves: {0}")]
     Probe(kvm_ioctls::Error),
     #[error("this host's KVM behaved unexpectedly in a probe: {0}")]
@@ -300,6 +302,19 @@ impl Vcpu {
             }
         }
         Ok(())
+    }
+
+    /// One MSR's value.
+    pub fn msr(&self, index: u32) -> Result<u64, VcpuError> {
+        let mut one = Msrs::from_entries(&[kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .expect("one MSR fits the FAM wrapper");
+        match self.fd.get_msrs(&mut one).map_err(getting("MSRs"))? {
+            1 => Ok(one.as_slice()[0].data),
+            _ => Err(VcpuError::MsrUnreadable(index)),
+        }
     }
 
     /// Puts back a state taken by `save`, on a vCPU created with

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::{self, BootError};
+use crate::breakpoint_step::{self, StepMethod};
 use crate::bus::{Bus, BusError};
 use crate::cpu_baseline::{self, Baseline, BaselineError};
 use crate::cpuid::{self, CpuidEntry, Platform};
@@ -45,6 +46,9 @@ use crate::port_exit::{self, OutExitRip};
 use crate::seam::{Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
+
+/// The SYSCALL instruction's entry point (IA32_LSTAR).
+const MSR_LSTAR: u32 = 0xc000_0082;
 
 /// The virtio devices: where each sits and which PIC line it raises.
 const BLOCK_MMIO: u64 = MMIO_START;
@@ -331,6 +335,11 @@ pub struct Vm {
     step_over_due: bool,
     /// It is stepping over one, with its breakpoints lifted.
     stepping_over: bool,
+    /// How this host single-steps the guest unseen (`breakpoint_step`).
+    step_method: StepMethod,
+    /// While a step is made with breakpoints: how many of the armed ones
+    /// are the debugger's (the rest make the step).
+    step_breakpoints: Option<usize>,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -421,6 +430,7 @@ impl Vm {
         register_memory(&vm, &memory).map_err(VmError::Kvm)?;
         let vcpu = Vcpu::new(&kvm, &vm, cpuid)?;
         let out_exit_rip = port_exit::host_convention(&kvm)?;
+        let step_method = breakpoint_step::host_method(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
 
         let seam = config.seam;
@@ -500,6 +510,8 @@ impl Vm {
             exit_clock: None,
             step_over_due: false,
             stepping_over: false,
+            step_method,
+            step_breakpoints: None,
             _not_send: PhantomData,
         })
     }
@@ -635,6 +647,7 @@ impl Vm {
             self.apply_guest_debug(&guest_debug::step_over())?;
             self.stepping_over = true;
         }
+        self.arm_breakpoint_step()?;
         if let Some(clock) = &mut self.exit_clock {
             clock.entering(&self.memory, self.seam.logging_ns());
         }
@@ -652,7 +665,14 @@ impl Vm {
             // Not an exit either: the guest is where it would have been.
             Ok(VcpuExit::Debug(debug)) => {
                 self.at_exit = false;
-                let stop = DebugStop::from_kvm(&debug);
+                let stop = match (DebugStop::from_kvm(&debug), self.step_breakpoints) {
+                    // One of the breakpoints that make a step, not the
+                    // debugger's.
+                    (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
+                        DebugStop::Step { rip }
+                    }
+                    (stop, _) => stop,
+                };
                 if std::mem::take(&mut self.stepping_over) {
                     // Stepped past the breakpoint: put the breakpoints back.
                     self.apply_guest_debug(&self.guest_debug)?;
@@ -660,7 +680,7 @@ impl Vm {
                         return Ok(Entry::Kicked);
                     }
                 }
-                self.step_over_due = stop.needs_step_over();
+                self.step_over_due = stop.needs_step_over(&self.guest_debug);
                 return Ok(Entry::Debug(stop));
             }
             Ok(exit) => Some(exit),
@@ -698,6 +718,38 @@ impl Vm {
         self.guest_debug = debug.clone();
         if !self.stepping_over {
             self.apply_guest_debug(debug)?;
+        }
+        Ok(())
+    }
+
+    /// Before entering a guest that single-steps on a host whose guest
+    /// would see the trap flag: puts breakpoints where the instruction at
+    /// RIP continues (see `breakpoint_step`), after the debugger's own.
+    fn arm_breakpoint_step(&mut self) -> Result<(), VmError> {
+        self.step_breakpoints = None;
+        let in_force = if self.stepping_over {
+            guest_debug::step_over()
+        } else {
+            self.guest_debug.clone()
+        };
+        if !in_force.single_step || self.step_method != StepMethod::Breakpoints {
+            return Ok(());
+        }
+        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
+        let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
+        let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
+        let code = self
+            .vcpu
+            .instruction_bytes(&self.memory, &sregs, regs.rip)
+            .unwrap_or_default();
+        let armed =
+            breakpoint_step::arm(&in_force, &code, &regs, &sregs, syscall_entry, &self.memory);
+        match armed {
+            Some(armed) => {
+                self.apply_guest_debug(&armed)?;
+                self.step_breakpoints = Some(in_force.breakpoints.len());
+            }
+            None => self.apply_guest_debug(&in_force)?,
         }
         Ok(())
     }
