@@ -4,6 +4,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use provm_trace::format::FormatError;
+use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
 
 use crate::disk::chain;
@@ -58,6 +59,15 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
                 "; user space saw the host's own CPUID"
             } else {
                 ""
+            }
+        )?;
+        writeln!(
+            out,
+            "interrupts {}",
+            match m.interrupt_delivery {
+                InterruptDelivery::Doorbell => "at the guest kernel's doorbell exits (any host)",
+                InterruptDelivery::WindowExit =>
+                    "at KVM's interrupt-window exits (replays on SVM and VMX, not PVM)",
             }
         )?;
         writeln!(

@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_seams::Recorder;
+use provm_seams::{delivery, Recorder};
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
-use provm_trace::manifest::{HostDescription, ImageIdentity, Manifest, Outcome};
+use provm_trace::manifest::{HostDescription, ImageIdentity, InterruptDelivery, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;
-use provm_vmm::vm::VmSnapshot;
+use provm_vmm::vm::{self, VmSnapshot};
 
 use crate::blame;
 use crate::cpu_model;
@@ -96,6 +96,7 @@ pub fn record(
     let profile_path = kernel::profile_path(&prepared.boot.kernel);
     let kernel_profile =
         std::fs::read(&profile_path).map_err(|_| RecordError::ProfileMissing(profile_path))?;
+    let delivery = vm::recording_delivery().map_err(RunError::from)?;
     let mut manifest = manifest(
         options,
         &prepared,
@@ -104,6 +105,7 @@ pub fn record(
         &snapshot,
         &job,
     );
+    manifest.interrupt_delivery = delivery::recorded(delivery);
     manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
     let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
     trace
@@ -135,8 +137,9 @@ pub fn record(
                 Some(trace),
                 run::pinned_clock(pinning, start_ns),
                 &INTERRUPTED,
-            ),
-            None => Recorder::new(trace, start_ns, &INTERRUPTED),
+            )
+            .delivering(delivery),
+            None => Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery),
         })
         .map_err(RunError::from)?;
     let timing = options
@@ -278,6 +281,8 @@ fn manifest(
         ),
         host: host_description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
+        // Filled in by `record`, from this host's probe.
+        interrupt_delivery: InterruptDelivery::default(),
         fork: None,
     }
 }

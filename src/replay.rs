@@ -6,13 +6,15 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
-use provm_seams::{RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{delivery, RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
+use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
+use provm_vmm::seam::Delivery;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::blame::{BlameError, TimingOptions, TimingReport};
@@ -55,6 +57,8 @@ pub enum ReplayError {
     Cpu(#[from] CpuRefusal),
     #[error("the trace is inconsistent: its snapshot's CPUID is not the one its manifest records")]
     SnapshotCpuid,
+    #[error("refusing to replay: the recording delivered interrupts at KVM's interrupt-window exits (an SVM or VMX host), and this host's KVM does not place those exits where the guest enables interrupts (PVM), so the replay could not find them again. Replay it on an SVM or VMX host")]
+    NoExactWindow,
     #[error(transparent)]
     Image(#[from] ImageError),
     #[error(transparent)]
@@ -233,6 +237,11 @@ impl Opened {
             &vm::probe_cpu(Baseline::Host)?,
             Platform::detect(),
         )?;
+        if manifest.interrupt_delivery == InterruptDelivery::WindowExit
+            && vm::recording_delivery()? != Delivery::WindowExit
+        {
+            return Err(ReplayError::NoExactWindow);
+        }
         let (base, extracted) = open_image(options, &trace)?;
         chain::check(&base, &manifest.image)?;
 
@@ -269,7 +278,8 @@ impl Opened {
             self.trace.events()?,
             self.start_ns,
             RecordedEnd::of(&self.trace.outcome),
-        );
+        )
+        .delivering(delivery::replayed(self.trace.manifest.interrupt_delivery));
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
         }

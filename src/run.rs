@@ -299,8 +299,11 @@ pub fn start_observed(
     };
     // A plain run's Ctrl-C ends provm at once; a pinned one's too.
     static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+    // Delivered as a pinned recording here delivers: the same log.
+    let delivery = provm_vmm::vm::recording_delivery()?;
     let (mut vm, recorder) = machine.restore(snapshot, |start_ns| {
         Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
+            .delivering(delivery)
     })?;
     let timing = options
         .timing

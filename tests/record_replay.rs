@@ -13,6 +13,9 @@ use common::{
     assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, Finished,
     PROVM_FAILED, RECORD_WORKLOADS, REPLAY_CUT_SHORT,
 };
+use provm_trace::events::Event;
+use provm_trace::manifest::InterruptDelivery;
+use provm_trace::reader::Trace;
 use provm_vmm::cpuid::Platform;
 
 fn record(trace: &Path, extra: &[&str], script: &str) -> Finished {
@@ -159,6 +162,45 @@ fn user_mode_rdtsc_replays_where_the_host_honours_tsd_and_diverges_on_pvm() {
     ] {
         assert!(replay.stdout.contains(part), "{part}: {}", replay.stdout);
     }
+}
+
+/// A tick due while the guest kernel has interrupts off waits for the
+/// guest to enable them: at KVM's interrupt-window exit where the host
+/// places it exactly (SVM, VMX), at the guest kernel's doorbell exit
+/// (port 0x440) on PVM, whose window moves. The trace says which, and the
+/// replay finds the same exits.
+#[test]
+fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell_elsewhere() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("held-interrupts");
+    // Disk writes, whose kernel paths turn interrupts off and on again.
+    let busy = "dd if=/dev/zero of=/tmp/f bs=64k count=64 2>/dev/null; sync; echo done";
+    assert_eq!(record(&trace, &[], busy).status, 0);
+    let opened = Trace::open(&trace).unwrap();
+    let (mut windows, mut doorbells) = (0, 0);
+    let mut events = opened.events().unwrap();
+    while let Some(event) = events.next_event().unwrap() {
+        match event {
+            Event::InterruptWindow { .. } => windows += 1,
+            Event::PioWrite { port: 0x440, .. } => doorbells += 1,
+            _ => {}
+        }
+    }
+    let delivery = opened.manifest.interrupt_delivery;
+    if Platform::detect() == Platform::Hardware {
+        assert_eq!(delivery, InterruptDelivery::WindowExit);
+        assert!(windows > 0, "no interrupt-window exit was recorded");
+        assert_eq!(
+            doorbells, 0,
+            "the doorbell rang on a host with exact windows"
+        );
+    } else {
+        assert_eq!(delivery, InterruptDelivery::Doorbell);
+        assert_eq!(windows, 0, "an interrupt-window exit was recorded on PVM");
+        assert!(doorbells > 0, "no doorbell exit was recorded");
+    }
+    eprintln!("{delivery:?}: {windows} window exits, {doorbells} doorbell exits");
+    assert_replay_matches(&trace);
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! writes is what the other compares.
 
 mod clock;
+pub mod delivery;
 mod exit_event;
 mod recorder;
 mod replayer;

@@ -12,7 +12,7 @@ use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, TraceWriter};
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
-use provm_vmm::seam::{Exit, Place, Seam};
+use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 
 use crate::clock::RecorderClock;
 use crate::exit_event;
@@ -24,6 +24,8 @@ pub struct Recorder {
     interrupted: &'static AtomicBool,
     /// Host time spent appending to the log (`Seam::logging_ns`).
     logging_ns: AtomicU64,
+    /// Where interrupts are delivered (`delivering`).
+    delivery: Delivery,
 }
 
 struct Log {
@@ -91,7 +93,16 @@ impl Recorder {
             }),
             interrupted,
             logging_ns: AtomicU64::new(0),
+            delivery: Delivery::Doorbell,
         }
+    }
+
+    /// Delivers interrupts the guest cannot take at once as `delivery`
+    /// says (the guest's doorbell unless told otherwise); the trace's
+    /// manifest must say the same, for the replay.
+    pub fn delivering(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     fn log(&self, event: Event) {
@@ -132,8 +143,8 @@ impl Clock for Recorder {
 }
 
 impl Seam for Recorder {
-    fn preemptive(&self) -> bool {
-        false
+    fn delivery(&self) -> Delivery {
+        self.delivery
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

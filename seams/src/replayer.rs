@@ -12,7 +12,7 @@ use provm_trace::format::FormatError;
 use provm_trace::manifest::Outcome;
 use provm_vmm::clock::Clock;
 use provm_vmm::guest_debug::DebugStop;
-use provm_vmm::seam::{Exit, Place, Seam};
+use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 use crate::exit_event;
@@ -152,6 +152,8 @@ pub struct Replayer {
     /// A fork's injected disk error: this disk access (counted from 1)
     /// fails, as it did in the fork; and the accesses so far.
     disk_error: Mutex<(Option<u64>, u64)>,
+    /// Where interrupts were delivered (`delivering`).
+    delivery: Delivery,
 }
 
 struct State {
@@ -201,7 +203,15 @@ impl Replayer {
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
+            delivery: Delivery::Doorbell,
         }
+    }
+
+    /// Delivers interrupts as the recording did (its manifest says how;
+    /// the guest's doorbell unless told otherwise).
+    pub fn delivering(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     /// Fails the `access`th disk access, counted from 1 (a fork's trace:
@@ -625,8 +635,8 @@ impl Clock for Replayer {
 }
 
 impl Seam for Replayer {
-    fn preemptive(&self) -> bool {
-        false
+    fn delivery(&self) -> Delivery {
+        self.delivery
     }
 
     /// The logged clock says when the guest woke: no need to wait.

@@ -12,7 +12,7 @@ use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, TraceWriter};
 use provm_vmm::clock::{Clock, PinnedClock, PINNED_EXIT_STEP_NS};
-use provm_vmm::seam::{Exit, Place, Seam};
+use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 
 /// Why the VM stops once, right after the fork point: the host may have
 /// input to send there (see `fork::run_fork`).
@@ -240,8 +240,9 @@ impl Clock for ForkSeam {
 }
 
 impl Seam for ForkSeam {
-    fn preemptive(&self) -> bool {
-        false
+    fn delivery(&self) -> Delivery {
+        // The fork goes on as the recording went.
+        self.replayer.delivery()
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

@@ -24,10 +24,28 @@ pub struct Manifest {
     pub host: HostDescription,
     /// The longest the guest could run without exits while a tick waited.
     pub exitless_limit_seconds: Option<u64>,
+    /// Where an interrupt the guest could not take at once was delivered.
+    /// Absent from the traces of older provm versions: the doorbell.
+    #[serde(default)]
+    pub interrupt_delivery: InterruptDelivery,
     /// Set on a what-if fork of a replay (`provm replay --fork-at`): its log
     /// is the recording's up to the fork point, then the fork's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+}
+
+/// Where the recording delivered an interrupt that came due while the
+/// guest had interrupts disabled; a replay must do the same.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum InterruptDelivery {
+    /// At the exit the guest kernel makes when it enables interrupts and
+    /// finds its doorbell rung (kernel patch 0007): every host.
+    #[default]
+    Doorbell,
+    /// At KVM's interrupt-window exit: hosts that place it where the guest
+    /// enables interrupts (SVM, VMX), not PVM.
+    WindowExit,
 }
 
 /// Where a fork came from, and the fault it injected.

@@ -17,6 +17,7 @@ pub mod devices;
 pub mod disk;
 pub mod exit_timing;
 pub mod guest_debug;
+pub mod interrupt_window;
 pub mod memory;
 pub mod msr;
 pub mod paging;

@@ -55,12 +55,36 @@ pub struct Place {
     pub registers: u64,
 }
 
+/// Where the VMM may deliver an interrupt: a timer tick falls due at any
+/// instruction, but an arbitrary instruction cannot be found again without
+/// an instruction counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Anywhere: the vCPU is kicked out of the guest when a tick falls due,
+    /// and KVM's interrupt-window exit is asked for. Nothing replays a live
+    /// run.
+    Anywhere,
+    /// At VM exits only; where the guest has interrupts off then, at KVM's
+    /// interrupt-window exit, on hosts that place it exactly
+    /// (`interrupt_window`).
+    WindowExit,
+    /// At VM exits only; where the guest has interrupts off then, at the
+    /// exit the guest kernel makes when it finds its doorbell rung (kernel
+    /// patch 0007). Every host.
+    Doorbell,
+}
+
+impl Delivery {
+    /// Whether the VMM may interrupt the guest between exits.
+    pub fn preemptive(self) -> bool {
+        self == Delivery::Anywhere
+    }
+}
+
 pub trait Seam: Clock {
-    /// Whether the VMM may interrupt the guest at an arbitrary instruction to
-    /// deliver a timer tick. Such a point cannot be found again without an
-    /// instruction counter, so a recorder or replayer answers false: ticks
-    /// then wait for the guest's next exit.
-    fn preemptive(&self) -> bool;
+    /// Where the VMM may deliver interrupts: a recorder and a replayer
+    /// deliver at exits, as the trace says (`Delivery`).
+    fn delivery(&self) -> Delivery;
 
     /// The guest halted until the virtual clock reaches `ns`: wait for it, but
     /// not past `limit`. A replayer returns at once (its clock is the log).
@@ -138,8 +162,8 @@ impl Clock for LiveSeam {
 }
 
 impl Seam for LiveSeam {
-    fn preemptive(&self) -> bool {
-        true
+    fn delivery(&self) -> Delivery {
+        Delivery::Anywhere
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

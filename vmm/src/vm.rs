@@ -39,11 +39,12 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
+use crate::interrupt_window;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
 use crate::paging::{self, Unmapped};
 use crate::port_exit::{self, OutExitRip};
-use crate::seam::{Exit, ObservedDisk, Seam};
+use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
 
@@ -555,7 +556,7 @@ impl Vm {
                 self.vcpu.finish_pending_exit();
                 return Ok(VmEvent::Paused);
             }
-            if self.at_exit || self.seam.preemptive() {
+            if self.at_exit || self.seam.delivery().preemptive() {
                 self.deliver_interrupts()?;
             }
             let halted = match self.run_once()? {
@@ -588,8 +589,8 @@ impl Vm {
     }
 
     /// Raises the timer line for due ticks, then injects the PIC's highest
-    /// request if the guest can take it, or (preemptive VMs only) asks KVM
-    /// for an exit when it can.
+    /// request if the guest can take it, or has the guest exit when it can
+    /// (KVM's interrupt window or the guest's doorbell, as the seam says).
     fn deliver_interrupts(&mut self) -> Result<(), VmError> {
         let now = self.seam.monotonic_ns();
         if self.pit.lock().unwrap().poll(now) {
@@ -605,15 +606,11 @@ impl Vm {
             waiting = false;
         }
         drop(pic);
-        if self.seam.preemptive() {
-            self.vcpu.request_interrupt_window(waiting);
-        } else {
-            // Where the interrupt window opens is not reproducible here: PVM
-            // sometimes reports it between STI and the HLT its shadow
-            // covers, sometimes not. A non-preemptive VM rings the guest's
-            // doorbell instead, so that the guest exits where it enables
-            // interrupts again, a point its own execution fixes.
-            self.mark_doorbell(waiting);
+        match self.seam.delivery() {
+            Delivery::Anywhere | Delivery::WindowExit => {
+                self.vcpu.request_interrupt_window(waiting);
+            }
+            Delivery::Doorbell => self.mark_doorbell(waiting),
         }
         Ok(())
     }
@@ -637,7 +634,7 @@ impl Vm {
 
     /// Enters the guest once and handles the exit.
     fn run_once(&mut self) -> Result<Entry, VmError> {
-        let kick_after = if self.seam.preemptive() {
+        let kick_after = if self.seam.delivery().preemptive() {
             self.until_next_tick().unwrap_or(Duration::MAX)
         } else {
             // Only to check the deadline and the seam: ticks wait for an exit.
@@ -851,7 +848,11 @@ impl Vm {
         // Reading the clock here would be an input at a point no replay can
         // find again; a tick is scheduled, and after `limit` it is due.
         let tick_scheduled = self.pit.lock().unwrap().next_deadline_ns().is_some();
-        if self.seam.preemptive() || spinning < limit || !tick_scheduled || self.exitless_warned {
+        if self.seam.delivery().preemptive()
+            || spinning < limit
+            || !tick_scheduled
+            || self.exitless_warned
+        {
             return Ok(());
         }
         let rip = self.rip();
@@ -975,6 +976,17 @@ fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
 
 /// The CPU model a VM booted with `baseline` gets on this host, without
 /// building one.
+/// Where a recording on this host delivers the interrupts the guest
+/// cannot take at once: at the interrupt-window exit where the host places
+/// it exactly, else at the guest kernel's doorbell.
+pub fn recording_delivery() -> Result<Delivery, VmError> {
+    Ok(if interrupt_window::exact_here(&open_kvm()?)? {
+        Delivery::WindowExit
+    } else {
+        Delivery::Doorbell
+    })
+}
+
 pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;

@@ -107,6 +107,7 @@ pub fn sample_sections() -> Sections {
             hypervisor: String::new(),
         },
         exitless_limit_seconds: None,
+        interrupt_delivery: Default::default(),
         fork: None,
     };
     let outcome = Outcome {
