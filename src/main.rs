@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::host_paths::HostPaths;
 use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
@@ -197,6 +198,12 @@ struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     no_timing: bool,
+    /// Name the host's files (the image and its backing files, the kernel)
+    /// by their paths in the trace and its provenance, instead of by file
+    /// name and digest alone: a published trace then shows your user name
+    /// and directory layout.
+    #[arg(long)]
+    keep_host_paths: bool,
     /// The guest's CPU: `host`, this host's (less what provm hides), or a
     /// named baseline that keeps only that x86-64 level's features, so that
     /// the trace replays on any host that can offer it (not on PVM).
@@ -211,8 +218,9 @@ struct RecordArgs {
 
 #[derive(clap::Args)]
 struct ReplayArgs {
-    /// Replay against this image instead of the recorded path (its digest
-    /// must match the recorded one).
+    /// Replay against this image instead of the recorded one (found by its
+    /// recorded name, beside the trace, or where this host recorded it; its
+    /// digest must match the recorded one).
     #[arg(long)]
     image: Option<PathBuf>,
     /// Give up after this many seconds.
@@ -453,6 +461,9 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     let mut run = run_options(args.run, verbose);
     run.timing.capture = !args.no_timing;
     run.cpu = args.cpu;
+    if args.keep_host_paths {
+        run.host_paths = HostPaths::Kept;
+    }
     let options = RecordOptions {
         run,
         output,
