@@ -6,6 +6,7 @@
 mod capture;
 mod derived;
 mod dot;
+mod files;
 mod inputs;
 mod model;
 mod noise;
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 
 pub use capture::{build, Boundary, VmBoundary};
 pub use derived::load_or_derive;
+pub use files::{inputs as input_files, outputs as output_files, Output};
 pub use inputs::{of_machine as machine_inputs, of_trace as trace_inputs};
 pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
 pub use noise::noise_kind;
