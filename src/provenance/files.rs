@@ -80,3 +80,58 @@ pub fn outputs(graph: &Provenance) -> BTreeMap<&str, Output<'_>> {
     }
     files
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(id: &str, path: &str) -> Entity {
+        Entity {
+            id: id.into(),
+            kind: EntityKind::File,
+            name: path.into(),
+            sha256: Some(format!("{id} digest")),
+            size: 1,
+            content: Vec::new(),
+        }
+    }
+
+    fn used(entity: &str) -> Relation {
+        Relation::Used {
+            activity: "process/1".into(),
+            entity: entity.into(),
+            role: "read".into(),
+        }
+    }
+
+    #[test]
+    fn inputs_are_the_guest_files_used_and_not_made_each_once() {
+        let graph = Provenance {
+            entities: vec![
+                file("file/1", "/data/in.txt"),
+                file("file/2", "/tmp/mid.txt"),
+                file("file/3", "/proc/self/stat"),
+                file("file/4", "/bin/sort"),
+            ],
+            relations: vec![
+                used("file/4"),
+                used("file/1"),
+                Relation::WasGeneratedBy {
+                    entity: "file/2".into(),
+                    activity: "process/1".into(),
+                },
+                used("file/2"),
+                used("file/3"),
+                used("file/1"),
+            ],
+            ..Provenance::default()
+        };
+        let names: Vec<&str> = inputs(&graph)
+            .iter()
+            .map(|file| file.name.as_str())
+            .collect();
+        assert_eq!(names, ["/bin/sort", "/data/in.txt"]);
+        let outputs: Vec<&str> = outputs(&graph).into_keys().collect();
+        assert_eq!(outputs, ["/tmp/mid.txt"]);
+    }
+}

@@ -328,3 +328,23 @@ fn capitalised(text: &str) -> String {
         first.to_uppercase().chain(chars).collect()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_license_is_an_spdx_identifier_or_a_url_and_none_is_said() {
+        let (id, entity) = license(&License::Chosen("CC-BY-4.0".into()));
+        assert_eq!(id, "https://spdx.org/licenses/CC-BY-4.0");
+        assert_eq!(entity["name"], "CC-BY-4.0");
+        let url = "https://example.org/terms";
+        assert_eq!(license(&License::Chosen(url.into())).0, url);
+        let (id, entity) = license(&License::Unchosen);
+        assert_eq!(entity["@id"], id);
+        assert!(entity["description"]
+            .as_str()
+            .unwrap()
+            .contains("--license"));
+    }
+}

@@ -65,8 +65,12 @@ impl CrateDir {
             move |source| ExportError::Io { path, source }
         };
         let name = host_paths::file_name(run);
-        let copy = AtomicFile::create(&self.0.join(&name), true)?;
-        fs::copy(run, copy.temp_path()).map_err(io_error(run))?;
+        // Copied through the open file, not fs::copy: the copy gets a new
+        // file's mode, where fs::copy would give it the trace's (0600).
+        let mut copy = AtomicFile::create(&self.0.join(&name), true)?;
+        fs::File::open(run)
+            .and_then(|mut trace| std::io::copy(&mut trace, copy.file()))
+            .map_err(io_error(run))?;
         let copied = copy.commit()?;
         let trace_file = CrateFile {
             size: fs::metadata(&copied).map_err(io_error(&copied))?.len(),
@@ -90,5 +94,26 @@ impl CrateDir {
         let mut json = serde_json::to_vec_pretty(&metadata).expect("a JSON value serialises");
         json.push(b'\n');
         AtomicFile::write(&self.0.join(METADATA), true, &json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_that_holds_anything_is_refused_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("new/crate");
+        CrateDir::claim(&new, false).unwrap();
+        assert!(new.is_dir());
+        // Empty: ours to fill.
+        CrateDir::claim(&new, false).unwrap();
+        fs::write(new.join("notes.txt"), "theirs").unwrap();
+        let refused = CrateDir::claim(&new, false).err().unwrap();
+        assert!(matches!(refused, ExportError::NotEmpty(_)), "{refused}");
+        assert!(refused.to_string().contains("--force"), "{refused}");
+        CrateDir::claim(&new, true).unwrap();
+        assert!(CrateDir::claim(&new.join("notes.txt"), true).is_err());
     }
 }
