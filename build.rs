@@ -42,7 +42,10 @@ fn build_guest_agent() {
         .args(["--config", "profile.release.strip=true"])
         .env(
             "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
-            "-C target-feature=+crt-static",
+            format!(
+                "-C target-feature=+crt-static --remap-path-prefix={}=/cargo",
+                cargo_home().display()
+            ),
         )
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -55,6 +58,15 @@ fn build_guest_agent() {
         .join("release")
         .join("provm-guest-agent");
     std::fs::copy(&built, out_dir.join("provm-guest-agent")).expect("copying the guest agent");
+}
+
+/// Where cargo keeps the crates it downloaded. Their source paths end up
+/// in the agent's panic messages, and the agent in every trace: remapped,
+/// a trace does not carry its builder's home directory.
+fn cargo_home() -> PathBuf {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env::var_os("HOME").unwrap_or_default()).join(".cargo"))
 }
 
 /// Lists every file under kernels/ (build script, config fragment, patches)

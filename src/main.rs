@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use provm::export::ro_crate::License;
+use provm::host_paths::HostPaths;
 use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
@@ -197,6 +199,12 @@ struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     no_timing: bool,
+    /// Name the host's files (the image and its backing files, the kernel)
+    /// by their paths in the trace and its provenance, instead of by file
+    /// name and digest alone: a published trace then shows your user name
+    /// and directory layout.
+    #[arg(long)]
+    keep_host_paths: bool,
     /// The guest's CPU: `host`, this host's (less what provm hides), or a
     /// named baseline that keeps only that x86-64 level's features, so that
     /// the trace replays on any host that can offer it (not on PVM).
@@ -211,8 +219,9 @@ struct RecordArgs {
 
 #[derive(clap::Args)]
 struct ReplayArgs {
-    /// Replay against this image instead of the recorded path (its digest
-    /// must match the recorded one).
+    /// Replay against this image instead of the recorded one (found by its
+    /// recorded name, beside the trace, or where this host recorded it; its
+    /// digest must match the recorded one).
     #[arg(long)]
     image: Option<PathBuf>,
     /// Give up after this many seconds.
@@ -363,6 +372,31 @@ enum ExportCommand {
         #[command(flatten)]
         output: ExportOutput,
     },
+    /// The artifact a paper deposits: a directory holding the trace, a
+    /// README saying how to check it (`provm inspect`, `provm replay`) and
+    /// ro-crate-metadata.json, a Workflow Run RO-Crate (Process Run Crate)
+    /// describing the run: the command, its inputs and outputs (from its
+    /// provenance: recorded with --prov, else derived by replaying it), its
+    /// start and end. `scripts/check-ro-crate DIR` validates it.
+    RoCrate {
+        /// The trace (.provm).
+        run: PathBuf,
+        /// The directory to write the crate into: new or empty.
+        #[arg(short, long, value_name = "DIR")]
+        output: PathBuf,
+        /// The crate's license: an SPDX identifier (CC-BY-4.0) or a URL.
+        /// Without it the crate says that none was chosen.
+        #[arg(long, value_name = "ID")]
+        license: Option<String>,
+        /// With a replay (a trace without --prov): the image, instead of
+        /// the recorded one (its digest must match the recorded one).
+        #[arg(long)]
+        image: Option<PathBuf>,
+        /// Write into DIR even if it holds files (the crate's own are
+        /// replaced).
+        #[arg(long)]
+        force: bool,
+    },
     /// The run's provenance (recorded with --prov, else derived by replaying
     /// it) as a Makefile: one rule
     /// per file it generated, the files its writer read as prerequisites,
@@ -453,6 +487,9 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     let mut run = run_options(args.run, verbose);
     run.timing.capture = !args.no_timing;
     run.cpu = args.cpu;
+    if args.keep_host_paths {
+        run.host_paths = HostPaths::Kept;
+    }
     let options = RecordOptions {
         run,
         output,
@@ -682,6 +719,35 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 output.output.display(),
                 provm::export::OCI_TAG,
                 archive.len()
+            );
+        }
+        ExportCommand::RoCrate {
+            run,
+            output,
+            license,
+            image,
+            force,
+        } => {
+            let dir = provm::export::ro_crate::CrateDir::claim(&output, force)?;
+            let replay = ReplayOptions {
+                trace: run.clone(),
+                image,
+                timeout: Duration::from_secs(provm::run::DEFAULT_TIMEOUT_SECONDS),
+                echo_console: false,
+            };
+            let graph = provenance::load_or_derive(&replay, false)?;
+            let trace = provm_trace::reader::Trace::open(&run)?;
+            let license = license.map_or_else(
+                || {
+                    eprintln!("provm: no --license: the crate says that none was chosen; choose one before depositing it");
+                    License::Unchosen
+                },
+                License::Chosen,
+            );
+            dir.write(&run, &trace, &graph, &license)?;
+            eprintln!(
+                "provm: wrote the RO-Crate {}; scripts/check-ro-crate validates it",
+                output.display()
             );
         }
         ExportCommand::Makefile { run, output, force } => {

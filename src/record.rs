@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_seams::{delivery, Recorder};
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
-use provm_trace::manifest::{HostDescription, ImageIdentity, InterruptDelivery, Manifest, Outcome};
+use provm_trace::manifest::{HostDescription, InterruptDelivery, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;
 use provm_vmm::vm::{self, VmSnapshot};
 
@@ -27,6 +27,7 @@ use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
 use crate::kernel;
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
+use crate::seen_images;
 use crate::session::{GuestSession, SessionError};
 use crate::utc::Utc;
 
@@ -107,6 +108,9 @@ pub fn record(
     );
     manifest.interrupt_delivery = delivery::recorded(delivery);
     manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
+    if let Some(image) = identity.image.first() {
+        seen_images::remember(&options.run.image, &image.sha256);
+    }
     let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
     trace
         .section(
@@ -221,7 +225,8 @@ pub fn record(
             .map_err(trace_error)?;
     }
     if options.embed_image {
-        let image = chain::embed(&manifest.image.chain, EMBED_LEVEL)?;
+        // The files on this host: the manifest may name them by file name only.
+        let image = chain::embed(&identity.image, EMBED_LEVEL)?;
         trace
             .section(SectionKind::Image, &image)
             .map_err(trace_error)?;
@@ -259,10 +264,10 @@ fn manifest(
             .collect(),
         cwd: options.run.cwd.clone(),
         root_device: prepared.root_device.clone(),
-        image: ImageIdentity {
-            path: options.run.image.display().to_string(),
-            chain: identity.image.clone(),
-        },
+        image: options
+            .run
+            .host_paths
+            .image_identity(&options.run.image, &identity.image),
         kernel_sha256: identity.kernel_sha256.clone(),
         // Filled in by `record`, which reads the profile.
         kernel_profile_sha256: String::new(),

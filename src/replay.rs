@@ -22,6 +22,7 @@ use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::machine::{Machine, MachineError};
+use crate::seen_images;
 use crate::snapshot;
 
 pub struct ReplayOptions {
@@ -49,8 +50,12 @@ impl ReplayOptions {
 pub enum ReplayError {
     #[error("{0}")]
     Trace(#[from] FormatError),
-    #[error("the image {0} the trace was recorded from is not there: pass --image PATH (the digests of its files are checked), or record with --embed-image")]
-    ImageMissing(PathBuf),
+    #[error("the trace was recorded from the image {name} (sha256 {sha256}), which is neither at {} nor known to this host: pass --image PATH (the digests of its files are checked), put it there, or record with --embed-image", .looked.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(" nor at "))]
+    ImageMissing {
+        name: String,
+        sha256: String,
+        looked: Vec<PathBuf>,
+    },
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error("refusing to replay: {0}")]
@@ -317,9 +322,10 @@ impl Opened {
     }
 }
 
-/// The image to replay against: the one named, else the recorded path,
-/// else the copy embedded in the trace (extracted, and returned too so that
-/// it outlives the VM).
+/// The image to replay against: the one named, else the recorded one
+/// (see `recorded_image`), else where this host last saw an image of its
+/// digest (`seen_images`), else the copy embedded in the trace (extracted,
+/// and returned too so that it outlives the VM).
 pub fn open_image(
     options: &ReplayOptions,
     trace: &Trace,
@@ -327,14 +333,73 @@ pub fn open_image(
     if let Some(path) = &options.image {
         return Ok((BaseImage::open(path)?, None));
     }
-    let recorded = Path::new(&trace.manifest.image.path);
-    if recorded.exists() {
-        return Ok((BaseImage::open(recorded)?, None));
+    let image = &trace.manifest.image;
+    let sha256 = image
+        .chain
+        .first()
+        .map_or_else(String::new, |file| file.sha256.clone());
+    let candidates = recorded_image(&options.trace, &image.path);
+    let found = candidates
+        .iter()
+        .find(|path| path.exists())
+        .cloned()
+        .or_else(|| seen_images::recall(&sha256));
+    if let Some(found) = found {
+        return Ok((BaseImage::open(&found)?, None));
     }
     if !trace.has_image {
-        return Err(ReplayError::ImageMissing(recorded.to_owned()));
+        return Err(ReplayError::ImageMissing {
+            name: image.path.clone(),
+            sha256,
+            looked: candidates,
+        });
     }
     eprintln!("provm: using the image embedded in the trace");
     let extracted = ExtractedChain::from_trace(trace)?;
     Ok((extracted.open()?, Some(extracted)))
+}
+
+/// Where the image the manifest names may be, in order: as recorded (a
+/// file name, relative to the current directory, or with
+/// `--keep-host-paths` the path as given), then beside the trace, where an
+/// archive keeps its files together.
+fn recorded_image(trace: &Path, recorded: &str) -> Vec<PathBuf> {
+    let recorded = PathBuf::from(recorded);
+    let beside_trace = trace
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(recorded.file_name().unwrap_or(recorded.as_os_str()));
+    let mut candidates = vec![recorded];
+    if !candidates.contains(&beside_trace) {
+        candidates.push(beside_trace);
+    }
+    candidates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_image_is_looked_for_as_named_then_beside_the_trace() {
+        assert_eq!(
+            recorded_image(Path::new("/deposit/run.provm"), "tiny.qcow2"),
+            [
+                PathBuf::from("tiny.qcow2"),
+                PathBuf::from("/deposit/tiny.qcow2")
+            ]
+        );
+        assert_eq!(
+            recorded_image(Path::new("/deposit/run.provm"), "/home/alice/tiny.qcow2"),
+            [
+                PathBuf::from("/home/alice/tiny.qcow2"),
+                PathBuf::from("/deposit/tiny.qcow2")
+            ]
+        );
+        // A trace in the current directory: one place, named once.
+        assert_eq!(
+            recorded_image(Path::new("run.provm"), "tiny.qcow2"),
+            [PathBuf::from("tiny.qcow2")]
+        );
+    }
 }

@@ -22,6 +22,7 @@ use crate::blame::{self, Capture, TimingOptions};
 use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
+use crate::host_paths::HostPaths;
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::machine::{Machine, MachineError};
@@ -82,6 +83,8 @@ pub struct RunOptions {
     pub timing: TimingOptions,
     /// The guest's CPU model (`provm record --cpu`).
     pub cpu: Baseline,
+    /// How the trace and the provenance name the host's files.
+    pub host_paths: HostPaths,
 }
 
 impl RunOptions {
@@ -103,6 +106,7 @@ impl RunOptions {
             pinned: None,
             timing: TimingOptions::default(),
             cpu: Baseline::Host,
+            host_paths: HostPaths::default(),
         }
     }
 }
@@ -389,7 +393,7 @@ pub fn run_job(
     let (outcome, document) = provenance::run_captured(
         session,
         job,
-        (&options.image, &prepared.boot.kernel),
+        provenance::machine_inputs(prepared, options.host_paths)?,
         options.pinned.as_ref(),
         (stdout, stderr),
     )?;

@@ -32,6 +32,15 @@ impl Utc {
     pub fn from_unix_seconds(seconds: u64) -> Utc {
         Self::from_unix_ns(seconds.saturating_mul(1_000_000_000))
     }
+
+    /// ISO 8601 to the second with the offset spelled out, as schema.org's
+    /// DateTime and the RO-Crate validator want it: `2026-11-22T07:23:00+00:00`.
+    pub fn iso_8601(&self) -> String {
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}+00:00",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
+    }
 }
 
 /// Days from 1970-01-01 to the proleptic Gregorian date (H. Hinnant's
@@ -90,5 +99,6 @@ mod tests {
             ),
             (2026, 11, 22, 7, 23)
         );
+        assert_eq!(moment.iso_8601(), "2026-11-22T07:23:00+00:00");
     }
 }

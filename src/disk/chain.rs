@@ -88,6 +88,20 @@ pub fn describe(file: &ImageFile) -> String {
     }
 }
 
+/// A file's place in the chain as a name: `image`, `backing-file-2`,
+/// `backing-file-1-data-file`.
+pub fn role_name(file: &ImageFile) -> String {
+    let image = match file.depth {
+        0 => "image".to_string(),
+        depth => format!("backing-file-{depth}"),
+    };
+    if file.role == DATA_FILE {
+        format!("{image}-data-file")
+    } else {
+        image
+    }
+}
+
 /// Checks that `base` reads exactly the files the recording read, with the
 /// same contents.
 pub fn check(base: &BaseImage, recorded: &ImageIdentity) -> Result<(), ChainError> {

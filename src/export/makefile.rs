@@ -162,7 +162,8 @@ fn quote(word: &str) -> String {
     shlex::try_quote(word).map_or_else(|_| word.replace('\0', ""), |quoted| quoted.into_owned())
 }
 
-fn shell_line(argv: &[String]) -> String {
+/// `argv` as a shell would be given it.
+pub(super) fn shell_line(argv: &[String]) -> String {
     argv.iter()
         .map(|arg| quote(arg))
         .collect::<Vec<_>>()

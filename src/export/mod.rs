@@ -1,10 +1,11 @@
 //! `provm export`: a recorded run written out for the tools researchers
-//! already use. Every output is written beside its destination under a
+//! already use, and as the RO-Crate a paper deposits. Every output is written beside its destination under a
 //! temporary name and renamed into place when complete (`atomic`).
 
 mod atomic;
 mod makefile;
 mod oci;
+pub mod ro_crate;
 mod sqlite;
 mod timeline;
 
@@ -25,6 +26,8 @@ pub enum ExportError {
     },
     #[error("{0} exists; pass --force to overwrite it, or choose another path")]
     Exists(PathBuf),
+    #[error("{0} is not empty; pass --force to write into it anyway, or choose a new or empty directory")]
+    NotEmpty(PathBuf),
     #[error(transparent)]
     Query(#[from] crate::query::QueryError),
     #[error(transparent)]

@@ -23,7 +23,7 @@ use oci_spec::image::{
     ImageIndexBuilder, ImageManifestBuilder, MediaType, Os, RootFsBuilder, Sha256Digest,
     ANNOTATION_REF_NAME,
 };
-use provm_guest_agent::paths::{is_kernel_file, normalize};
+use provm_guest_agent::paths::normalize;
 use provm_trace::manifest::Manifest;
 use provm_vmm::disk::image::BaseImage;
 use provm_vmm::disk::Disk;
@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::ExportError;
 use crate::disk::root;
-use crate::provenance::{EntityKind, Provenance, Relation};
+use crate::provenance::{self, Provenance};
 
 /// The tag the archive's one image carries (`oci-archive:image.tar:run`).
 pub const TAG: &str = "run";
@@ -59,8 +59,12 @@ pub fn oci(
     };
     let cwd = String::from_utf8_lossy(&normalize(b"/", manifest.cwd.as_bytes())).into_owned();
     layer.add(&cwd)?;
-    for path in inputs(graph) {
-        layer.add(&path)?;
+    let inputs: BTreeSet<&str> = provenance::input_files(graph)
+        .into_iter()
+        .map(|file| file.name.as_str())
+        .collect();
+    for path in inputs {
+        layer.add(path)?;
     }
     let search_path = search_path(&manifest.env);
     let programs: BTreeSet<&str> = graph
@@ -75,31 +79,6 @@ pub fn oci(
     }
     let tar = layer.into_tar()?;
     archive(manifest, &cwd, tar)
-}
-
-/// The paths of the file versions the run used and did not make.
-fn inputs(graph: &Provenance) -> BTreeSet<String> {
-    let generated: BTreeSet<&str> = graph
-        .relations
-        .iter()
-        .filter_map(|relation| match relation {
-            Relation::WasGeneratedBy { entity, .. } => Some(entity.as_str()),
-            _ => None,
-        })
-        .collect();
-    graph
-        .relations
-        .iter()
-        .filter_map(|relation| match relation {
-            Relation::Used { entity, .. } if !generated.contains(entity.as_str()) => {
-                graph.entity(entity)
-            }
-            _ => None,
-        })
-        .filter(|entity| entity.kind == EntityKind::File)
-        .map(|entity| entity.name.clone())
-        .filter(|path| path.starts_with('/') && !is_kernel_file(path.as_bytes()))
-        .collect()
 }
 
 /// PATH's directories in the recorded environment.

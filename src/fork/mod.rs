@@ -33,6 +33,7 @@ pub use fault::{Fault, FaultError, ForkPoint};
 use log::{host_message, AgentOutputs, LogSummary};
 use seam::{ForkSeam, LiveClock, Trigger, AT_FORK_POINT};
 
+use crate::host_paths;
 use crate::pinning::{self, Pinning};
 use crate::replay::{Opened, ReplayError, ReplayOptions};
 
@@ -137,7 +138,8 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
     let mut writer = TraceWriter::create(&options.output).map_err(write_error)?;
     let mut manifest = trace.manifest.clone();
     manifest.fork = Some(ForkOrigin {
-        trace: options.replay.trace.display().to_string(),
+        // A fork is published like any trace: no host paths.
+        trace: host_paths::file_name(&options.replay.trace),
         events_sha256: trace.outcome.events_sha256.clone(),
         at: options.at.to_string(),
         fault: options.fault.to_string(),

@@ -10,11 +10,13 @@ use super::model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVI
 /// Something that crossed the VM's boundary, by content.
 #[derive(Clone, Debug)]
 pub struct Boundary {
-    /// `image`, `kernel`, `command`, `entropy`, `clock`, `stdout`, `stderr`.
+    /// `image`, `backing-file-N`, `kernel`, `initramfs`, `command`,
+    /// `entropy`, `clock`, `stdout`, `stderr`.
     pub name: String,
     pub sha256: String,
     pub size: u64,
-    /// A path or the text itself, for people.
+    /// A file's name (its host path only when kept, see `host_paths`) or
+    /// the text itself, for people.
     pub content: Vec<String>,
 }
 

@@ -5,7 +5,7 @@
 use provm_analysis::builtin::provenance::DerivedProvenance;
 use provm_trace::reader::Trace;
 
-use super::{build, text_boundary, Boundary, Provenance, ProvenanceError, VmBoundary};
+use super::{build, text_boundary, Provenance, ProvenanceError, VmBoundary};
 use crate::replay::{self, ReplayOptions};
 
 /// The provenance of the run `replay` names: the document `--prov` wrote,
@@ -37,22 +37,10 @@ fn from_replay_of(options: &ReplayOptions) -> Result<Provenance, ProvenanceError
     let manifest = &trace.manifest;
     let start_ns = manifest.started_unix * 1_000_000_000;
     let records = derived.records(start_ns);
-    let image = manifest.image.chain.first().map(|file| Boundary {
-        name: "image".into(),
-        sha256: file.sha256.clone(),
-        size: file.size,
-        content: vec![manifest.image.path.clone()],
-    });
-    let kernel = Boundary {
-        name: "kernel".into(),
-        sha256: manifest.kernel_sha256.clone(),
-        size: 0,
-        content: vec!["the guest kernel the trace embeds".into()],
-    };
     let vm = VmBoundary {
-        inputs: image
+        inputs: super::trace_inputs(manifest)
             .into_iter()
-            .chain([kernel, text_boundary("command", manifest.argv.clone())])
+            .chain([text_boundary("command", manifest.argv.clone())])
             .collect(),
         outputs: Vec::new(),
         start_ns,

@@ -6,6 +6,8 @@
 mod capture;
 mod derived;
 mod dot;
+mod files;
+mod inputs;
 mod model;
 mod noise;
 mod prov_json;
@@ -17,12 +19,14 @@ use std::path::PathBuf;
 
 pub use capture::{build, Boundary, VmBoundary};
 pub use derived::load_or_derive;
+pub use files::{inputs as input_files, outputs as output_files, Output};
+pub use inputs::{of_machine as machine_inputs, of_trace as trace_inputs};
 pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
 pub use noise::noise_kind;
 pub use prov_json::NAMESPACE;
 pub use query::{lineage, Direction};
 pub use record::run_captured;
-pub use store::{file_boundary, load, save, text_boundary, HashingWriter};
+pub use store::{load, save, text_boundary, HashingWriter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProvenanceError {
@@ -47,6 +51,8 @@ pub enum ProvenanceError {
     Empty,
     #[error("{0}")]
     Trace(String),
+    #[error("cannot identify the VM's inputs: {0}")]
+    Input(String),
     #[error("the trace {path} was recorded without provenance; record with: provm record --prov FILE IMAGE -- CMD")]
     NotInTrace { path: PathBuf },
     #[error("the replay diverged, so a graph derived from it would not be the run's: {0}")]

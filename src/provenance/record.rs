@@ -1,23 +1,23 @@
 //! `--prov`: one job run with capture on, and its provenance document.
 
 use std::io::Write;
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome};
 
-use super::{build, file_boundary, text_boundary, HashingWriter, Provenance, VmBoundary};
+use super::{build, text_boundary, Boundary, HashingWriter, Provenance, VmBoundary};
 use crate::pinning::Pinning;
 use crate::run::RunError;
 use crate::session::GuestSession;
 
-/// Runs `job` (which asks for capture) in `session`, which booted `kernel`
-/// on `image` (with its clock and entropy `pinned`, or the host's); returns
-/// how it ended and its provenance.
+/// Runs `job` (which asks for capture) in `session`, whose machine read
+/// `machine_inputs` (its image, kernel and initramfs, see `inputs`), with
+/// its clock and entropy `pinned`, or the host's; returns how it ended and
+/// its provenance.
 pub fn run_captured(
     session: &mut GuestSession,
     job: Job,
-    (image, kernel): (&Path, &Path),
+    machine_inputs: Vec<Boundary>,
     pinned: Option<&Pinning>,
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<(Outcome, Provenance), RunError> {
@@ -28,9 +28,8 @@ pub fn run_captured(
             .map(|item| String::from_utf8_lossy(item).into_owned())
             .collect()
     };
-    let inputs = vec![
-        file_boundary("image", image)?,
-        file_boundary("kernel", kernel)?,
+    let mut inputs = machine_inputs;
+    inputs.extend([
         text_boundary("command", text(&job.argv)),
         // The seed's digest, not the seed: a graph may be shared.
         text_boundary(
@@ -56,7 +55,7 @@ pub fn run_captured(
                 None => "host time, read by the guest through the PIT and CMOS (logged in the trace when recording)".into(),
             }],
         ),
-    ];
+    ]);
     let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));
     let outcome = session.run(job, &mut out, &mut err)?;
     let vm = VmBoundary {

@@ -1,7 +1,6 @@
 //! A run's provenance on disk (`provm run --prov FILE`), and the digests
 //! of what crossed the VM's boundary.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -86,18 +85,6 @@ pub fn save(document: &Provenance, path: &Path) -> Result<(), ProvenanceError> {
         path: path.to_owned(),
         source,
     })
-}
-
-/// A file the VM read (the image, the kernel), by content.
-pub fn file_boundary(name: &str, path: &Path) -> Result<Boundary, ProvenanceError> {
-    let io_error = |source| ProvenanceError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = File::open(path).map_err(io_error)?;
-    let mut hasher = HashingWriter::new(io::sink());
-    io::copy(&mut file, &mut hasher).map_err(io_error)?;
-    Ok(hasher.boundary(name, vec![path.display().to_string()]))
 }
 
 /// A short text the VM was given (the command line), by content.

@@ -10,10 +10,7 @@ use std::collections::BTreeMap;
 
 use provm_guest_agent::Outcome;
 
-use crate::provenance::{EntityKind, Provenance, Relation};
-
-/// Kernel interfaces, not files a command leaves behind.
-const PSEUDO_FILES: &[&str] = &["/proc/", "/sys/", "/dev/"];
+use crate::provenance::{self, Provenance};
 
 pub struct Observed {
     pub exit_status: i32,
@@ -81,58 +78,30 @@ impl Observed {
 /// Every file the run left written (its last version; not the ones it
 /// deleted again, nor /proc, /sys or /dev), by path.
 fn files_written(run: &Provenance) -> BTreeMap<String, Written> {
-    let mut files = BTreeMap::new();
-    for relation in &run.relations {
-        match relation {
-            Relation::WasGeneratedBy { entity, activity } => {
-                let Some(file) = run
-                    .entity(entity)
-                    .filter(|file| file.kind == EntityKind::File)
-                    .filter(|file| !PSEUDO_FILES.iter().any(|dir| file.name.starts_with(dir)))
-                else {
-                    continue;
-                };
-                let writer = run.activity(activity).map_or_else(
-                    || "an unknown process".to_owned(),
-                    |process| {
-                        let label = process.label();
-                        let program = label.split(' ').next().unwrap_or_default();
-                        format!("{program}, pid {}", process.pid)
-                    },
-                );
-                files.insert(
-                    file.name.clone(),
-                    (
-                        entity.clone(),
-                        Written {
-                            sha256: file.sha256.clone(),
-                            writer,
-                        },
-                    ),
-                );
-            }
-            Relation::WasInvalidatedBy { entity, .. } => {
-                let deleted = run.entity(entity).map(|file| file.name.clone());
-                if let Some(path) = deleted {
-                    // Deleted as last written: the run left no such file.
-                    if files.get(&path).is_some_and(|(last, _)| last == entity) {
-                        files.remove(&path);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    files
+    provenance::output_files(run)
         .into_iter()
-        .map(|(path, (_, written))| (path, written))
+        .map(|(path, output)| {
+            let writer = run.activity(output.writer).map_or_else(
+                || "an unknown process".to_owned(),
+                |process| {
+                    let label = process.label();
+                    let program = label.split(' ').next().unwrap_or_default();
+                    format!("{program}, pid {}", process.pid)
+                },
+            );
+            let written = Written {
+                sha256: output.version.sha256.clone(),
+                writer,
+            };
+            (path.to_owned(), written)
+        })
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provenance::{Activity, Entity};
+    use crate::provenance::{Activity, Entity, EntityKind, Relation};
 
     fn file(id: &str, path: &str, sha256: &str) -> Entity {
         Entity {

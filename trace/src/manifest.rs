@@ -51,7 +51,7 @@ pub enum InterruptDelivery {
 /// Where a fork came from, and the fault it injected.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ForkOrigin {
-    /// The trace forked, as given.
+    /// The trace forked, by file name.
     pub trace: String,
     /// That trace's event log digest, if it has one.
     pub events_sha256: Option<String>,
@@ -63,8 +63,9 @@ pub struct ForkOrigin {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ImageIdentity {
-    /// The path it was recorded from, as given (informational: replay checks
-    /// the digests).
+    /// The image's file name; with `provm record --keep-host-paths`, the
+    /// path it was recorded from, as given. Replay looks for it there and
+    /// beside the trace, and checks the digests.
     pub path: String,
     /// Every file the image reads from: the image itself first, then its
     /// qcow2 backing chain. Replay checks each one.
@@ -74,8 +75,8 @@ pub struct ImageIdentity {
 /// One file of an image's backing chain.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ImageFile {
-    /// Where it was read at record time: absolute, as the qcow2 headers
-    /// named it.
+    /// Its file name; with `--keep-host-paths`, where it was read at record
+    /// time: absolute, as the qcow2 headers named it.
     pub path: String,
     /// 0 for the image itself, n for its nth backing image; a data file has
     /// the depth of the image it belongs to.

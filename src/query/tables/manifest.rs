@@ -15,7 +15,11 @@ pub const MANIFEST: Table = Table {
             "the command's whole environment, a JSON array",
         ),
         column("cwd", "TEXT", "its working directory in the guest"),
-        column("image", "TEXT", "the disk image's path at record time"),
+        column(
+            "image",
+            "TEXT",
+            "the disk image's file name (its path with --keep-host-paths)",
+        ),
         column("image_sha256", "TEXT", "the image file's SHA-256"),
         column("kernel_sha256", "TEXT", "the guest kernel's SHA-256"),
         column("memory_mib", "INTEGER", "guest memory"),

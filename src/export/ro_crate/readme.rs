@@ -1,0 +1,75 @@
+//! The crate's README: what it holds and how a reader checks it with provm.
+
+use std::fmt::Write;
+
+use provm_trace::manifest::Manifest;
+
+use super::super::makefile::shell_line;
+use super::metadata::CrateFile;
+use crate::disk::chain;
+use crate::record::utc_date_time;
+
+/// The README of a crate holding `trace`, whose manifest is `manifest`;
+/// `embeds_image` when the trace holds the image too.
+pub fn readme(manifest: &Manifest, trace: &CrateFile, embeds_image: bool) -> String {
+    let name = &trace.name;
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = (|| -> std::fmt::Result {
+        writeln!(out, "# provm run: `{}`\n", shell_line(&manifest.argv))?;
+        writeln!(
+            out,
+            "This RO-Crate (a Process Run Crate) holds the trace of one run of a command inside a whole Linux virtual machine, recorded by provm {} on {}. `ro-crate-metadata.json` describes the run: the command, the VM's inputs and the guest files it read, the files it left written, its start and end.\n",
+            manifest.provm_version,
+            utc_date_time(manifest.started_unix)
+        )?;
+        writeln!(out, "## Check it\n")?;
+        writeln!(out, "1. The trace is the one deposited:\n")?;
+        writeln!(out, "       sha256sum {name}    # {}\n", trace.sha256)?;
+        writeln!(
+            out,
+            "2. It is whole: `provm inspect` verifies every section's SHA-256 and shows what the trace holds (the command, the image's files by name and digest, the kernel, the outcome):\n"
+        )?;
+        writeln!(out, "       provm inspect {name}\n")?;
+        writeln!(
+            out,
+            "3. It is the run: `provm replay` re-executes the guest from the trace, feeding it every recorded input and checking every output, to the exit status and the SHA-256 of all disk writes. It prints `replay matched: ...` and exits 0 when the run is reproduced exactly, 1 at the first divergence.\n"
+        )?;
+        if embeds_image {
+            writeln!(
+                out,
+                "       provm replay {name}    # the trace embeds the image\n"
+            )?;
+        } else {
+            writeln!(out, "       provm replay --image IMAGE {name}\n")?;
+            writeln!(
+                out,
+                "   IMAGE is the disk image the run read, not in this crate; provm refuses any other, naming the file that differs:\n"
+            )?;
+            for file in &manifest.image.chain {
+                writeln!(
+                    out,
+                    "   - {}: {} ({} bytes, sha256 {})",
+                    chain::describe(file),
+                    file.path,
+                    file.size,
+                    file.sha256
+                )?;
+            }
+            writeln!(out)?;
+        }
+        writeln!(
+            out,
+            "   The replay needs a host that can present the CPU the guest saw (`provm inspect` names it: a named baseline such as x86-64-v2 replays on any such host; `host` only on one like the recording host).\n"
+        )?;
+        writeln!(
+            out,
+            "4. What the run read and wrote, process by process: `provm graph {name} --format prov-json` (W3C PROV), or `--format svg -o run.svg`.\n"
+        )?;
+        writeln!(
+            out,
+            "provm: build it from its source (`cargo build --release`); `provm kernel build` is not needed to check a trace, which carries its kernel."
+        )
+    })();
+    out
+}

@@ -1,0 +1,186 @@
+//! `provm export ro-crate`: the crate of a real recorded run is a valid
+//! Process Run Crate under roc-validator and loads with ro-crate-py
+//! (`scripts/check-ro-crate`, which installs both from PyPI into provm's
+//! cache on first use), and the same crate without the profile's
+//! conformsTo is refused by the validator.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{digest, images, one_guest_at_a_time, path, provm, record_shell, PROVM_FAILED};
+use serde_json::Value;
+
+const SCRIPT: &str = "sort /data/in.txt > /tmp/sorted.txt; wc -l /tmp/sorted.txt";
+
+/// `scripts/check-ro-crate DIR`: whether it passed, and what it printed.
+fn check_ro_crate(dir: &Path) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-ro-crate");
+    let output = Command::new(&script)
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (it needs python3 with venv)", script.display()));
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    // The validator's report, for whoever runs the test with --nocapture.
+    eprintln!("scripts/check-ro-crate {}:\n{printed}", dir.display());
+    assert!(
+        matches!(output.status.code(), Some(0 | 1)),
+        "the check could not run: {printed}"
+    );
+    (output.status.success(), printed)
+}
+
+fn export(trace: &Path, dir: &Path, extra: &[&str]) -> common::Finished {
+    let mut args = vec!["export", "ro-crate", path(trace), "-o", path(dir)];
+    args.extend_from_slice(extra);
+    provm(&args)
+}
+
+/// The entity of the metadata's graph with this @id.
+fn entity<'a>(metadata: &'a Value, id: &str) -> &'a Value {
+    metadata["@graph"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entity| entity["@id"] == id)
+        .unwrap_or_else(|| panic!("no entity {id} in {metadata:#}"))
+}
+
+/// The entities an action's property refers to.
+fn referred<'a>(metadata: &'a Value, action: &Value, property: &str) -> Vec<&'a Value> {
+    action[property]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|reference| entity(metadata, reference["@id"].as_str().unwrap()))
+        .collect()
+}
+
+/// The one entity of `entities` named `name`.
+fn named<'a>(entities: &[&'a Value], name: &str) -> &'a Value {
+    entities
+        .iter()
+        .find(|entity| entity["name"] == name)
+        .unwrap_or_else(|| panic!("nothing named {name} in {entities:#?}"))
+}
+
+#[test]
+fn a_recorded_runs_crate_is_a_valid_process_run_crate() {
+    let _guest = one_guest_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("run.provm");
+    let prov = dir.path().join("run.prov");
+    let recorded = record_shell(
+        &images().tiny_qcow2,
+        &trace,
+        &["--prov", path(&prov)],
+        SCRIPT,
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+
+    let crate_dir = dir.path().join("crate");
+    let exported = export(&trace, &crate_dir, &["--license", "CC-BY-4.0"]);
+    assert_eq!(exported.status, 0, "{}", exported.stderr);
+    assert_eq!(digest(&crate_dir.join("run.provm")), digest(&trace));
+    let readme = std::fs::read_to_string(crate_dir.join("README.md")).unwrap();
+    for expected in [
+        "provm inspect run.provm",
+        "provm replay --image IMAGE run.provm",
+        "tiny.qcow2",
+        &digest(&images().tiny_qcow2),
+        &digest(&trace),
+    ] {
+        assert!(readme.contains(expected), "{expected} not in {readme}");
+    }
+
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(crate_dir.join("ro-crate-metadata.json")).unwrap())
+            .unwrap();
+    let root = entity(&metadata, "./");
+    assert_eq!(
+        root["conformsTo"]["@id"],
+        "https://w3id.org/ro/wfrun/process/0.5"
+    );
+    assert_eq!(
+        root["license"]["@id"],
+        "https://spdx.org/licenses/CC-BY-4.0"
+    );
+    let action = entity(&metadata, root["mentions"]["@id"].as_str().unwrap());
+    assert_eq!(action["@type"], "CreateAction");
+    let provm_app = entity(&metadata, action["instrument"]["@id"].as_str().unwrap());
+    assert_eq!(provm_app["@type"], "SoftwareApplication");
+    assert_eq!(provm_app["version"], env!("CARGO_PKG_VERSION"));
+    assert!(action["startTime"].as_str().unwrap() <= action["endTime"].as_str().unwrap());
+    let objects = referred(&metadata, action, "object");
+    assert_eq!(
+        named(&objects, "tiny.qcow2")["sha256"],
+        digest(&images().tiny_qcow2)
+    );
+    assert!(named(&objects, "the guest kernel")["sha256"].is_string());
+    // The file the command read, by guest path and digest.
+    let input = named(&objects, "/data/in.txt");
+    assert_eq!(input["sha256"], sha256_of(b"pear\napple\nfig\n"));
+    let results = referred(&metadata, action, "result");
+    assert_eq!(
+        named(&results, "/tmp/sorted.txt")["sha256"],
+        sha256_of(b"apple\nfig\npear\n")
+    );
+    assert_eq!(
+        named(&results, "the provm trace of the run")["@id"],
+        "run.provm"
+    );
+
+    let (valid, report) = check_ro_crate(&crate_dir);
+    assert!(valid, "the crate is not valid: {report}");
+    assert!(
+        report.contains("RO-Crate is a valid process-run-crate"),
+        "{report}"
+    );
+
+    // The check can fail: without the profile's conformsTo it does.
+    let broken = without_conforms_to(&crate_dir, &dir.path().join("broken"));
+    let (valid, report) = check_ro_crate(&broken);
+    assert!(!valid, "a crate without conformsTo passed: {report}");
+    assert!(report.contains("conformsTo"), "{report}");
+
+    // The crate's directory is not written over without --force.
+    let again = export(&trace, &crate_dir, &[]);
+    assert_eq!(again.status, PROVM_FAILED, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("not empty") && again.stderr.contains("--force"),
+        "{}",
+        again.stderr
+    );
+    let forced = export(&trace, &crate_dir, &["--force"]);
+    assert_eq!(forced.status, 0, "{}", forced.stderr);
+    assert!(forced.stderr.contains("no --license"), "{}", forced.stderr);
+}
+
+fn sha256_of(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    provm_trace::hex(&sha2::Sha256::digest(bytes))
+}
+
+/// A copy of the crate in `copy` whose root no longer names the profile.
+fn without_conforms_to(crate_dir: &Path, copy: &Path) -> PathBuf {
+    std::fs::create_dir(copy).unwrap();
+    for entry in std::fs::read_dir(crate_dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::hard_link(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let metadata_path = copy.join("ro-crate-metadata.json");
+    let mut metadata: Value =
+        serde_json::from_slice(&std::fs::read(&metadata_path).unwrap()).unwrap();
+    let graph = metadata["@graph"].as_array_mut().unwrap();
+    let root = graph
+        .iter_mut()
+        .find(|entity| entity["@id"] == "./")
+        .unwrap();
+    root.as_object_mut().unwrap().remove("conformsTo").unwrap();
+    // Replaced, not written through the hard link into the original.
+    std::fs::remove_file(&metadata_path).unwrap();
+    std::fs::write(&metadata_path, serde_json::to_vec(&metadata).unwrap()).unwrap();
+    copy.to_owned()
+}
