@@ -96,9 +96,12 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         )?;
         writeln!(
             out,
-            "guest time {:.3} s (host {:.3} s)",
+            "guest time {:.3} s (host {:.3} s{})",
             o.guest_ns as f64 / 1e9,
-            o.host_seconds
+            o.host_seconds,
+            o.longest_exitless_seconds
+                .map(|s| format!("; at most {s:.3} s between two VM exits"))
+                .unwrap_or_default()
         )?;
         writeln!(
             out,

@@ -197,6 +197,7 @@ pub fn record(
         fork_event: None,
         disk_error_access: None,
         host_seconds: recording_start.elapsed().as_secs_f64(),
+        longest_exitless_seconds: Some(recorder.longest_exitless().as_secs_f64()),
         console_tail,
         sections_after: Some(
             sections_after

@@ -186,6 +186,11 @@ fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell
             _ => {}
         }
     }
+    // What a diverged replay's spin limit follows.
+    assert!(opened
+        .outcome
+        .longest_exitless_seconds
+        .is_some_and(|seconds| seconds > 0.0 && seconds < opened.outcome.host_seconds));
     let delivery = opened.manifest.interrupt_delivery;
     if Platform::detect() == Platform::Hardware {
         assert_eq!(delivery, InterruptDelivery::WindowExit);

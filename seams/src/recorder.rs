@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
@@ -26,6 +26,9 @@ pub struct Recorder {
     logging_ns: AtomicU64,
     /// Where interrupts are delivered (`delivering`).
     delivery: Delivery,
+    /// When the guest last exited (host time), and the longest stretch
+    /// between two exits so far (`longest_exitless`).
+    exits: Mutex<(Instant, Duration)>,
 }
 
 struct Log {
@@ -94,7 +97,15 @@ impl Recorder {
             interrupted,
             logging_ns: AtomicU64::new(0),
             delivery: Delivery::Doorbell,
+            exits: Mutex::new((Instant::now(), Duration::ZERO)),
         }
+    }
+
+    /// The longest the guest ran between two exits (host time): a replay
+    /// that goes ten times as long without the exit its log says comes
+    /// next has diverged and spins (`RecordedEnd::exitless_limit`).
+    pub fn longest_exitless(&self) -> Duration {
+        self.exits.lock().unwrap().1
     }
 
     /// Delivers interrupts the guest cannot take at once as `delivery`
@@ -152,6 +163,10 @@ impl Seam for Recorder {
     }
 
     fn exit(&self, exit: Exit<'_>, at: Place) {
+        let now = Instant::now();
+        let mut exits = self.exits.lock().unwrap();
+        *exits = (now, exits.1.max(now - exits.0));
+        drop(exits);
         self.clock.exit();
         self.log(exit_event(exit, at));
     }

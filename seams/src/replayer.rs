@@ -41,15 +41,20 @@ pub struct RecordedEnd {
 }
 
 impl RecordedEnd {
-    /// The end `outcome` describes. The exitless limit is generous (the
-    /// log holds no timing): ten times the whole recording, at least 60 s.
+    /// The end `outcome` describes. The exitless limit is ten times the
+    /// longest the recorded guest went without an exit, at least 60 s; for
+    /// a trace that does not say (older ones, forks), ten times the whole
+    /// recording.
     pub fn of(outcome: &Outcome) -> Self {
-        let recording = Duration::try_from_secs_f64(outcome.host_seconds).unwrap_or_default();
+        let seconds = outcome
+            .longest_exitless_seconds
+            .unwrap_or(outcome.host_seconds);
+        let stretch = Duration::try_from_secs_f64(seconds).unwrap_or_default();
         RecordedEnd {
             complete: outcome.complete,
             exit_status: outcome.exit_status,
             disk_writes_sha256: outcome.disk_writes_sha256.clone(),
-            exitless_limit: (recording * EXITLESS_FACTOR).max(MIN_EXITLESS),
+            exitless_limit: (stretch * EXITLESS_FACTOR).max(MIN_EXITLESS),
         }
     }
 }
@@ -710,5 +715,30 @@ impl Seam for Replayer {
             state.pause_at = None;
         }
         due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(host_seconds: f64, longest_exitless_seconds: Option<f64>) -> Outcome {
+        Outcome {
+            host_seconds,
+            longest_exitless_seconds,
+            ..Outcome::default()
+        }
+    }
+
+    /// A six-minute recording whose guest never went a second without an
+    /// exit: its diverged, spinning replay stops after a minute, not an
+    /// hour (the old rule, kept for traces that do not say).
+    #[test]
+    fn the_spin_limit_follows_the_longest_recorded_stretch_without_exits() {
+        let limit = |o: &Outcome| RecordedEnd::of(o).exitless_limit;
+        assert_eq!(limit(&outcome(360.0, Some(0.5))), MIN_EXITLESS);
+        assert_eq!(limit(&outcome(360.0, Some(30.0))), Duration::from_secs(300));
+        assert_eq!(limit(&outcome(360.0, None)), Duration::from_secs(3600));
+        assert_eq!(limit(&outcome(1.0, None)), MIN_EXITLESS);
     }
 }

@@ -398,6 +398,8 @@ fn outcome(
         disk_writes: totals.disk_writes,
         disk_writes_sha256: totals.disk_writes_sha256.clone(),
         host_seconds: took.as_secs_f64(),
+        // Its replayed part says nothing of the recording's stretches.
+        longest_exitless_seconds: None,
         console_tail,
         sections_after: None,
         events_sha256: Some(totals.events_sha256.clone()),

@@ -149,6 +149,10 @@ pub struct Outcome {
     pub disk_writes_sha256: String,
     /// Host time the recording took, in seconds.
     pub host_seconds: f64,
+    /// The longest the guest ran between two VM exits, in host seconds.
+    /// Absent from older traces and from forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_exitless_seconds: Option<f64>,
     /// The last lines of the guest's serial console.
     pub console_tail: String,
     /// The kinds of the sections written after the outcome, in order
