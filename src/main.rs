@@ -8,12 +8,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use provm::export::ro_crate::License;
+use provm::gdb::{DebugError, GdbError};
 use provm::host_paths::HostPaths;
 use provm::pinning::Pinning;
 use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
 use provm::record::RecordOptions;
-use provm::replay::{ReplayOptions, ReplayReport};
+use provm::replay::{ReplayError, ReplayOptions, ReplayReport};
 use provm::repro::{ReproOptions, Verdict};
 use provm::run::RunOptions;
 use provm_vmm::cpu_baseline::Baseline;
@@ -24,6 +25,10 @@ const PROVM_FAILED: u8 = 125;
 /// `provm replay` of a trace cut short that matched as far as it goes: not
 /// the full check a complete trace gets, so not 0.
 const REPLAY_CUT_SHORT: u8 = 3;
+/// A tool observing a replay (an analysis, the debugger) failed: the
+/// replay stopped without a verdict, which is neither a divergence (1) nor
+/// provm failing to start (125).
+const TOOL_FAILED: u8 = 4;
 
 #[derive(Parser)]
 #[command(
@@ -453,8 +458,25 @@ fn main() -> ExitCode {
     };
     result.unwrap_or_else(|error| {
         eprintln!("provm: {error}");
-        ExitCode::from(PROVM_FAILED)
+        ExitCode::from(failure_status(error.as_ref()))
     })
+}
+
+/// The exit status of a failure: `TOOL_FAILED` where a tool observing a
+/// replay failed, else `PROVM_FAILED`.
+fn failure_status(error: &(dyn std::error::Error + 'static)) -> u8 {
+    let tool = matches!(
+        error.downcast_ref::<ReplayError>(),
+        Some(ReplayError::Analysis { .. })
+    ) || matches!(
+        error.downcast_ref::<GdbError>(),
+        Some(GdbError::Debug(debug)) if !matches!(debug, DebugError::Replay(_))
+    );
+    if tool {
+        TOOL_FAILED
+    } else {
+        PROVM_FAILED
+    }
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -795,6 +817,29 @@ fn init_tracing(verbose: u8) {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    use super::*;
+
+    /// An analysis or debugger failing is told apart from a divergence and
+    /// from a trace that could not be replayed at all.
+    #[test]
+    fn tool_failures_have_their_own_exit_status() {
+        let vm_error = || provm_vmm::vm::VmError::Stopped("observer".into());
+        let analysis = ReplayError::Analysis {
+            event: 7,
+            error: vm_error(),
+        };
+        assert_eq!(failure_status(&analysis), TOOL_FAILED);
+        let stepping = GdbError::Debug(DebugError::NotFoundAgain {
+            event: 7,
+            hits: 1,
+            rip: 0,
+        });
+        assert_eq!(failure_status(&stepping), TOOL_FAILED);
+        let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoExactWindow));
+        assert_eq!(failure_status(&refused), PROVM_FAILED);
+        assert_eq!(failure_status(&ReplayError::Vm(vm_error())), PROVM_FAILED);
+    }
 
     /// Clap checks its own rules (unique argument ids, conflicts naming
     /// real arguments) only in this debug assertion; CI builds release.

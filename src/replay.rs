@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
-use provm_seams::{delivery, RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{delivery, ObservedError, RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
@@ -76,6 +76,18 @@ pub enum ReplayError {
     Profile(#[from] ProfileError),
     #[error(transparent)]
     Timing(#[from] BlameError),
+    /// An analysis failed: a tool error, not the guest's divergence.
+    #[error("an analysis failed at log event {event}: {error}; the replay had matched up to there, and stopped without a verdict")]
+    Analysis { event: u64, error: VmError },
+}
+
+impl From<ObservedError> for ReplayError {
+    fn from(error: ObservedError) -> Self {
+        match error {
+            ObservedError::Vm(error) => ReplayError::Vm(error),
+            ObservedError::Observer { event, error } => ReplayError::Analysis { event, error },
+        }
+    }
 }
 
 /// What a replay found.

@@ -17,6 +17,6 @@ mod replayer;
 pub use exit_event::exit_event;
 pub use recorder::Recorder;
 pub use replayer::{
-    Checkpoint, Divergence, EventTap, Expected, Position, RecordedEnd, ReplayEnd, Replayer,
-    StopHandler, Stopped,
+    Checkpoint, Divergence, EventTap, Expected, ObservedError, Position, RecordedEnd, ReplayEnd,
+    Replayer, StopHandler, Stopped,
 };

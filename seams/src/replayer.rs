@@ -147,6 +147,17 @@ pub trait EventTap: Send {
 /// What a replay does at a debug stop (see `Vm::set_guest_debug`); the
 /// replay goes on when it returns. It may look at the guest and change the
 /// breakpoints, but must not change the guest.
+/// Why `Replayer::replay_observed` ended without a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum ObservedError {
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The observer failed at a debug stop; the replay had matched the log
+    /// up to there.
+    #[error("the replay's observer failed at log event {event}: {error} (the replay had matched up to there)")]
+    Observer { event: u64, error: VmError },
+}
+
 pub trait StopHandler {
     fn stopped(&mut self, vm: &mut Vm, stop: DebugStop, at: Position) -> Result<(), VmError>;
 }
@@ -258,21 +269,31 @@ impl Replayer {
     /// as its seam, through the whole log.
     pub fn replay(&self, vm: &mut Vm, deadline: Instant) -> Result<ReplayEnd, VmError> {
         self.replay_observed(vm, deadline, &mut NoStops)
+            .map_err(|error| match error {
+                // NoStops never fails.
+                ObservedError::Vm(error) | ObservedError::Observer { error, .. } => error,
+            })
     }
 
-    /// Like `replay`, handing each debug stop to `handler`.
+    /// Like `replay`, handing each debug stop to `handler`. A handler's
+    /// failure is the observer's, not the guest's: it ends the replay with
+    /// an error, never a divergence.
     pub fn replay_observed(
         &self,
         vm: &mut Vm,
         deadline: Instant,
         handler: &mut dyn StopHandler,
-    ) -> Result<ReplayEnd, VmError> {
+    ) -> Result<ReplayEnd, ObservedError> {
         loop {
             match self.run_to_stop(vm, deadline)? {
                 Stopped::Debug(stop) => {
-                    if let Err(error) = handler.stopped(vm, stop, self.position()) {
-                        return self.finish(Err(error), vm.rip());
-                    }
+                    let at = self.position();
+                    handler
+                        .stopped(vm, stop, at)
+                        .map_err(|error| ObservedError::Observer {
+                            event: at.events,
+                            error,
+                        })?;
                 }
                 Stopped::Paused => {}
                 Stopped::Ended(end) => return Ok(end),
