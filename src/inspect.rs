@@ -8,6 +8,7 @@ use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
 
 use crate::disk::chain;
+use crate::holes;
 use crate::record::utc_date_time;
 
 pub fn inspect(path: &Path) -> Result<String, FormatError> {
@@ -61,6 +62,19 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
                 ""
             }
         )?;
+        match &m.holes {
+            Some(ids) if ids.is_empty() => writeln!(
+                out,
+                "holes      none: every input the guest took was logged"
+            )?,
+            Some(ids) => {
+                writeln!(out, "holes      unlogged inputs this host left open:")?;
+                for line in holes::describe(ids) {
+                    writeln!(out, "  {line}")?;
+                }
+            }
+            None => writeln!(out, "holes      not recorded (a trace of an older provm)")?,
+        }
         writeln!(
             out,
             "interrupts {}",

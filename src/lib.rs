@@ -8,6 +8,7 @@ pub mod export;
 pub mod fast_start;
 pub mod fork;
 pub mod gdb;
+pub mod holes;
 pub mod host_paths;
 pub mod initramfs;
 pub mod inspect;

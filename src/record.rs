@@ -25,6 +25,7 @@ use crate::cpu_model;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
+use crate::holes;
 use crate::kernel;
 use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
 use crate::seen_images;
@@ -289,6 +290,16 @@ fn manifest(
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
         // Filled in by `record`, from this host's probe.
         interrupt_delivery: InterruptDelivery::default(),
+        holes: Some(
+            holes::open_here(
+                Platform::detect(),
+                &identity.cpu.kernel_args,
+                holes::host_has_rdrand(),
+            )
+            .into_iter()
+            .map(|hole| hole.id().to_owned())
+            .collect(),
+        ),
         fork: None,
     }
 }

@@ -21,6 +21,7 @@ use crate::blame::{BlameError, TimingOptions, TimingReport};
 use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
+use crate::holes;
 use crate::machine::{Machine, MachineError};
 use crate::seen_images;
 use crate::snapshot;
@@ -96,12 +97,16 @@ pub enum ReplayReport {
     Matched {
         events: u64,
         guest_seconds: f64,
+        /// The unlogged inputs the recording host left open, described
+        /// (`holes`): what the match could not check.
+        unchecked: Vec<String>,
     },
     /// The recording was cut short (`why`); the replay matched it up to there.
     CutShort {
         events: u64,
         guest_seconds: f64,
         why: String,
+        unchecked: Vec<String>,
     },
     Diverged {
         report: String,
@@ -115,12 +120,14 @@ impl ReplayReport {
             ReplayReport::Matched {
                 events,
                 guest_seconds,
-            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes"),
+                unchecked,
+            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes{}", unchecked_inputs(unchecked)),
             ReplayReport::CutShort {
                 events,
                 guest_seconds,
                 why,
-            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds\n(the recording ended: {why})"),
+                unchecked,
+            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds\n(the recording ended: {why}){}", unchecked_inputs(unchecked)),
             ReplayReport::Diverged { report } => report.clone(),
         }
     }
@@ -138,6 +145,17 @@ impl ReplayReport {
             ReplayReport::Diverged { report } => Err(report.clone()),
         }
     }
+}
+
+/// The verdict's note of what a match could not check, if anything.
+fn unchecked_inputs(unchecked: &[String]) -> String {
+    if unchecked.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nnot checked, as the recording host could not log them (see provm inspect):\n  {}",
+        unchecked.join("\n  ")
+    )
 }
 
 /// Replays the trace with one `analysis`, and gives it back with what it
@@ -312,17 +330,24 @@ impl Opened {
     }
 
     /// The report of a replay of this trace that ended so.
+    /// The holes the recording host left open, described.
+    fn unchecked(&self) -> Vec<String> {
+        holes::describe(self.trace.manifest.holes.as_deref().unwrap_or_default())
+    }
+
     pub fn report(&self, end: ReplayEnd) -> ReplayReport {
         let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         match end {
             ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
                 events,
                 guest_seconds: guest_seconds(guest_ns),
+                unchecked: self.unchecked(),
             },
             ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
                 events,
                 guest_seconds: guest_seconds(guest_ns),
                 why: self.trace.outcome.ended.clone(),
+                unchecked: self.unchecked(),
             },
             ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
                 report: format!(

@@ -24,6 +24,11 @@ pub struct Manifest {
     pub host: HostDescription,
     /// The longest the guest could run without exits while a tick waited.
     pub exitless_limit_seconds: Option<u64>,
+    /// The unlogged inputs the recording host left open (ids such as
+    /// `user-rdtsc`): a replay cannot check them. Absent from the traces of
+    /// older provm versions, which did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holes: Option<Vec<String>>,
     /// Where an interrupt the guest could not take at once was delivered.
     /// Absent from the traces of older provm versions: the doorbell.
     #[serde(default)]

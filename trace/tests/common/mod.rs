@@ -108,6 +108,7 @@ pub fn sample_sections() -> Sections {
         },
         exitless_limit_seconds: None,
         interrupt_delivery: Default::default(),
+        holes: None,
         fork: None,
     };
     let outcome = Outcome {
