@@ -15,9 +15,11 @@ use common::{
     serve_gdb, PROVM_FAILED,
 };
 
-/// Opens files, several times, late in the run.
+/// Opens files, several times, late in the run: long enough (over 4,000
+/// log events on every host, with or without doorbell exits) that going to
+/// its middle passes a time-travel snapshot (one every 2,000 events).
 const SCRIPT: &str =
-    "for i in 1 2 3 4; do cat /data/in.txt > /data/out$i.txt; done; cat /data/out4.txt";
+    "for i in 1 2 3 4 5 6 7 8; do cat /data/in.txt > /data/out$i.txt; done; cat /data/out8.txt";
 
 /// The shared recording, and its log's length in events.
 fn recording() -> &'static (PathBuf, u64) {
@@ -69,6 +71,10 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     // Halfway through the log first (past a snapshot or more), so that
     // going back restores one taken in the middle of the replay.
     let halfway = events / 2;
+    assert!(
+        halfway > provm::gdb::SNAPSHOT_EVERY,
+        "the recording ({events} events) is too short to pass a time-travel snapshot on the way to its middle"
+    );
     let gdb_out = gdb_batch(
         &vmlinux,
         &address,
