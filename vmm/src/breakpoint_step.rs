@@ -23,7 +23,7 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::CodeGuest;
+use crate::code_guest::{probe_once, CodeGuest};
 use crate::guest_debug::{GuestDebug, HW_BREAKPOINTS};
 use crate::memory::GuestMemory;
 use crate::paging;
@@ -51,11 +51,7 @@ const PROBE_STACK: u64 = 0x800;
 /// and look at the flags it saved.
 pub fn host_method(kvm: &Kvm) -> Result<StepMethod, VcpuError> {
     static PROBED: OnceLock<StepMethod> = OnceLock::new();
-    if let Some(known) = PROBED.get() {
-        return Ok(*known);
-    }
-    let probed = probe(kvm)?;
-    Ok(*PROBED.get_or_init(|| probed))
+    probe_once(&PROBED, || probe(kvm))
 }
 
 fn probe(kvm: &Kvm) -> Result<StepMethod, VcpuError> {

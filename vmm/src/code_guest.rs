@@ -1,6 +1,8 @@
 //! A guest of a few bytes of 32-bit code and nothing else: what the VMM
-//! runs to learn how this host's KVM behaves (`port_exit::probe`), and what
-//! its unit tests run.
+//! runs to learn how this host's KVM behaves (the probes of `port_exit`,
+//! `breakpoint_step` and `interrupt_window`), and what its unit tests run.
+
+use std::sync::OnceLock;
 
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress};
@@ -17,6 +19,19 @@ pub struct CodeGuest {
     _vm: VmFd,
     pub memory: GuestMemory,
     pub vcpu: Vcpu,
+}
+
+/// The answer of `probe`, run at most once per process: what a probe
+/// measures is the host's KVM, which does not change under it.
+pub fn probe_once<T: Copy>(
+    answer: &'static OnceLock<T>,
+    probe: impl FnOnce() -> Result<T, VcpuError>,
+) -> Result<T, VcpuError> {
+    if let Some(known) = answer.get() {
+        return Ok(*known);
+    }
+    let probed = probe()?;
+    Ok(*answer.get_or_init(|| probed))
 }
 
 impl CodeGuest {

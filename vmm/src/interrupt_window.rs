@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::{CodeGuest, CODE};
+use crate::code_guest::{probe_once, CodeGuest, CODE};
 use crate::cpuid::Platform;
 use crate::vcpu::VcpuError;
 
@@ -42,11 +42,9 @@ const RUNS: usize = 8;
 /// PVM, whose windows are known to move.
 pub fn exact_here(kvm: &Kvm) -> Result<bool, VcpuError> {
     static PROBED: OnceLock<bool> = OnceLock::new();
-    if let Some(known) = PROBED.get() {
-        return Ok(*known);
-    }
-    let exact = Platform::detect() == Platform::Hardware && probe(kvm)?;
-    Ok(*PROBED.get_or_init(|| exact))
+    probe_once(&PROBED, || {
+        Ok(Platform::detect() == Platform::Hardware && probe(kvm)?)
+    })
 }
 
 fn probe(kvm: &Kvm) -> Result<bool, VcpuError> {

@@ -15,7 +15,7 @@ use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use kvm_bindings::kvm_sregs;
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::{CodeGuest, CODE};
+use crate::code_guest::{probe_once, CodeGuest, CODE};
 use crate::vcpu::{Vcpu, VcpuError};
 
 /// How this host's KVM reports RIP at a non-string OUT exit.
@@ -36,11 +36,7 @@ const PROBE_CODE: &[u8] = &[0xe6, 0x80, 0xf4];
 /// This host's convention, probed once per process with a small guest.
 pub fn host_convention(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
     static PROBED: OnceLock<OutExitRip> = OnceLock::new();
-    if let Some(known) = PROBED.get() {
-        return Ok(*known);
-    }
-    let probed = probe(kvm)?;
-    Ok(*PROBED.get_or_init(|| probed))
+    probe_once(&PROBED, || probe(kvm))
 }
 
 fn probe(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
