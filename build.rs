@@ -4,6 +4,9 @@
 //! where src/initramfs.rs embeds it: provm carries the exact agent it speaks
 //! to. The agent has its own target directory, so this nested cargo never
 //! waits on the outer build's lock.
+//!
+//! Names the commit it is built from (`PROVM_COMMIT`), which every trace
+//! records.
 
 use std::env;
 use std::path::PathBuf;
@@ -14,6 +17,64 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 fn main() {
     build_guest_agent();
     embed_kernel_inputs();
+    name_commit();
+}
+
+/// The sources provm is built from: a change to them makes the build
+/// "-dirty".
+const SOURCES: &[&str] = &[
+    "src",
+    "vmm",
+    "trace",
+    "seams",
+    "analysis",
+    "guest-agent",
+    "kernels",
+    "build.rs",
+    "Cargo.toml",
+    "Cargo.lock",
+];
+
+/// Sets `PROVM_COMMIT` to `git rev-parse HEAD`, with `-dirty` when the
+/// sources differ from it; left unset outside git, unless the builder sets
+/// it (a build from a source archive can name its commit so).
+fn name_commit() {
+    println!("cargo:rerun-if-env-changed=PROVM_COMMIT");
+    if let Ok(commit) = env::var("PROVM_COMMIT") {
+        println!("cargo:rustc-env=PROVM_COMMIT={commit}");
+        return;
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "HEAD"]) else {
+        return;
+    };
+    // A commit, a checkout or a `git add` changes these; an edit changes
+    // the sources.
+    for file in ["HEAD", "index", "packed-refs"] {
+        if let Some(path) = git(&["rev-parse", "--git-path", file]) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    if let Some(path) = git(&["symbolic-ref", "-q", "HEAD"])
+        .and_then(|branch| git(&["rev-parse", "--git-path", &branch]))
+    {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    for source in SOURCES {
+        println!("cargo:rerun-if-changed={source}");
+    }
+    let mut status = vec!["status", "--porcelain", "--"];
+    status.extend_from_slice(SOURCES);
+    let dirty = git(&status).is_none_or(|changes| !changes.is_empty());
+    let mark = if dirty { "-dirty" } else { "" };
+    println!("cargo:rustc-env=PROVM_COMMIT={head}{mark}");
 }
 
 fn build_guest_agent() {

@@ -6,7 +6,7 @@
 //! the initramfs, the kernel arguments, the memory size, the CPU model (the
 //! whole CPUID table), the image (the kernel has read its partition table
 //! and size at boot) and the snapshot's layout: the codec's
-//! `SNAPSHOT_VERSION` and the VMM's `DEVICE_MODEL_VERSION`. Records and
+//! `SNAPSHOT_VERSION` and the VMM's machine version. Records and
 //! replays start from the same bytes, which the trace embeds.
 
 use std::path::{Path, PathBuf};
@@ -17,8 +17,8 @@ use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
 use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use provm_vmm::cpuid_check;
-use provm_vmm::devices::persist::DEVICE_MODEL_VERSION;
 use provm_vmm::disk::image::ImageError;
+use provm_vmm::machine_version;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
 
@@ -59,7 +59,8 @@ pub struct BootedSnapshot {
 
 impl BootedSnapshot {
     pub fn decode(&self, memory_mib: u64) -> Result<VmSnapshot, FastStartError> {
-        snapshot::decode(&self.bytes, memory_mib).map_err(FastStartError::Decode)
+        snapshot::decode(&self.bytes, memory_mib, machine_version::CURRENT)
+            .map_err(FastStartError::Decode)
     }
 }
 
@@ -99,7 +100,8 @@ pub fn booted(
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
     let key = format!(
-        "provm snapshot {SNAPSHOT_VERSION} devices {DEVICE_MODEL_VERSION}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
+        "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
+        machine_version::CURRENT,
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,

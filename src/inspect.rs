@@ -1,18 +1,69 @@
-//! `provm inspect`: what a trace holds, after verifying all of it.
+//! `provm inspect`: what a trace holds, after verifying all of it, and
+//! whether this provm replays it. Of a trace of a format it does not read,
+//! what it can read: the manifest's fields, and why replay would refuse.
 
 use std::fmt::Write;
 use std::path::Path;
 
-use provm_trace::format::FormatError;
+use provm_trace::format::{FormatError, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::InterruptDelivery;
-use provm_trace::reader::Trace;
+use provm_trace::reader::{Trace, Unreadable};
+use provm_vmm::machine_version;
 
 use crate::disk::chain;
 use crate::holes;
 use crate::record::utc_date_time;
 
+/// A manifest field of an unreadable trace is shown up to this many
+/// characters.
+const FIELD_WIDTH: usize = 100;
+
 pub fn inspect(path: &Path) -> Result<String, FormatError> {
-    let trace = Trace::open(path)?;
+    match Trace::open(path) {
+        Ok(trace) => readable(path, &trace),
+        Err(refusal @ (FormatError::NewerFormat { .. } | FormatError::RetiredFormat { .. })) => {
+            unreadable(path, &refusal)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// What a trace of another format holds, as far as this provm can tell.
+fn unreadable(path: &Path, refusal: &FormatError) -> Result<String, FormatError> {
+    let peeked = Unreadable::peek(path)?;
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = (|| -> std::fmt::Result {
+        writeln!(out, "trace      {}", path.display())?;
+        writeln!(
+            out,
+            "format     {} (this provm reads {OLDEST_FORMAT} to {FORMAT_VERSION})",
+            peeked.format_version
+        )?;
+        writeln!(out, "replay     refused: {refusal}")?;
+        match &peeked.manifest {
+            Ok(serde_json::Value::Object(fields)) => {
+                writeln!(
+                    out,
+                    "manifest   as far as this provm can read it (checksum verified, fields not):"
+                )?;
+                for (name, value) in fields {
+                    let mut value = value.to_string();
+                    if value.chars().count() > FIELD_WIDTH {
+                        value = value.chars().take(FIELD_WIDTH).collect::<String>() + "...";
+                    }
+                    writeln!(out, "  {name:<22} {value}")?;
+                }
+            }
+            Ok(other) => writeln!(out, "manifest   not an object: {other}")?,
+            Err(error) => writeln!(out, "manifest   unreadable: {error}")?,
+        }
+        Ok(())
+    })();
+    Ok(out)
+}
+
+fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
     let counts = trace.count_events()?;
     let (m, o) = (&trace.manifest, &trace.outcome);
     let mut out = String::new();
@@ -21,6 +72,19 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
     let _ = (|| -> std::fmt::Result {
         writeln!(out, "trace      {}", path.display())?;
         writeln!(out, "integrity  verified: every section's SHA-256, the event chunks' sequence, the embedded kernel, initramfs and snapshot against the manifest")?;
+        writeln!(
+            out,
+            "format     {} (this provm reads {OLDEST_FORMAT} to {FORMAT_VERSION})",
+            trace.format_version
+        )?;
+        match machine_version::supported(m.machine_version) {
+            Ok(version) => writeln!(
+                out,
+                "replay     this provm replays it: machine version {}, {}",
+                version.number, version.description
+            )?,
+            Err(refusal) => writeln!(out, "replay     refused: {refusal}")?,
+        }
         writeln!(
             out,
             "status     {}",
@@ -44,9 +108,12 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         writeln!(out, "cwd        {}", m.cwd)?;
         writeln!(
             out,
-            "recorded   {} by provm {} on {} ({}, Linux {})",
+            "recorded   {} by provm {}{} on {} ({}, Linux {})",
             utc_date_time(m.started_unix),
             m.provm_version,
+            m.provm_commit
+                .as_ref()
+                .map_or(String::new(), |commit| format!(" (commit {commit})")),
             m.host.hypervisor,
             m.host.cpu,
             m.host.kernel
@@ -105,8 +172,8 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         writeln!(out, "snapshot   sha256 {}", m.snapshot_sha256)?;
         writeln!(
             out,
-            "machine    {} MiB, 1 vCPU, cmdline {:?}",
-            m.memory_mib, m.kernel_cmdline
+            "machine    version {}, {} MiB, 1 vCPU, cmdline {:?}",
+            m.machine_version, m.memory_mib, m.kernel_cmdline
         )?;
         writeln!(
             out,

@@ -18,6 +18,7 @@ use provm_seams::{delivery, Recorder};
 use provm_trace::format::{FormatError, SectionKind, TraceWriter};
 use provm_trace::manifest::{HostDescription, InterruptDelivery, Manifest, Outcome};
 use provm_vmm::cpuid::Platform;
+use provm_vmm::machine_version;
 use provm_vmm::vm::{self, VmSnapshot};
 
 use crate::blame;
@@ -255,6 +256,8 @@ fn manifest(
 ) -> Manifest {
     Manifest {
         provm_version: env!("CARGO_PKG_VERSION").into(),
+        provm_commit: option_env!("PROVM_COMMIT").map(Into::into),
+        machine_version: machine_version::CURRENT,
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

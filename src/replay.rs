@@ -14,6 +14,7 @@ use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
+use provm_vmm::machine_version::{self, MachineVersionError};
 use provm_vmm::seam::Delivery;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
@@ -61,6 +62,8 @@ pub enum ReplayError {
     Chain(#[from] ChainError),
     #[error("refusing to replay: {0}")]
     Cpu(#[from] CpuRefusal),
+    #[error("refusing to replay: {0}")]
+    MachineVersion(#[from] MachineVersionError),
     #[error("the trace is inconsistent: its snapshot's CPUID is not the one its manifest records")]
     SnapshotCpuid,
     #[error("refusing to replay: the recording delivered interrupts at KVM's interrupt-window exits (an SVM or VMX host), and this host's KVM does not place those exits where the guest enables interrupts (PVM), so the replay could not find them again. Replay it on an SVM or VMX host")]
@@ -258,14 +261,7 @@ impl Opened {
     pub fn open(options: &ReplayOptions) -> Result<(Opened, VmSnapshot), ReplayError> {
         let trace = Trace::open(&options.trace)?;
         let manifest = &trace.manifest;
-        if manifest.provm_version != env!("CARGO_PKG_VERSION") {
-            // The container is versioned; the VM state inside it follows provm's.
-            eprintln!(
-                "provm: this trace was recorded by provm {}; replaying with {}",
-                manifest.provm_version,
-                env!("CARGO_PKG_VERSION")
-            );
-        }
+        machine_version::supported(manifest.machine_version)?;
         cpu_model::check_here(
             &manifest.cpu,
             &manifest.host.hypervisor,
@@ -280,7 +276,11 @@ impl Opened {
         let (base, extracted) = open_image(options, &trace)?;
         chain::check(&base, &manifest.image)?;
 
-        let snapshot = snapshot::decode(&trace.snapshot, manifest.memory_mib)?;
+        let snapshot = snapshot::decode(
+            &trace.snapshot,
+            manifest.memory_mib,
+            manifest.machine_version,
+        )?;
         // The restore sets the snapshot's CPUID and refuses if this host
         // presents anything else; it must be the recorded one.
         if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {

@@ -75,9 +75,25 @@ fn damaged_traces_and_other_images_are_refused() {
         damaged("flipped", &flipped, "corrupt");
     }
     damaged("truncated", &bytes[..bytes.len() * 2 / 3], "truncated");
+    // Not damage: replay refuses a newer format, inspect shows what it can.
     let mut future = bytes.clone();
     future[8] = 99;
-    damaged("future", &future, "use a newer provm");
+    let future_trace = trace_path("future");
+    fs::write(&future_trace, &future).unwrap();
+    let refused = provm(&["replay", path(&future_trace)]);
+    assert_eq!(refused.status, PROVM_FAILED, "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("use a newer provm"),
+        "{}",
+        refused.stderr
+    );
+    let inspected = provm(&["inspect", path(&future_trace)]);
+    assert_eq!(inspected.status, 0, "{}", inspected.stderr);
+    assert!(
+        inspected.stdout.contains("use a newer provm"),
+        "{}",
+        inspected.stdout
+    );
 
     let missing = images().dir.join("no-such.provm");
     for command in ["replay", "inspect"] {

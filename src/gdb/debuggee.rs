@@ -586,8 +586,8 @@ impl Debuggee {
             .snapshots
             .at_or_before(at)
             .expect("the first snapshot is at the replay's start");
-        let memory_mib = self.opened.trace.manifest.memory_mib;
-        let vm = snapshot::decode(&saved.vm, memory_mib)?;
+        let manifest = &self.opened.trace.manifest;
+        let vm = snapshot::decode(&saved.vm, manifest.memory_mib, manifest.machine_version)?;
         self.disk.rewind(saved.disk)?;
         self.replayer
             .rewind(&saved.replay, self.opened.trace.events()?)?;

@@ -18,13 +18,29 @@ use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
-/// The format this provm writes; it reads this one only. Version 3: every
-/// exit event carries the guest's place (RIP and register digest); the
-/// manifest records the guest's whole CPUID table (`cpu.cpuid`) instead of
-/// seven feature words, the snapshot codec has its own versioned header,
-/// and the event log has RDMSR exits (`Event::MsrRead`). Version 4: the
-/// kernel's profile (its structure offsets) follows the kernel.
-pub const FORMAT_VERSION: u16 = 4;
+/// The format this provm writes. Version 3: every exit event carries the
+/// guest's place (RIP and register digest); the manifest records the
+/// guest's whole CPUID table (`cpu.cpuid`) instead of seven feature words,
+/// the snapshot codec has its own versioned header, and the event log has
+/// RDMSR exits (`Event::MsrRead`). Version 4: the kernel's profile (its
+/// structure offsets) follows the kernel. Version 5: the manifest names
+/// the machine version and the commit that recorded the trace; a provm of
+/// format 4 would replay a trace of another machine blindly, so it must
+/// refuse the format.
+///
+/// Changing what any section holds, or how: bump it, keep reading the old
+/// format, and add a golden sample (tests/data/golden/).
+pub const FORMAT_VERSION: u16 = 5;
+/// The oldest format this provm reads: it reads and replays every format
+/// from this one to `FORMAT_VERSION`.
+pub const OLDEST_FORMAT: u16 = 4;
+/// The formats before `OLDEST_FORMAT`, each with the last provm that wrote
+/// it, which replays it (`git checkout` the commit).
+pub const RETIRED_FORMATS: &[(u16, &str)] = &[
+    (1, "0.1.0 (commit 32b5fc3)"),
+    (2, "0.1.0 (commit 4aaad63)"),
+    (3, "0.1.0 (commit 96474bd)"),
+];
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;
@@ -112,8 +128,14 @@ pub enum FormatError {
     Open { path: PathBuf, source: io::Error },
     #[error("{0} is not a provm trace (no PROVMTRC header)")]
     NotATrace(PathBuf),
-    #[error("{path} is a trace of format version {found}; this provm reads version {FORMAT_VERSION}: use a newer provm")]
-    FutureVersion { path: PathBuf, found: u16 },
+    #[error("{path} is a trace of format version {found}, newer than this provm reads ({OLDEST_FORMAT} to {FORMAT_VERSION}): use a newer provm")]
+    NewerFormat { path: PathBuf, found: u16 },
+    #[error("{path} is a trace of format version {found}, recorded by provm {release} or an earlier one; this provm reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}: replay it with provm {release}")]
+    RetiredFormat {
+        path: PathBuf,
+        found: u16,
+        release: &'static str,
+    },
     #[error("{0}: the trace's header is corrupt")]
     CorruptHeader(PathBuf),
     #[error("the trace is truncated: it ends inside section {index} ({what}); it was cut short while being copied or written")]
@@ -245,23 +267,44 @@ pub struct SectionHeader {
 /// memory). A payload left unread is verified and skipped by the next call.
 pub struct TraceReader<R> {
     input: R,
+    format_version: u16,
     next_index: usize,
     unread: Option<SectionHeader>,
 }
 
 impl TraceReader<BufReader<File>> {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
-        let file = File::open(path).map_err(|source| FormatError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::new(BufReader::new(file), path)
+        Self::new(open_file(path)?, path)
+    }
+
+    /// `open`, for a trace of any format (see `of_any_format`).
+    pub fn open_any_format(path: &Path) -> Result<Self, FormatError> {
+        Self::of_any_format(open_file(path)?, path)
     }
 }
 
+fn open_file(path: &Path) -> Result<BufReader<File>, FormatError> {
+    File::open(path)
+        .map(BufReader::new)
+        .map_err(|source| FormatError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
 impl<R: Read> TraceReader<R> {
-    /// Checks the header; `path` only names the trace in errors.
-    pub fn new(mut input: R, path: &Path) -> Result<Self, FormatError> {
+    /// Checks the header, and that this provm reads the trace's format;
+    /// `path` only names the trace in errors.
+    pub fn new(input: R, path: &Path) -> Result<Self, FormatError> {
+        let reader = Self::of_any_format(input, path)?;
+        check_readable(reader.format_version, path)?;
+        Ok(reader)
+    }
+
+    /// Checks the header only: a trace of a format this provm does not
+    /// read is read as if its container were this one's, to show what it
+    /// can of it (`provm inspect`).
+    pub fn of_any_format(mut input: R, path: &Path) -> Result<Self, FormatError> {
         let mut header = [0u8; HEADER_LEN];
         if read_full(&mut input, &mut header).map_err(FormatError::Read)? < HEADER_LEN
             || &header[..8] != MAGIC
@@ -271,18 +314,17 @@ impl<R: Read> TraceReader<R> {
         if header[10..].iter().any(|&b| b != 0) {
             return Err(FormatError::CorruptHeader(path.to_owned()));
         }
-        let version = u16::from_le_bytes([header[8], header[9]]);
-        if version != FORMAT_VERSION {
-            return Err(FormatError::FutureVersion {
-                path: path.to_owned(),
-                found: version,
-            });
-        }
         Ok(TraceReader {
             input,
+            format_version: u16::from_le_bytes([header[8], header[9]]),
             next_index: 0,
             unread: None,
         })
+    }
+
+    /// The format version in the trace's header.
+    pub fn format_version(&self) -> u16 {
+        self.format_version
     }
 
     /// The next section, verified and in memory; `None` at a clean end of
@@ -394,6 +436,31 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
+/// Whether this provm reads traces of format `version`; if not, which
+/// provm does.
+pub fn check_readable(version: u16, path: &Path) -> Result<(), FormatError> {
+    if (OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
+        return Ok(());
+    }
+    let path = path.to_owned();
+    match RETIRED_FORMATS
+        .iter()
+        .find(|(retired, _)| *retired == version)
+    {
+        Some(&(_, release)) => Err(FormatError::RetiredFormat {
+            path,
+            found: version,
+            release,
+        }),
+        // A version before the first is a damaged header, not a format.
+        None if version < OLDEST_FORMAT => Err(FormatError::CorruptHeader(path)),
+        None => Err(FormatError::NewerFormat {
+            path,
+            found: version,
+        }),
+    }
+}
+
 /// Reads until `buf` is full or the input ends; returns how much was read.
 fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
@@ -490,6 +557,20 @@ mod tests {
     }
 
     #[test]
+    fn every_format_from_the_oldest_on_is_read() {
+        let bytes = written(&[(SectionKind::Manifest, b"{}")]);
+        for version in OLDEST_FORMAT..=FORMAT_VERSION {
+            let mut old = bytes.clone();
+            old[8..10].copy_from_slice(&version.to_le_bytes());
+            let reader = TraceReader::new(&old[..], Path::new("t.provm")).unwrap();
+            assert_eq!(reader.format_version(), version);
+        }
+        for (version, _) in RETIRED_FORMATS {
+            assert!(*version < OLDEST_FORMAT);
+        }
+    }
+
+    #[test]
     fn damage_is_named() {
         let bytes = written(&[(SectionKind::Manifest, b"{\"a\": 1}")]);
         let mut flipped = bytes.clone();
@@ -504,10 +585,18 @@ mod tests {
         ));
         let mut future = bytes.clone();
         future[8] = 9;
-        assert!(matches!(
-            read_all(&future),
-            Err(FormatError::FutureVersion { found: 9, .. })
-        ));
+        let newer = read_all(&future).unwrap_err();
+        assert!(matches!(newer, FormatError::NewerFormat { found: 9, .. }));
+        assert!(newer.to_string().ends_with("use a newer provm"), "{newer}");
+        let mut older = bytes.clone();
+        older[8] = 3;
+        let retired = read_all(&older).unwrap_err();
+        assert!(
+            retired
+                .to_string()
+                .contains("recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 5: replay it with provm 0.1.0 (commit 96474bd)"),
+            "{retired}"
+        );
         assert!(matches!(read_all(b"hello"), Err(FormatError::NotATrace(_))));
     }
 }

@@ -5,7 +5,17 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The release of provm that recorded the trace.
     pub provm_version: String,
+    /// The commit of provm's source it was built from (`git rev-parse
+    /// HEAD`, with `-dirty` when its sources differed from it); absent when
+    /// built outside git, and from traces of format 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provm_commit: Option<String>,
+    /// The machine the guest ran on: everything it could observe of the VMM
+    /// (`provm_vmm::machine_version`).
+    #[serde(default = "machine_version_of_format_4")]
+    pub machine_version: u32,
     /// When the recording started, in seconds since the Unix epoch.
     pub started_unix: u64,
     pub argv: Vec<String>,
@@ -37,6 +47,13 @@ pub struct Manifest {
     /// is the recording's up to the fork point, then the fork's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+}
+
+/// Traces of format 4 do not name their machine: every provm that wrote
+/// format 4 ran machine version 1 (the corpus in tests/data/corpus/ replays
+/// on it).
+fn machine_version_of_format_4() -> u32 {
+    1
 }
 
 /// Where the recording delivered an interrupt that came due while the

@@ -17,6 +17,8 @@ use crate::manifest::{Manifest, Outcome};
 /// A verified trace, without its event log and embedded files.
 pub struct Trace {
     pub path: PathBuf,
+    /// The format version in its header.
+    pub format_version: u16,
     pub manifest: Manifest,
     pub outcome: Outcome,
     pub snapshot: Vec<u8>,
@@ -45,6 +47,7 @@ impl Trace {
     /// and an embedded image are verified, not kept.
     pub fn open(path: &Path) -> Result<Trace, FormatError> {
         let mut reader = TraceReader::open(path)?;
+        let format_version = reader.format_version();
         let first = reader
             .next_section()?
             .ok_or_else(|| structure(path, "the trace is empty"))?;
@@ -129,6 +132,7 @@ impl Trace {
             kernel_profile.ok_or_else(|| structure(path, "no kernel profile section"))?;
         Ok(Trace {
             path: path.to_owned(),
+            format_version,
             manifest,
             outcome,
             snapshot,
@@ -195,6 +199,33 @@ impl Trace {
             &self.path,
             format!("no embedded {}", kind.name()),
         ))
+    }
+}
+
+/// What can be read of a trace of a format this provm does not read
+/// (`FormatError::NewerFormat`, `RetiredFormat`), for `provm inspect`.
+pub struct Unreadable {
+    pub format_version: u16,
+    /// Its manifest, as JSON: a newer format's may have fields this provm
+    /// does not know, and lack ones it does. An error if the trace's
+    /// container is not this one's or does not start with a manifest.
+    pub manifest: Result<serde_json::Value, FormatError>,
+}
+
+impl Unreadable {
+    /// Reads the header and, if the container is this one's, the manifest;
+    /// every checksum it reads is verified.
+    pub fn peek(path: &Path) -> Result<Unreadable, FormatError> {
+        let mut reader = TraceReader::open_any_format(path)?;
+        let format_version = reader.format_version();
+        let manifest = reader.next_section().and_then(|first| match first {
+            Some(section) if section.kind == SectionKind::Manifest => json(&section),
+            _ => Err(structure(path, "the trace does not start with a manifest")),
+        });
+        Ok(Unreadable {
+            format_version,
+            manifest,
+        })
     }
 }
 

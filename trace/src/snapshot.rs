@@ -16,8 +16,8 @@ use serde::Serialize;
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"PROVMSNP";
 /// The layout above. The state's own layout is the VMM's, versioned
-/// separately (its DEVICE_MODEL_VERSION); bump this when the layout above
-/// changes.
+/// separately (its machine version, which the manifest names); bump this
+/// when the layout above changes.
 pub const SNAPSHOT_VERSION: u16 = 1;
 const HEADER_LEN: usize = SNAPSHOT_MAGIC.len() + 2;
 
@@ -53,6 +53,11 @@ pub enum SnapshotError {
     StateTruncated { claimed: usize, available: usize },
     #[error("the VM state is not readable: {0}")]
     State(serde_json::Error),
+    #[error("the VM state is not machine version {machine}'s as this provm saves it ({source}): it was saved by another build of provm; replay the trace with the provm that recorded it")]
+    MachineState {
+        machine: u32,
+        source: serde_json::Error,
+    },
     #[error("the memory image is not readable: {0}")]
     Memory(io::Error),
     #[error("the memory image is truncated: {0}")]

@@ -26,6 +26,7 @@ pub enum Register {
 /// One CPUID leaf/subleaf as KVM_GET_CPUID2 reports it (`kvm_cpuid_entry2`
 /// without its padding): what a trace and a snapshot record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CpuidEntry {
     pub function: u32,
     pub index: u32,

@@ -18,6 +18,7 @@ pub mod disk;
 pub mod exit_timing;
 pub mod guest_debug;
 pub mod interrupt_window;
+pub mod machine_version;
 pub mod memory;
 pub mod msr;
 pub mod paging;

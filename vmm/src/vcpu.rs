@@ -67,8 +67,9 @@ pub enum VcpuError {
 }
 
 /// Everything KVM holds for the vCPU, as a snapshot needs it. A change here
-/// changes the snapshot: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
+/// changes the snapshot: a new machine version (`crate::machine_version`).
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VcpuState {
     /// The CPUID the guest saw (KVM_GET_CPUID2), set again on restore.
     pub cpuid: Vec<CpuidEntry>,

@@ -166,8 +166,9 @@ pub struct VmSnapshot {
     pub memory: MemoryImage,
 }
 
-/// Changing it: bump `crate::devices::persist::DEVICE_MODEL_VERSION`.
+/// Changing it is a new machine version (`crate::machine_version`).
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VmState {
     /// The virtual clock's reading when the snapshot was taken.
     pub clock_ns: u64,

@@ -74,6 +74,8 @@ pub fn sample_sections() -> Sections {
     );
     let manifest = Manifest {
         provm_version: "test".into(),
+        provm_commit: None,
+        machine_version: 1,
         started_unix: 0,
         argv: vec!["true".into()],
         env: Vec::new(),

@@ -56,6 +56,7 @@ pub struct Cmos {
 
 /// The selected register and the RAM (the clock registers are computed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CmosState {
     index: u8,
     ram: Vec<u8>,

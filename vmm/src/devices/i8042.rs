@@ -20,6 +20,7 @@ const PULSE_RESET: u8 = 0xfe;
 
 /// The controller's command/status port, holding the reset line's state.
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct I8042 {
     reset_requested: bool,
 }

@@ -65,6 +65,7 @@ pub struct Doorbell {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DoorbellState {
     flag: Option<u64>,
 }

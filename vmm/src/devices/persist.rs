@@ -12,14 +12,11 @@ use std::fmt::Display;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// The version of the VM state a snapshot carries: every `Persist::State`,
-/// `VcpuState` and `VmState`. Bump it with any change to their fields or to
-/// what a field means, so that cached snapshots of the old layout are not
-/// restored into the new devices (the snapshot cache is keyed on it).
-pub const DEVICE_MODEL_VERSION: u32 = 2;
-
-/// A device whose state a snapshot carries. Changing a `State`: bump
-/// `DEVICE_MODEL_VERSION`.
+/// A device whose state a snapshot carries. Its `State` is part of the
+/// machine version (`crate::machine_version`): changing its fields or what
+/// one means is a new machine version. A `State` refuses fields it does not
+/// know (`#[serde(deny_unknown_fields)]`): a state saved by another build
+/// must not restore with parts of it dropped.
 pub trait Persist {
     type State: Serialize + DeserializeOwned;
 

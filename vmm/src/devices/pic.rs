@@ -41,6 +41,7 @@ enum Block {
 
 /// One 8259A.
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Chip {
     /// Interrupt request register, edge-triggered lines only: a bit latched
     /// by a rising edge, cleared by the INTA cycle that services it.
@@ -196,6 +197,7 @@ impl Chip {
 /// The master/slave pair. Share it as `Arc<Mutex<Pic>>` between the vCPU
 /// loop, the `PicIrqLine`s and the bus (see `pio_devices`).
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Pic {
     master: Chip,
     slave: Chip,

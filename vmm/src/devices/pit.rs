@@ -54,6 +54,7 @@ enum Access {
 }
 
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Counter {
     mode: u8,
     access: Access,
@@ -237,6 +238,7 @@ pub struct Pit {
 
 /// The three counters, with times in the VM's monotonic clock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PitState {
     counters: [Counter; 3],
 }

@@ -84,6 +84,7 @@ pub struct SerialPortState(#[serde(with = "SerialStateDef")] SerialState);
 /// vm-superio's `SerialState` fields, for serde.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "SerialState")]
+#[serde(deny_unknown_fields)]
 struct SerialStateDef {
     baud_divisor_low: u8,
     baud_divisor_high: u8,

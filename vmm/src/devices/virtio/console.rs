@@ -99,6 +99,7 @@ impl VirtioConsole {
 
 /// Host bytes waiting for the guest, and guest bytes for the host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConsoleState {
     to_guest: Vec<u8>,
     from_guest: Vec<u8>,

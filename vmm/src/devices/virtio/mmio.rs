@@ -89,6 +89,7 @@ pub struct MmioTransport<D: VirtioDevice> {
 
 /// The transport's registers, its queues and its device's own state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TransportState<S> {
     status: u32,
     device_features_sel: u32,
@@ -108,6 +109,7 @@ struct SavedQueue(#[serde(with = "QueueStateDef")] QueueState);
 /// `QueueState`'s fields, for serde.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "QueueState")]
+#[serde(deny_unknown_fields)]
 struct QueueStateDef {
     max_size: u16,
     next_avail: u16,

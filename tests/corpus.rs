@@ -1,0 +1,131 @@
+//! The compatibility corpus (tests/data/corpus/, its README says who
+//! recorded each trace): every trace an earlier provm recorded replays
+//! exactly with this one, and a trace this provm cannot replay is refused
+//! before it starts, saying which provm replays it, while `inspect` still
+//! shows what it holds.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{assert_replay_matches, one_guest_at_a_time, path, provm, PROVM_FAILED};
+use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::manifest::Manifest;
+use provm_vmm::cpuid::Platform;
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus");
+    let mut traces: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "provm"))
+        .collect();
+    traces.sort();
+    assert!(!traces.is_empty(), "no traces in {}", dir.display());
+    traces
+}
+
+/// The corpus was recorded on PVM with the host's CPU: it replays on PVM,
+/// and a VMX/SVM host refuses it before starting, for its CPU model only.
+#[test]
+fn every_corpus_trace_replays_exactly() {
+    let _guest = one_guest_at_a_time();
+    for trace in corpus() {
+        let inspect = provm(&["inspect", path(&trace)]);
+        assert_eq!(inspect.status, 0, "{}", inspect.stderr);
+        assert!(
+            inspect
+                .stdout
+                .contains("replay     this provm replays it: machine version 1,"),
+            "{}",
+            inspect.stdout
+        );
+        if Platform::detect() == Platform::Pvm {
+            assert_replay_matches(&trace);
+        } else {
+            let replay = provm(&["replay", path(&trace)]);
+            assert_eq!(replay.status, PROVM_FAILED, "{}", replay.stderr);
+            assert!(
+                replay.stderr.contains("the trace was recorded on PVM"),
+                "{}",
+                replay.stderr
+            );
+        }
+    }
+}
+
+/// A copy of a corpus trace in `dir` with its header's format version set
+/// to `version`.
+fn with_format(dir: &Path, version: u16) -> PathBuf {
+    let mut bytes = fs::read(&corpus()[0]).unwrap();
+    bytes[8..10].copy_from_slice(&version.to_le_bytes());
+    let copy = dir.join(format!("format-{version}.provm"));
+    fs::write(&copy, bytes).unwrap();
+    copy
+}
+
+/// Replay refuses, with `advice`; inspect shows `shown`.
+fn refused(trace: &Path, advice: &str, shown: &[&str]) {
+    let replay = provm(&["replay", path(trace)]);
+    assert_eq!(replay.status, PROVM_FAILED, "{}", replay.stderr);
+    assert!(replay.stderr.contains(advice), "{}", replay.stderr);
+    let inspect = provm(&["inspect", path(trace)]);
+    assert_eq!(inspect.status, 0, "{}", inspect.stderr);
+    assert!(
+        inspect.stdout.contains("replay     refused: "),
+        "{}",
+        inspect.stdout
+    );
+    assert!(inspect.stdout.contains(advice), "{}", inspect.stdout);
+    for line in shown {
+        assert!(inspect.stdout.contains(line), "{}", inspect.stdout);
+    }
+}
+
+#[test]
+fn a_newer_format_asks_for_a_newer_provm_and_inspect_shows_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    refused(
+        &with_format(dir.path(), 900),
+        "newer than this provm reads (4 to 5): use a newer provm",
+        &[
+            "format     900 (this provm reads 4 to 5)",
+            "  argv ",
+            "  provm_version          \"0.1.0\"",
+        ],
+    );
+}
+
+#[test]
+fn an_older_format_names_the_provm_that_replays_it() {
+    let dir = tempfile::tempdir().unwrap();
+    refused(
+        &with_format(dir.path(), 3),
+        "recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 5: replay it with provm 0.1.0 (commit 96474bd)",
+        &["format     3 (this provm reads 4 to 5)"],
+    );
+}
+
+#[test]
+fn a_newer_machine_version_is_refused_before_the_replay_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("machine-99.provm");
+    let mut reader = TraceReader::open(&corpus()[0]).unwrap();
+    let mut writer = TraceWriter::create(&copy).unwrap();
+    while let Some(section) = reader.next_section().unwrap() {
+        let mut payload = section.payload;
+        if section.kind == SectionKind::Manifest {
+            let mut manifest: Manifest = serde_json::from_slice(&payload).unwrap();
+            manifest.machine_version = 99;
+            payload = serde_json::to_vec(&manifest).unwrap();
+        }
+        writer.section(section.kind, &payload).unwrap();
+    }
+    writer.finish().unwrap();
+    refused(
+        &copy,
+        "machine version 99; this provm emulates machine versions 1 to 1: use a newer provm",
+        &["machine    version 99, 64 MiB", "status     complete"],
+    );
+}
