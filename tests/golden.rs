@@ -178,6 +178,7 @@ fn sample_manifest() -> Manifest {
             hypervisor: "KVM".into(),
         },
         exitless_limit_seconds: Some(60),
+        holes: Some(vec!["user-rdtsc".into()]),
         interrupt_delivery: InterruptDelivery::WindowExit,
         fork: Some(ForkOrigin {
             trace: "run.provm".into(),
