@@ -19,7 +19,7 @@ use common::{
 /// log events on every host, with or without doorbell exits) that going to
 /// its middle passes a time-travel snapshot (one every 2,000 events).
 const SCRIPT: &str =
-    "for i in $(seq 32); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out32.txt";
+    "for i in $(seq 48); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out48.txt";
 
 /// The shared recording, and its log's length in events.
 fn recording() -> &'static (PathBuf, u64) {

@@ -594,6 +594,7 @@ impl Debuggee {
         let event = saved.replay.position().events;
         let config = vm_config(&self.opened, &self.options, &self.disk, &self.replayer);
         self.vm = Vm::restore(config, vm)?;
+        self.vm.resume_as_saved();
         self.here = Point::at_exit(event);
         self.end = None;
         Ok(())

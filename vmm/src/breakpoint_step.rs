@@ -95,19 +95,18 @@ fn probe(kvm: &Kvm) -> Result<StepMethod, VcpuError> {
 
 /// The debug state that makes one step from where the guest stands: the
 /// breakpoints of `debug` first, then one on each place the instruction at
-/// RIP (`code` holds its bytes) can continue at. `None` when that cannot be
-/// worked out or does not fit the debug registers: step with the trap flag
-/// then.
+/// RIP can continue at. `None` when that cannot be worked out or does not
+/// fit the debug registers: step with the trap flag then.
 pub fn arm(
     debug: &GuestDebug,
-    code: &[u8],
     regs: &kvm_regs,
     sregs: &kvm_sregs,
     syscall_entry: u64,
     memory: &GuestMemory,
 ) -> Option<GuestDebug> {
+    let code = code_at(memory, sregs.cr3, regs.rip);
     let guest = Guest {
-        code,
+        code: &code,
         regs,
         sregs,
         memory,
@@ -122,6 +121,25 @@ pub fn arm(
         breakpoints,
         single_step: false,
     })
+}
+
+/// The bytes an instruction at `rip` can span (15), or as many of them as
+/// are mapped, read through the guest's page tables (`paging`), not
+/// KVM_TRANSLATE: that walks them as a supervisor read, which SMAP refuses
+/// for user pages (measured on the SVM test bed).
+fn code_at(memory: &GuestMemory, cr3: u64, rip: u64) -> Vec<u8> {
+    const LONGEST: usize = 15;
+    let on_page = ((4096 - rip % 4096) as usize).min(LONGEST);
+    let mut code = vec![0; LONGEST];
+    if paging::read(memory, cr3, rip, &mut code[..on_page]).is_err() {
+        return Vec::new();
+    }
+    if on_page < LONGEST
+        && paging::read(memory, cr3, rip + on_page as u64, &mut code[on_page..]).is_err()
+    {
+        code.truncate(on_page);
+    }
+    code
 }
 
 /// The guest as a step sees it: 64-bit code under its own page tables.
@@ -268,7 +286,17 @@ mod tests {
     /// The breakpoints that step `code` at RIP after the debugger's
     /// `theirs`, in 64-bit code, with RAX and RCX as given.
     fn step_over(code: &[u8], theirs: &[u64], rax: u64, rcx: u64) -> Option<Vec<u64>> {
-        let memory = GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 16)]).unwrap();
+        use vm_memory::{Bytes, GuestAddress};
+        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 16)]).unwrap();
+        // Four-level tables at 0x1000-0x4000 mapping RIP's page to 0x5000.
+        let present = |table: u64| table | 0b11;
+        for (level, table) in [(3u32, 0x1000u64), (2, 0x2000), (1, 0x3000), (0, 0x4000)] {
+            let index = (RIP >> (12 + 9 * level)) & 0x1ff;
+            memory
+                .write_obj(present(table + 0x1000), GuestAddress(table + index * 8))
+                .unwrap();
+        }
+        memory.write_slice(code, GuestAddress(0x5000)).unwrap();
         let regs = kvm_regs {
             rip: RIP,
             rax,
@@ -277,11 +305,12 @@ mod tests {
         };
         let mut sregs = kvm_sregs::default();
         sregs.cs.l = 1;
+        sregs.cr3 = 0x1000;
         let debug = GuestDebug {
             breakpoints: theirs.to_vec(),
             single_step: true,
         };
-        let armed = arm(&debug, code, &regs, &sregs, LSTAR, &memory)?;
+        let armed = arm(&debug, &regs, &sregs, LSTAR, &memory)?;
         assert!(!armed.single_step);
         Some(armed.breakpoints)
     }

@@ -401,6 +401,16 @@ impl Vm {
         self.snapshot_at(clock_ns)
     }
 
+    /// Has KVM say, in `kvm_run`, whether the vCPU can take an interrupt
+    /// now, as a running VM's last KVM_RUN said (`snapshot_at` asks that of
+    /// the VM it saves). A VM restored from a snapshot taken mid-run must do
+    /// this to go on as the saved one would: until its first KVM_RUN its
+    /// `kvm_run` says it cannot, and a waiting interrupt would be held for
+    /// the window or the doorbell where the saved VM injected it.
+    pub fn resume_as_saved(&mut self) {
+        self.vcpu.finish_pending_exit();
+    }
+
     /// Like `snapshot`, with the virtual time given: a replayer's clock is
     /// its log, where reading it would consume an event.
     pub fn snapshot_at(&mut self, clock_ns: u64) -> Result<VmSnapshot, VmError> {
@@ -736,12 +746,7 @@ impl Vm {
         let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
         let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
         let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
-        let code = self
-            .vcpu
-            .instruction_bytes(&self.memory, &sregs, regs.rip)
-            .unwrap_or_default();
-        let armed =
-            breakpoint_step::arm(&in_force, &code, &regs, &sregs, syscall_entry, &self.memory);
+        let armed = breakpoint_step::arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
         match armed {
             Some(armed) => {
                 self.apply_guest_debug(&armed)?;
