@@ -232,17 +232,12 @@ fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell
     let verdict = assert_replay_matches(&trace);
     let pvm = Platform::detect() == Platform::Pvm;
     assert_eq!(verdict.contains("\n  user-rdtsc: "), pvm, "{verdict}");
+    // On any host a CPU with RDRAND runs it for a program that ignores CPUID.
     assert_eq!(
         verdict.contains("not checked"),
-        pvm || holes_open_anyway(),
+        pvm || provm::holes::host_has_rdrand(),
         "{verdict}"
     );
-}
-
-/// Whether a recording here leaves holes on any host: a CPU with RDRAND
-/// runs it for a program that ignores CPUID.
-fn holes_open_anyway() -> bool {
-    std::arch::is_x86_feature_detected!("rdrand") || std::arch::is_x86_feature_detected!("rdseed")
 }
 
 #[test]

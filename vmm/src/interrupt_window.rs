@@ -95,19 +95,17 @@ mod tests {
         assert_eq!(exact_here(&kvm).unwrap(), expected);
     }
 
-    /// What PVM does with the same sequences, for the record: the window
-    /// does not land at one place.
+    /// The probe itself, without the platform's shortcut: on PVM
+    /// `sti; nop; nop` gets no window at the place the SDM gives (it runs on
+    /// to its HLT), on SVM it does every time.
     #[test]
-    fn the_probe_sequences_exit_as_this_host_does() {
+    fn the_probe_finds_the_window_exact_only_on_hardware() {
         let kvm = Kvm::new().unwrap();
         let answers: Vec<_> = (0..RUNS)
             .map(|_| window_exit(&kvm, STI_NOP).unwrap())
             .collect();
         eprintln!("sti; nop; nop with the window asked for: {answers:?}");
-        if Platform::detect() == Platform::Hardware {
-            assert!(answers
-                .iter()
-                .all(|answer| *answer == (WindowExit::Window, CODE.0 + STI_NOP_WINDOW)));
-        }
+        let hardware = Platform::detect() == Platform::Hardware;
+        assert_eq!(probe(&kvm).unwrap(), hardware, "{answers:?}");
     }
 }

@@ -257,16 +257,26 @@ impl Vcpu {
         let list = kvm.get_msr_index_list().map_err(getting("MSR list"))?;
         let mut msrs = Vec::new();
         for &index in list.as_slice() {
-            let mut one = Msrs::from_entries(&[kvm_msr_entry {
-                index,
-                ..Default::default()
-            }])
-            .expect("one MSR fits the FAM wrapper");
-            if self.fd.get_msrs(&mut one).map_err(getting("MSRs"))? == 1 {
-                msrs.push(one.as_slice()[0]);
+            if let Some(data) = self.read_msr(index)? {
+                msrs.push(kvm_msr_entry {
+                    index,
+                    data,
+                    ..Default::default()
+                });
             }
         }
         Ok(msrs)
+    }
+
+    /// One MSR's value, `None` where KVM does not read it.
+    fn read_msr(&self, index: u32) -> Result<Option<u64>, VcpuError> {
+        let mut one = Msrs::from_entries(&[kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .expect("one MSR fits the FAM wrapper");
+        let read = self.fd.get_msrs(&mut one).map_err(getting("MSRs"))?;
+        Ok((read == 1).then(|| one.as_slice()[0].data))
     }
 
     /// Sets each saved MSR. KVM refuses to set some it lets be read (e.g.
@@ -307,15 +317,7 @@ impl Vcpu {
 
     /// One MSR's value.
     pub fn msr(&self, index: u32) -> Result<u64, VcpuError> {
-        let mut one = Msrs::from_entries(&[kvm_msr_entry {
-            index,
-            ..Default::default()
-        }])
-        .expect("one MSR fits the FAM wrapper");
-        match self.fd.get_msrs(&mut one).map_err(getting("MSRs"))? {
-            1 => Ok(one.as_slice()[0].data),
-            _ => Err(VcpuError::MsrUnreadable(index)),
-        }
+        self.read_msr(index)?.ok_or(VcpuError::MsrUnreadable(index))
     }
 
     /// Puts back a state taken by `save`, on a vCPU created with

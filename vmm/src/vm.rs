@@ -735,14 +735,17 @@ impl Vm {
     /// RIP continues (see `breakpoint_step`), after the debugger's own.
     fn arm_breakpoint_step(&mut self) -> Result<(), VmError> {
         self.step_breakpoints = None;
+        // Before every entry: nothing to do (and nothing to copy) unless
+        // this host steps with breakpoints and the guest is stepping.
+        let stepping = self.stepping_over || self.guest_debug.single_step;
+        if !stepping || self.step_method != StepMethod::Breakpoints {
+            return Ok(());
+        }
         let in_force = if self.stepping_over {
             guest_debug::step_over()
         } else {
             self.guest_debug.clone()
         };
-        if !in_force.single_step || self.step_method != StepMethod::Breakpoints {
-            return Ok(());
-        }
         let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
         let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
         let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
@@ -980,8 +983,6 @@ fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
     )
 }
 
-/// The CPU model a VM booted with `baseline` gets on this host, without
-/// building one.
 /// Where a recording on this host delivers the interrupts the guest
 /// cannot take at once: at the interrupt-window exit where the host places
 /// it exactly, else at the guest kernel's doorbell.
@@ -993,6 +994,8 @@ pub fn recording_delivery() -> Result<Delivery, VmError> {
     })
 }
 
+/// The CPU model a VM booted with `baseline` gets on this host, without
+/// building one.
 pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
