@@ -14,8 +14,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use provm::blame::{compare, inject, TimingOptions, TimingReport};
-use provm::record::RecordOptions;
-use provm::run::RunOptions;
+use provm_engine::record::RecordOptions;
+use provm_engine::run::RunOptions;
 use provm_guest_agent::Outcome;
 use provm_vmm::exit_timing::ExitDelay;
 
@@ -38,16 +38,25 @@ fn main() {
 
 /// A recording of the workload, and how long it took.
 fn record(run: &RunOptions, output: &Path, timing: bool) -> Duration {
-    let mut run = run.clone();
-    run.timing.capture = timing;
     let options = RecordOptions {
-        run,
+        run: run.clone(),
         output: output.to_owned(),
         embed_image: false,
         exitless_limit: None,
     };
+    let mut timing = TimingOptions {
+        capture: timing,
+        ..TimingOptions::default()
+    }
+    .observer("record");
     let start = Instant::now();
-    let recorded = provm::record::record(&options, &mut Vec::new(), &mut Vec::new()).unwrap();
+    let recorded = provm_engine::record::record(
+        &options,
+        &mut [&mut timing],
+        &mut Vec::new(),
+        &mut Vec::new(),
+    )
+    .unwrap();
     assert_eq!(recorded.outcome, Outcome::Exited(0));
     start.elapsed()
 }
@@ -102,16 +111,16 @@ fn row(name: &str, times: &mut [Duration]) -> Duration {
 fn timed_run(run: &RunOptions, dir: &Path, delay: Option<ExitDelay>) -> TimingReport {
     let output = dir.join("run-timing.json");
     let _ = std::fs::remove_file(&output);
-    let options = RunOptions {
-        timing: TimingOptions {
-            capture: true,
-            output: Some(output.clone()),
-            delay,
-        },
-        ..run.clone()
-    };
-    let ran = provm::run::run(&options, &mut Vec::new(), &mut Vec::new()).unwrap();
+    let mut timing = TimingOptions {
+        capture: true,
+        output: Some(output.clone()),
+        delay,
+    }
+    .observer("run");
+    let ran =
+        provm_engine::run::run(run, &mut [&mut timing], &mut Vec::new(), &mut Vec::new()).unwrap();
     assert_eq!(ran.outcome, Outcome::Exited(0));
+    timing.save_requested().unwrap();
     provm::blame::load(&output).unwrap()
 }
 

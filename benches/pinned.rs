@@ -10,8 +10,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use provm::pinning::Pinning;
-use provm::run::RunOptions;
+use provm_engine::pinning::Pinning;
+use provm_engine::run::RunOptions;
 use provm_guest_agent::Outcome;
 
 const RUNS: usize = 5;
@@ -27,7 +27,8 @@ fn main() {
     };
     let timed = |options: &RunOptions| {
         let start = Instant::now();
-        let ran = provm::run::run(options, &mut Vec::new(), &mut Vec::new()).unwrap();
+        let ran =
+            provm_engine::run::run(options, &mut [], &mut Vec::new(), &mut Vec::new()).unwrap();
         assert_eq!(ran.outcome, Outcome::Exited(0));
         let took = start.elapsed();
         let kind = if options.pinned.is_some() {

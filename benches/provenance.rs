@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use provm::provenance::{self, VmBoundary};
-use provm::run::RunOptions;
+use provm_engine::run::RunOptions;
 use provm_guest_agent::{Job, Outcome, ProvRecord};
 
 /// "Compile" 40 sources (sed), checksum each object (md5sum), link
@@ -41,9 +41,15 @@ fn main() {
             &format!("set -- {directory}; {BUILD}"),
         )
     };
-    let prepared = provm::run::prepare(&options).unwrap();
-    let mut guest =
-        provm::run::start(&options, &prepared, Instant::now() + options.timeout).unwrap();
+    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let mut guest = provm_engine::run::start(
+        &options,
+        &prepared,
+        Instant::now() + options.timeout,
+        &mut [],
+    )
+    .unwrap()
+    .session;
     let mut timed = |job: Job| {
         let start = Instant::now();
         let outcome = guest.run(job, &mut Vec::new(), &mut Vec::new()).unwrap();

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use provm_trace::event_log::EventLogWriter;
 use provm_trace::events::Event;
-use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
 use provm_trace::reader::Trace;
 
 const MIN_EVENTS: u64 = 1_000_000;
@@ -137,7 +137,7 @@ fn lengthen(recorded: &Path, long: &Path) -> u64 {
     let span_ns = clocks().next_back().unwrap_or(0) - first_ns + 1;
 
     // The sections before the log, as recorded.
-    let mut writer = TraceWriter::create(long).unwrap();
+    let mut writer = SectionWriter::create(long).unwrap();
     let mut reader = TraceReader::open(recorded).unwrap();
     while let Some(section) = reader.next_section().unwrap() {
         if matches!(section.kind, SectionKind::Events | SectionKind::Outcome) {

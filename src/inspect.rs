@@ -10,9 +10,9 @@ use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::{Trace, Unreadable};
 use provm_vmm::machine_version;
 
-use crate::disk::chain;
-use crate::holes;
-use crate::record::utc_date_time;
+use provm_engine::disk::chain;
+use provm_engine::holes;
+use provm_engine::utc::date_time as utc_date_time;
 
 /// A manifest field of an unreadable trace is shown up to this many
 /// characters.

@@ -1,27 +1,15 @@
-//! provm: runs a command inside a Linux VM on its own KVM VMM.
+//! provm's features over its engine (`provm_engine`): the debugger, hypervisor
+//! blame, forks, queries and exports, reproducibility checks, provenance
+//! graphs and trace inspection. Each is a module with one entry point; the
+//! command line (`main.rs`) parses arguments and dispatches to them.
 
 pub mod blame;
-pub mod cpu_model;
-pub mod digest;
-pub mod disk;
 pub mod export;
-pub mod fast_start;
 pub mod fork;
 pub mod gdb;
-pub mod holes;
-pub mod host_paths;
-pub mod initramfs;
 pub mod inspect;
-pub mod kernel;
-pub mod machine;
-pub mod pinning;
+pub mod observers;
+pub mod output;
 pub mod provenance;
 pub mod query;
-pub mod record;
-pub mod replay;
 pub mod repro;
-pub mod run;
-pub mod seen_images;
-pub mod session;
-pub mod snapshot;
-pub mod utc;

@@ -6,17 +6,22 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
 use provm::export::ro_crate::License;
 use provm::gdb::{DebugError, GdbError};
-use provm::host_paths::HostPaths;
-use provm::pinning::Pinning;
+use provm::observers::RunObservers;
+use provm::output::refuse_existing;
 use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
-use provm::record::RecordOptions;
-use provm::replay::{ReplayError, ReplayOptions, ReplayReport};
 use provm::repro::{ReproOptions, Verdict};
-use provm::run::RunOptions;
+use provm_engine::host_paths::HostPaths;
+use provm_engine::pinning::Pinning;
+use provm_engine::record::RecordOptions;
+use provm_engine::replay::{ReplayError, ReplayOptions, ReplayReport};
+use provm_engine::run::RunOptions;
 use provm_vmm::cpu_baseline::Baseline;
 
 /// provm's own failures exit with this status, so that they are not mistaken
@@ -121,10 +126,10 @@ struct RunArgs {
 struct GuestArgs {
     /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
     /// ring 0 is emulated).
-    #[arg(long, default_value_t = provm::run::DEFAULT_MEMORY_MIB)]
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
     memory: u64,
     /// Give up (and stop the guest) after this many seconds.
-    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
     /// Set an environment variable for CMD (repeatable); added to a minimal
     /// default environment (PATH, HOME, LANG).
@@ -168,11 +173,11 @@ struct PinningArgs {
     #[arg(long)]
     pinned: bool,
     /// The pinned run's entropy seed: up to 64 hex digits.
-    #[arg(long, value_name = "HEX", requires = "pinned", value_parser = provm::pinning::parse_seed)]
+    #[arg(long, value_name = "HEX", requires = "pinned", value_parser = provm_engine::pinning::parse_seed)]
     seed: Option<[u8; 32]>,
     /// The pinned run's wall-clock time at the start: RFC 3339
     /// (2000-01-01T00:00:00Z, the default) or seconds since the Unix epoch.
-    #[arg(long, value_name = "TIME", requires = "pinned", value_parser = provm::pinning::parse_epoch)]
+    #[arg(long, value_name = "TIME", requires = "pinned", value_parser = provm_engine::pinning::parse_epoch)]
     epoch: Option<u64>,
 }
 
@@ -230,7 +235,7 @@ struct ReplayArgs {
     #[arg(long)]
     image: Option<PathBuf>,
     /// Give up after this many seconds.
-    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
     /// Run analyses on the replay (repeatable, or comma-separated):
     /// `syscalls` logs every system call of every guest process, `processes`
@@ -295,7 +300,7 @@ struct GraphArgs {
     #[arg(long)]
     image: Option<PathBuf>,
     /// With a replay: give up after this many seconds.
-    #[arg(long, default_value_t = provm::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
     /// What to write: PROV-JSON (complete), or DOT and SVG for people (shared
     /// libraries, /proc and similar noise collapsed into a note).
@@ -480,12 +485,25 @@ fn failure_status(error: &(dyn std::error::Error + 'static)) -> u8 {
 }
 
 fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(
+    refuse_existing(
         args.force,
-        &[&args.provenance, &args.keep_overlay, &args.timing.output],
+        [
+            args.provenance.as_deref(),
+            args.keep_overlay.as_deref(),
+            args.timing.output.as_deref(),
+        ],
     )?;
+    let timing = args.timing.options(false);
+    let provenance = args.provenance.clone();
     let options = run_options(args, verbose);
-    let ran = provm::run::run(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    let mut observers = RunObservers::new(&options, "run", &timing, provenance);
+    let ran = provm_engine::run::run(
+        &options,
+        &mut observers.all(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )?;
+    observers.finish()?;
     if let Some(digest) = &ran.events_sha256 {
         eprintln!("provm: event log sha256 {digest}");
     }
@@ -495,19 +513,20 @@ fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Err
 fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let output = args
         .output
-        .unwrap_or_else(|| provm::record::default_output(&args.run.guest.image));
+        .unwrap_or_else(|| provm_engine::record::default_output(&args.run.guest.image));
     let run = &args.run;
-    refuse_to_overwrite(
+    refuse_existing(
         run.force,
-        &[
-            &Some(output.clone()),
-            &run.provenance,
-            &run.keep_overlay,
-            &run.timing.output,
+        [
+            Some(output.as_path()),
+            run.provenance.as_deref(),
+            run.keep_overlay.as_deref(),
+            run.timing.output.as_deref(),
         ],
     )?;
+    let timing = args.run.timing.options(!args.no_timing);
+    let provenance = args.run.provenance.clone();
     let mut run = run_options(args.run, verbose);
-    run.timing.capture = !args.no_timing;
     run.cpu = args.cpu;
     if args.keep_host_paths {
         run.host_paths = HostPaths::Kept;
@@ -518,14 +537,26 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
     };
-    let recorded = provm::record::record(&options, &mut std::io::stdout(), &mut std::io::stderr())?;
+    let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
+    let recorded = provm_engine::record::record(
+        &options,
+        &mut observers.all(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    );
+    // A recording cut short still has its timing.
+    observers.finish()?;
+    let recorded = recorded?;
     eprintln!("provm: recorded {}", recorded.trace.display());
     eprintln!("provm: event log sha256 {}", recorded.events_sha256);
     Ok(ExitCode::from(recorded.outcome.shell_status() as u8))
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.output, &args.timing.output])?;
+    refuse_existing(
+        args.force,
+        [args.output.as_deref(), args.timing.output.as_deref()],
+    )?;
     if let (Some(at), Some(fault)) = (args.fork.fork_at, args.fork.inject) {
         let options = provm::fork::ForkOptions {
             replay: ReplayOptions {
@@ -543,7 +574,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     if args.extract_kernel {
         let output = args.output.expect("clap requires --output");
         let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;
-        provm::export::AtomicFile::write(&output, args.force, &kernel)?;
+        provm::output::AtomicFile::write(&output, args.force, &kernel)?;
         eprintln!("provm: wrote the guest kernel to {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
@@ -562,8 +593,10 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         .iter()
         .map(|name| provm_analysis::builtin::by_name(name).expect("clap checked the name"))
         .collect();
-    let (report, analyses, _) =
-        provm::replay::replay_timed(&options, &args.timing.options(false), analyses)?;
+    let mut timing = args.timing.options(false).observer("replay");
+    let (report, analyses) =
+        provm_engine::replay::replay_observed(&options, &mut [&mut timing], analyses)?;
+    timing.save_requested()?;
     for analysis in &analyses {
         analysis.report_text(&mut std::io::stdout().lock())?;
     }
@@ -572,7 +605,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         for analysis in &analyses {
             analysis.report_json(&mut lines)?;
         }
-        provm::export::AtomicFile::write(output, args.force, &lines)?;
+        provm::output::AtomicFile::write(output, args.force, &lines)?;
     }
     Ok(replay_verdict(report))
 }
@@ -587,27 +620,9 @@ fn replay_verdict(report: ReplayReport) -> ExitCode {
     }
 }
 
-/// An output that exists is the user's: it is replaced only with --force.
-#[derive(Debug, thiserror::Error)]
-#[error("{0} exists; pass --force to overwrite it, or choose another path")]
-struct OutputExists(PathBuf);
-
-fn refuse_to_overwrite(force: bool, outputs: &[&Option<PathBuf>]) -> Result<(), OutputExists> {
-    match outputs
-        .iter()
-        .filter_map(|output| output.as_ref())
-        .find(|path| path.exists())
-    {
-        Some(path) if !force => Err(OutputExists(path.clone())),
-        _ => Ok(()),
-    }
-}
-
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
         keep_overlay: args.keep_overlay,
-        provenance: args.provenance,
-        timing: args.timing.options(false),
         ..guest_options(args.guest, verbose)
     }
 }
@@ -648,7 +663,7 @@ fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
 }
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    refuse_to_overwrite(args.force, &[&args.output])?;
+    refuse_existing(args.force, [args.output.as_deref()])?;
     let replay = ReplayOptions {
         trace: args.run.clone(),
         image: args.image,
@@ -707,7 +722,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             with_replay,
             output,
         } => {
-            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            refuse_existing(output.force, [Some(output.output.as_path())])?;
             let runs = open_runs(runs)?;
             provm::export::sqlite(&runs, &output.output, output.force, with_replay)?;
         }
@@ -716,26 +731,26 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             with_replay,
             output,
         } => {
-            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            refuse_existing(output.force, [Some(output.output.as_path())])?;
             let run = provm::query::Run::open(&run)?;
             if !provm::export::timeline(&run, &output.output, output.force, with_replay)? {
                 eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov, or export with --with-replay, to have them", run.name);
             }
         }
         ExportCommand::Oci { run, image, output } => {
-            refuse_to_overwrite(output.force, &[&Some(output.output.clone())])?;
+            refuse_existing(output.force, [Some(output.output.as_path())])?;
             let replay = ReplayOptions {
                 trace: run,
                 image,
-                timeout: Duration::from_secs(provm::run::DEFAULT_TIMEOUT_SECONDS),
+                timeout: Duration::from_secs(provm_engine::run::DEFAULT_TIMEOUT_SECONDS),
                 echo_console: false,
             };
             let graph = provenance::load_or_derive(&replay, false)?;
             let trace = provm_trace::reader::Trace::open(&replay.trace)?;
-            let (base, _extracted) = provm::replay::open_image(&replay, &trace)?;
-            provm::disk::chain::check(&base, &trace.manifest.image)?;
+            let (base, _extracted) = provm_engine::replay::open_image(&replay, &trace)?;
+            provm_engine::disk::chain::check(&base, &trace.manifest.image)?;
             let archive = provm::export::oci(&trace.manifest, &graph, base)?;
-            provm::export::AtomicFile::write(&output.output, output.force, &archive)?;
+            provm::output::AtomicFile::write(&output.output, output.force, &archive)?;
             eprintln!(
                 "provm: wrote {} (oci-archive, tag {}): {} bytes",
                 output.output.display(),
@@ -754,7 +769,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             let replay = ReplayOptions {
                 trace: run.clone(),
                 image,
-                timeout: Duration::from_secs(provm::run::DEFAULT_TIMEOUT_SECONDS),
+                timeout: Duration::from_secs(provm_engine::run::DEFAULT_TIMEOUT_SECONDS),
                 echo_console: false,
             };
             let graph = provenance::load_or_derive(&replay, false)?;
@@ -773,14 +788,14 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
             );
         }
         ExportCommand::Makefile { run, output, force } => {
-            refuse_to_overwrite(force, &[&output])?;
+            refuse_existing(force, [output.as_deref()])?;
             let graph =
                 provenance::load_or_derive(&ReplayOptions::for_analysis(run.clone()), false)?;
             let trace = provm_trace::reader::Trace::open(&run)?;
             let makefile = provm::export::makefile(&trace.manifest, &graph);
             match output {
                 Some(path) => {
-                    let mut file = provm::export::AtomicFile::create(&path, force)?;
+                    let mut file = provm::output::AtomicFile::create(&path, force)?;
                     std::io::Write::write_all(file.file(), makefile.as_bytes())?;
                     file.commit()?;
                 }
@@ -793,8 +808,8 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let path = match action {
-        KernelAction::Build => provm::kernel::build()?,
-        KernelAction::Path => provm::kernel::find()?,
+        KernelAction::Build => provm_engine::kernel::build()?,
+        KernelAction::Path => provm_engine::kernel::find()?,
     };
     println!("{}", path.display());
     Ok(ExitCode::SUCCESS)
@@ -806,12 +821,44 @@ fn init_tracing(verbose: u8) {
         1 => "debug",
         _ => "trace",
     };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("PROVM_LOG").unwrap_or_else(|_| level.into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PROVM_LOG")
+        .unwrap_or_else(|_| level.into())
+        // Shown by `Notices`, whatever the level.
+        .add_directive(
+            format!("{}=off", provm_engine::NOTICE)
+                .parse()
+                .expect("a valid directive"),
+        );
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let notices = Notices.with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+        meta.target() == provm_engine::NOTICE
+    }));
+    tracing_subscriber::registry()
+        .with(log)
+        .with(notices)
         .init();
+}
+
+/// Prints the engine's notices (`provm_engine::notice!`) as `provm: MESSAGE`
+/// lines on stderr.
+struct Notices;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        eprintln!("provm: {}", message.0);
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::{assert_replay_matches, one_guest_at_a_time, path, provm, PROVM_FAILED};
-use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
 use provm_trace::manifest::Manifest;
 use provm_vmm::cpuid::Platform;
 
@@ -112,7 +112,7 @@ fn a_newer_machine_version_is_refused_before_the_replay_starts() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("machine-99.provm");
     let mut reader = TraceReader::open(&corpus()[0]).unwrap();
-    let mut writer = TraceWriter::create(&copy).unwrap();
+    let mut writer = SectionWriter::create(&copy).unwrap();
     while let Some(section) = reader.next_section().unwrap() {
         let mut payload = section.payload;
         if section.kind == SectionKind::Manifest {

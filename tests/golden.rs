@@ -12,7 +12,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use provm_trace::events::{Decoder, Encoder, Event, Place};
-use provm_trace::format::{SectionKind, TraceReader, TraceWriter, FORMAT_VERSION, OLDEST_FORMAT};
+use provm_trace::format::{SectionKind, SectionWriter, TraceReader, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::{
     CpuModel, CpuidEntry, ForkOrigin, HostDescription, ImageFile, ImageIdentity, InterruptDelivery,
     Manifest, Outcome,
@@ -257,7 +257,7 @@ fn the_manifests_of_older_formats_still_read() {
 fn the_container_is_its_formats() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.provm");
-    let mut writer = TraceWriter::create(&path).unwrap();
+    let mut writer = SectionWriter::create(&path).unwrap();
     let sections = [
         (SectionKind::Manifest, &b"{}"[..]),
         (SectionKind::KernelProfile, b"{\"offsets\": 1}"),

@@ -2,7 +2,8 @@
 //! `cargo metadata` says each depends on: a crate may depend only on crates
 //! of lower layers, and every crate of the workspace has a layer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Each workspace crate and its layer, lowest first.
@@ -15,8 +16,10 @@ const LAYERS: &[(&str, u8)] = &[
     ("provm-seams", 1),
     // Analyses over a replay.
     ("provm-analysis", 2),
-    // The engine, the features and the CLI.
-    ("provm", 3),
+    // The engine: machine assembly, sessions, the run, record and replay drivers.
+    ("provm-engine", 3),
+    // The features and the CLI.
+    ("provm", 4),
 ];
 
 /// Workspace crate -> the workspace crates it depends on (any kind).
@@ -82,4 +85,152 @@ fn lower_crates_never_depend_on_higher_ones() {
             );
         }
     }
+}
+
+/// Every `.rs` file under `dir`, with its text.
+fn sources(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(sources(&path));
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            found.push((path, text));
+        }
+    }
+    found
+}
+
+fn folder(crate_folder: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(crate_folder)
+}
+
+/// The engine parses no command line and prints nothing: what the user
+/// should hear goes out as a notice (`provm_engine::notice!`), and the
+/// command line decides how to show it.
+#[test]
+fn the_engine_has_no_command_line_code() {
+    let manifest = std::fs::read_to_string(folder("engine/Cargo.toml")).unwrap();
+    assert!(
+        !manifest.contains("clap"),
+        "engine/Cargo.toml depends on clap"
+    );
+    for (path, text) in sources(&folder("engine/src")) {
+        for printing in ["println!", "eprintln!", "print!(", "eprint!(", "clap::"] {
+            assert!(
+                !text.contains(printing),
+                "{} uses {printing}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The top-level modules of the crate in `src` and those each names
+/// (`crate::NAME`), tests left out.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (path, text) in sources(src) {
+        let relative = path.strip_prefix(src).unwrap();
+        let module = relative.iter().next().unwrap().to_string_lossy();
+        let module = module.trim_end_matches(".rs").to_owned();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = text.split("#[cfg(test)]").next().unwrap().to_owned();
+        files.entry(module).or_default().push(text);
+    }
+    let names: Vec<String> = files.keys().cloned().collect();
+    files
+        .into_iter()
+        .map(|(module, texts)| {
+            let mut named = BTreeSet::new();
+            for text in &texts {
+                for (at, _) in text.match_indices("crate::") {
+                    let rest = &text[at + "crate::".len()..];
+                    let mut mentioned: Vec<&str> = vec![rest];
+                    // `use crate::{a, b::c}`
+                    if let Some(group) = rest.strip_prefix('{') {
+                        mentioned = group[..group.find('}').unwrap_or(0)].split(',').collect();
+                    }
+                    for item in mentioned {
+                        let name: String = item
+                            .trim()
+                            .chars()
+                            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                            .collect();
+                        if name != module && names.contains(&name) {
+                            named.insert(name);
+                        }
+                    }
+                }
+            }
+            (module, named)
+        })
+        .collect()
+}
+
+/// A cycle among `graph`'s modules, if there is one.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        module: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|seen| seen == module) {
+            return Some(path[start..].to_vec());
+        }
+        if done.contains(module) {
+            return None;
+        }
+        path.push(module.to_owned());
+        for next in &graph[module] {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(module.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|module| visit(module, graph, &mut Vec::new(), &mut done))
+}
+
+/// Within the engine and within the features, modules form layers too: no
+/// two need each other.
+#[test]
+fn no_module_imports_form_a_cycle() {
+    for crate_folder in ["engine/src", "src"] {
+        let graph = module_graph(&folder(crate_folder));
+        assert!(graph.len() > 5, "{crate_folder}: {graph:?}");
+        if let Some(cycle) = cycle(&graph) {
+            panic!(
+                "{crate_folder}: modules import each other: {}",
+                cycle.join(" -> ")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cycle_is_found() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("run", &["fast_start"][..]),
+        ("fast_start", &["disk", "run"]),
+        ("disk", &[]),
+    ]
+    .into_iter()
+    .map(|(module, named)| {
+        (
+            module.to_owned(),
+            named.iter().map(|name| name.to_string()).collect(),
+        )
+    })
+    .collect();
+    assert_eq!(cycle(&graph), Some(vec!["fast_start".into(), "run".into()]));
 }

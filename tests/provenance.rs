@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{images, one_guest_at_a_time, path, record_shell, shell_job};
 use provm::provenance::{self, Direction, Format, Provenance, Relation, VmBoundary};
-use provm::replay::ReplayOptions;
-use provm::run::RunOptions;
-use provm::session::GuestSession;
+use provm_engine::replay::ReplayOptions;
+use provm_engine::run::RunOptions;
+use provm_engine::session::GuestSession;
 use provm_guest_agent::Outcome;
 
 use common::PROVM_FAILED;
@@ -87,9 +87,15 @@ fn captured_jobs_have_exact_provenance() {
         timeout: Duration::from_secs(600),
         ..RunOptions::new(images().tiny_qcow2.clone(), Vec::new())
     };
-    let prepared = provm::run::prepare(&options).unwrap();
-    let mut guest =
-        provm::run::start(&options, &prepared, Instant::now() + options.timeout).unwrap();
+    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let mut guest = provm_engine::run::start(
+        &options,
+        &prepared,
+        Instant::now() + options.timeout,
+        &mut [],
+    )
+    .unwrap()
+    .session;
 
     let pipeline = captured(&mut guest, &options, PIPELINE);
     let sh = format!("sh -c {PIPELINE}");
@@ -278,7 +284,7 @@ fn the_graph_derived_at_replay_is_the_in_guest_tracers() {
 
 /// The PROV-JSON export passes the W3C PROV-JSON schema, formats included.
 fn check_prov_json(document: &Provenance) {
-    let path = provm::kernel::cache_dir().join("prov-json.schema.json");
+    let path = provm_engine::kernel::cache_dir().join("prov-json.schema.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (scripts/install-deps fetches it)", path.display()));
     let schema: serde_json::Value = serde_json::from_str(&text).expect("the schema is JSON");

@@ -235,7 +235,7 @@ fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell
     // On any host a CPU with RDRAND runs it for a program that ignores CPUID.
     assert_eq!(
         verdict.contains("not checked"),
-        pvm || provm::holes::host_has_rdrand(),
+        pvm || provm_engine::holes::host_has_rdrand(),
         "{verdict}"
     );
 }

@@ -68,7 +68,7 @@ impl Machine {
 
     /// provm's kernel command line, with what this host's KVM needs.
     fn kernel_args(&self, accel: Accel) -> String {
-        let args = provm::run::kernel_args(false);
+        let args = provm_engine::run::kernel_args(false);
         match accel {
             Accel::Tcg => args,
             Accel::Kvm => {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
-use provm_trace::format::{FormatError, TraceWriter};
+use provm_trace::format::{FormatError, SectionWriter};
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 
@@ -50,7 +50,7 @@ impl Log {
 impl Recorder {
     /// A recorder appending to `trace`, whose clock starts at `start_ns` (the
     /// snapshot's virtual time).
-    pub fn new(trace: TraceWriter, start_ns: u64, interrupted: &'static AtomicBool) -> Self {
+    pub fn new(trace: SectionWriter, start_ns: u64, interrupted: &'static AtomicBool) -> Self {
         Self::logging_to(
             EventLogWriter::new(trace, start_ns),
             RecorderClock::Host(HostClock::starting_at(start_ns)),
@@ -61,7 +61,7 @@ impl Recorder {
     /// A recorder of a pinned run, whose guest time is `clock`: appending
     /// to `trace`, or with none only digesting the log.
     pub fn pinned(
-        trace: Option<TraceWriter>,
+        trace: Option<SectionWriter>,
         clock: PinnedClock,
         interrupted: &'static AtomicBool,
     ) -> Self {
@@ -130,7 +130,7 @@ impl Recorder {
 
     /// Writes the last chunk and hands the trace (if it has one) back for
     /// the sections that follow the log.
-    pub fn finish(&self) -> Result<(Option<TraceWriter>, LogTotals), FormatError> {
+    pub fn finish(&self) -> Result<(Option<SectionWriter>, LogTotals), FormatError> {
         let mut log = self.log.lock().unwrap();
         log.writer
             .take()

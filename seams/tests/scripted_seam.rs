@@ -12,7 +12,7 @@ use provm_guest_agent::{GuestMessage, Outcome};
 use provm_seams::{Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer};
 use provm_trace::event_log::{chunk_frame, encode_chunk, EventStream};
 use provm_trace::events::{self, Decoder, Encoder, Event};
-use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
 use provm_vmm::clock::Clock;
 use provm_vmm::seam::{Exit, Place, Seam};
 use provm_vmm::vm::{VmError, VmEvent};
@@ -139,7 +139,7 @@ fn first_event_of(calls: &[Call], call: usize) -> u64 {
 /// command exited 0; returns the clock readings and how it ended.
 fn record(path: &Path, calls: &[Call]) -> (Vec<u64>, RecordedEnd) {
     let recorder = Recorder::new(
-        TraceWriter::create(path).unwrap(),
+        SectionWriter::create(path).unwrap(),
         START_NS,
         &NOT_INTERRUPTED,
     );
@@ -354,7 +354,7 @@ fn a_log_cut_after_a_clock_reading_always_replays_as_cut_short() {
         Call::Wall,
     ];
     let recorder = Recorder::new(
-        TraceWriter::create(&path).unwrap(),
+        SectionWriter::create(&path).unwrap(),
         START_NS,
         &NOT_INTERRUPTED,
     );
@@ -499,7 +499,7 @@ fn tamper(path: &Path, edit: impl FnOnce(&mut Vec<Event>)) {
     for event in &events {
         encoder.encode(event, &mut encoded);
     }
-    let mut trace = TraceWriter::create(path).unwrap();
+    let mut trace = SectionWriter::create(path).unwrap();
     trace
         .section(SectionKind::Events, &encode_chunk(0, &encoded).unwrap())
         .unwrap();

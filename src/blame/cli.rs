@@ -8,7 +8,7 @@ use std::time::Duration;
 use provm_vmm::exit_timing::ExitDelay;
 
 use super::{compare, inject, load, svg, table, BlameError, TimingOptions};
-use crate::export::AtomicFile;
+use crate::output::AtomicFile;
 
 /// Exit timing and injected delays, for `run`, `record` and `replay`.
 #[derive(clap::Args, Clone, Debug)]
@@ -61,7 +61,7 @@ pub struct BlameArgs {
     #[arg(long, value_name = "CHANGE", value_parser = inject::parse_what_if, conflicts_with = "format")]
     pub what_if: Option<ExitDelay>,
     /// With --what-if: give up a replay after this many seconds.
-    #[arg(long, default_value_t = crate::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     pub timeout: u64,
     /// Overwrite --svg if it exists.
     #[arg(long)]
@@ -69,15 +69,11 @@ pub struct BlameArgs {
 }
 
 pub fn blame(args: BlameArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    if let Some(path) = &args.svg {
-        if path.exists() && !args.force {
-            return Err(crate::export::ExportError::Exists(path.clone()).into());
-        }
-    }
+    crate::output::refuse_existing(args.force, [args.svg.as_deref()])?;
     let mut out = std::io::stdout().lock();
     if let Some(delay) = &args.what_if {
         let [trace] = args.runs.as_slice() else {
-            return Err(BlameError::Replay("--what-if replays one trace".into()).into());
+            return Err(BlameError::WhatIfOneTrace.into());
         };
         let predictions = compare::what_if(trace, delay, Duration::from_secs(args.timeout))?;
         compare::write_what_if(delay, &predictions, &mut out)?;

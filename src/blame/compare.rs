@@ -19,7 +19,7 @@ use super::inject::describe;
 use super::table::{ms, Row};
 use super::timing::{DeviceTiming, ProcessTiming, TimingReport, QUANTILES};
 use super::{BlameError, TimingOptions};
-use crate::replay::{self, ReplayOptions};
+use provm_engine::replay::{self, ReplayOptions};
 
 /// A process is the same in two runs of one command if its pid and
 /// command are (pids follow from the snapshot the runs restore).
@@ -179,15 +179,15 @@ fn timed_replay(
         timeout,
         ..ReplayOptions::for_analysis(trace.to_owned())
     };
-    let timing = TimingOptions {
+    let mut timing = TimingOptions {
         capture: true,
         output: None,
         delay,
-    };
-    let (report, _, captured) = replay::replay_timed(&options, &timing, Vec::new())
-        .map_err(|e| BlameError::Replay(e.to_string()))?;
-    report.analysable().map_err(BlameError::Replay)?;
-    Ok(captured.expect("timing was asked for"))
+    }
+    .observer("replay");
+    let (report, _) = replay::replay_observed(&options, &mut [&mut timing], Vec::new())?;
+    report.analysable().map_err(BlameError::Diverged)?;
+    Ok(timing.report().expect("timing was asked for"))
 }
 
 pub fn write_what_if(

@@ -15,28 +15,19 @@ pub mod timing;
 
 use std::path::{Path, PathBuf};
 
-use provm_analysis::profile::ProfileError;
-use provm_analysis::KernelInfo;
-use provm_trace::format::FormatError;
+use provm_engine::observer::{GuestKernel, Observer, ObserverError};
+use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::reader::Trace;
 use provm_vmm::exit_timing::ExitDelay;
 use provm_vmm::vm::Vm;
 
-use crate::export::{AtomicFile, ExportError};
-use crate::kernel::{self, KernelInfoError};
+use crate::output::{AtomicFile, OutputError};
 
 pub use capture::Capture;
 pub use timing::TimingReport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlameError {
-    #[error("cannot read the kernel {path} to name guest processes: {source}")]
-    Kernel {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot name guest processes: {0}")]
-    Profile(#[from] ProfileError),
     #[error("{0}")]
     Trace(#[from] FormatError),
     #[error("{0} has no timing: it was recorded by an older provm or with --no-timing; record it again, or run with `provm run --timing FILE`")]
@@ -46,9 +37,13 @@ pub enum BlameError {
     #[error("{0} is neither a trace nor a timing file (`provm run --timing`)")]
     NotARun(PathBuf),
     #[error(transparent)]
-    Output(#[from] ExportError),
+    Output(#[from] OutputError),
     #[error("cannot replay for --what-if: {0}")]
-    Replay(String),
+    Replay(#[from] provm_engine::replay::ReplayError),
+    #[error("--what-if replays one trace")]
+    WhatIfOneTrace,
+    #[error("cannot replay for --what-if: {0}")]
+    Diverged(String),
 }
 
 /// Whether and how to capture exit timing in a run, a recording or a replay.
@@ -68,46 +63,63 @@ impl TimingOptions {
         self.capture || self.output.is_some()
     }
 
-    /// Starts capturing `vm`'s timing if asked to, naming processes with
-    /// the kernel at `vmlinux` (and its profile beside it). The delay is
-    /// injected either way.
-    pub fn attach(
-        &self,
-        vm: &mut Vm,
-        vmlinux: &Path,
-        mode: &str,
-    ) -> Result<Option<Capture>, BlameError> {
-        self.attach_with(vm, || kernel_at(vmlinux), mode)
-    }
-
-    /// `attach`, with the kernel's description from `kernel`.
-    pub fn attach_with(
-        &self,
-        vm: &mut Vm,
-        kernel: impl FnOnce() -> Result<KernelInfo, BlameError>,
-        mode: &str,
-    ) -> Result<Option<Capture>, BlameError> {
-        if !self.captures() {
-            if let Some(delay) = &self.delay {
-                vm.time_exits(Box::new(Ignore), Some(delay.clone()));
-            }
-            return Ok(None);
+    /// The observer that captures a run's timing as these options ask
+    /// (`mode`, the run's kind, is said in the report), and injects the
+    /// delay either way.
+    pub fn observer(&self, mode: &str) -> TimingObserver {
+        TimingObserver {
+            options: self.clone(),
+            mode: mode.to_owned(),
+            capture: None,
         }
-        Ok(Some(Capture::attach(
-            vm,
-            &kernel()?,
-            mode,
-            self.delay.clone(),
-        )))
     }
 }
 
-/// The description of the kernel at `vmlinux` and its profile beside it.
-fn kernel_at(vmlinux: &Path) -> Result<KernelInfo, BlameError> {
-    kernel::info(vmlinux).map_err(|error| match error {
-        KernelInfoError::Read { path, source } => BlameError::Kernel { path, source },
-        KernelInfoError::Profile(error) => BlameError::Profile(error),
-    })
+/// Times the exits of the VM it is attached to (see `TimingOptions`); a
+/// recording keeps the report as its timing section.
+pub struct TimingObserver {
+    options: TimingOptions,
+    mode: String,
+    capture: Option<Capture>,
+}
+
+impl TimingObserver {
+    /// What was captured, if capturing.
+    pub fn report(&self) -> Option<TimingReport> {
+        self.capture.as_ref().map(Capture::report)
+    }
+
+    /// Writes the report where `--timing FILE` asked, if it did.
+    pub fn save_requested(&self) -> Result<(), BlameError> {
+        match (self.report(), &self.options.output) {
+            (Some(report), Some(path)) => save(&report, path),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Observer for TimingObserver {
+    fn attach(&mut self, vm: &mut Vm, kernel: &GuestKernel<'_>) -> Result<(), ObserverError> {
+        if !self.options.captures() {
+            if let Some(delay) = &self.options.delay {
+                vm.time_exits(Box::new(Ignore), Some(delay.clone()));
+            }
+            return Ok(());
+        }
+        self.capture = Some(Capture::attach(
+            vm,
+            kernel.info()?,
+            &self.mode,
+            self.options.delay.clone(),
+        ));
+        Ok(())
+    }
+
+    fn section(&mut self) -> Result<Option<(SectionKind, Vec<u8>)>, ObserverError> {
+        Ok(self
+            .report()
+            .map(|report| (SectionKind::Timing, report.to_json())))
+    }
 }
 
 /// An observer that keeps nothing: for a delay without timing.

@@ -1,8 +1,7 @@
 //! `provm export`: a recorded run written out for the tools researchers
-//! already use, and as the RO-Crate a paper deposits. Every output is written beside its destination under a
-//! temporary name and renamed into place when complete (`atomic`).
+//! already use, and as the RO-Crate a paper deposits. Every output is
+//! written through `output::AtomicFile`.
 
-mod atomic;
 mod makefile;
 mod oci;
 pub mod ro_crate;
@@ -11,7 +10,8 @@ mod timeline;
 
 use std::path::PathBuf;
 
-pub use atomic::AtomicFile;
+use crate::output::OutputError;
+
 pub use makefile::makefile;
 pub use oci::{oci, TAG as OCI_TAG};
 pub use sqlite::sqlite;
@@ -24,8 +24,8 @@ pub enum ExportError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{0} exists; pass --force to overwrite it, or choose another path")]
-    Exists(PathBuf),
+    #[error(transparent)]
+    Output(#[from] OutputError),
     #[error("{0} is not empty; pass --force to write into it anyway, or choose a new or empty directory")]
     NotEmpty(PathBuf),
     #[error(transparent)]

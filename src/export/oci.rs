@@ -30,8 +30,8 @@ use provm_vmm::disk::Disk;
 use sha2::{Digest, Sha256};
 
 use super::ExportError;
-use crate::disk::root;
 use crate::provenance::{self, Provenance};
+use provm_engine::disk::root;
 
 /// The tag the archive's one image carries (`oci-archive:image.tar:run`).
 pub const TAG: &str = "run";

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{AtomicFile, ExportError};
+use super::ExportError;
+use crate::output::AtomicFile;
 use crate::query::{self, Run};
 
 /// Writes `runs` into a new SQLite database at `path`; the tables filled

@@ -34,11 +34,12 @@ use serde_json::{json, Value};
 use provm_analysis::builtin::processes::ProcessTree;
 use provm_analysis::builtin::syscalls::SyscallLog;
 
-use super::{AtomicFile, ExportError};
+use super::ExportError;
 use crate::blame::TimingReport;
+use crate::output::AtomicFile;
 use crate::provenance::{Provenance, VM_ACTIVITY};
 use crate::query::Run;
-use crate::replay::{self, ReplayOptions};
+use provm_engine::replay::{self, ReplayOptions};
 
 const GUEST_PID: u32 = 1;
 const VMM_PID: u32 = 2;

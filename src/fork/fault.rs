@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::pinning::{self, PinningError};
+use provm_engine::pinning::{self, PinningError};
 
 const NS_PER_SECOND: i64 = 1_000_000_000;
 

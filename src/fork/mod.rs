@@ -20,12 +20,13 @@ mod seam;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use provm_guest_agent::{HostMessage, Job};
-use provm_trace::event_log::{EventLogWriter, LogTotals};
-use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
-use provm_trace::manifest::{ForkOrigin, Manifest, Outcome};
+use provm_trace::event_log::EventLogWriter;
+use provm_trace::format::{FormatError, SectionKind, TraceReader};
+use provm_trace::manifest::{ForkOrigin, Outcome};
+use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 pub use compare::{Comparison, Verdict};
@@ -33,9 +34,9 @@ pub use fault::{Fault, FaultError, ForkPoint};
 use log::{host_message, AgentOutputs, LogSummary};
 use seam::{ForkSeam, LiveClock, Trigger, AT_FORK_POINT};
 
-use crate::host_paths;
-use crate::pinning::{self, Pinning};
-use crate::replay::{Opened, ReplayError, ReplayOptions};
+use provm_engine::host_paths;
+use provm_engine::pinning::{self, Pinning};
+use provm_engine::replay::{Opened, ReplayError, ReplayOptions};
 
 pub struct ForkOptions {
     pub replay: ReplayOptions,
@@ -135,7 +136,6 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
         path: options.output.clone(),
         source,
     };
-    let mut writer = TraceWriter::create(&options.output).map_err(write_error)?;
     let mut manifest = trace.manifest.clone();
     manifest.fork = Some(ForkOrigin {
         // A fork is published like any trace: no host paths.
@@ -151,10 +151,11 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
         wall_at_snapshot_ns: job.wall_clock_ns,
         jump_ns,
     };
-    write_leading_sections(&mut writer, &options.replay.trace, &manifest).map_err(write_error)?;
+    let leading = Leading::of_trace(&options.replay.trace, manifest).map_err(ForkError::Read)?;
+    let writer = TraceWriter::create(&options.output, &leading).map_err(write_error)?;
     let seam = ForkSeam::new(
         replayer,
-        EventLogWriter::new(writer, start_ns),
+        EventLogWriter::new(writer.into_sections(), start_ns),
         start_ns,
         trigger,
         options.fault == Fault::DiskError,
@@ -174,33 +175,29 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
     let end = end?;
     let fork_event = seam.fork_event().expect("the fork went live");
     let (writer, totals) = seam.finish().map_err(write_error)?;
-    let mut writer = writer.expect("the fork's log goes to its trace");
+    let writer = writer.expect("the fork's log goes to its trace");
 
-    let mut outcome = outcome(
-        &end,
-        &outputs,
-        &totals,
-        start_ns,
-        started.elapsed(),
-        console_tail,
-    );
-    outcome.fork_event = Some(fork_event);
-    outcome.disk_error_access = seam.failed_disk_access();
-    outcome.sections_after = Some(if trace.has_image {
-        vec![SectionKind::Image.name().into()]
-    } else {
-        Vec::new()
-    });
-    writer
-        .section(
-            SectionKind::Outcome,
-            &serde_json::to_vec_pretty(&outcome).expect("serialises"),
+    let outcome = Outcome {
+        fork_event: Some(fork_event),
+        disk_error_access: seam.failed_disk_access(),
+        // Its replayed part says nothing of the recording's exitless
+        // stretches: `longest_exitless_seconds` stays unset.
+        ..Outcome::of_log(
+            ending(&end, &outputs),
+            &totals,
+            start_ns,
+            started.elapsed().as_secs_f64(),
+            console_tail,
         )
-        .map_err(write_error)?;
-    if trace.has_image {
-        copy_image(&mut writer, &options.replay.trace).map_err(write_error)?;
-    }
-    let path = writer.finish().map_err(write_error)?;
+    };
+    let after = match trace.has_image {
+        true => vec![(
+            SectionKind::Image,
+            recorded_image(&options.replay.trace).map_err(ForkError::Read)?,
+        )],
+        false => Vec::new(),
+    };
+    let path = TraceWriter::finish(writer, outcome, &after).map_err(write_error)?;
     let failure = match &end {
         LiveEnd::PoweredOff => None,
         LiveEnd::Failed(why) => Some(why.clone()),
@@ -370,17 +367,10 @@ fn replay_failure(
     }
 }
 
-/// The fork's outcome section.
-fn outcome(
-    end: &LiveEnd,
-    outputs: &AgentOutputs,
-    totals: &LogTotals,
-    start_ns: u64,
-    took: Duration,
-    console_tail: String,
-) -> Outcome {
+/// How the fork's live part ended, in the words of its outcome.
+fn ending(end: &LiveEnd, outputs: &AgentOutputs) -> Ending {
     let complete = matches!(end, LiveEnd::PoweredOff);
-    Outcome {
+    Ending {
         complete,
         ended: match (end, outputs.finished) {
             (LiveEnd::PoweredOff, Some(finished)) => format!("the command ended: {finished:?}"),
@@ -391,60 +381,16 @@ fn outcome(
             .finished
             .filter(|_| complete)
             .map(|finished| finished.shell_status()),
-        events: totals.events,
-        exits: totals.exits,
-        event_chunks: totals.chunks,
-        guest_ns: totals.last_clock_ns.saturating_sub(start_ns),
-        disk_writes: totals.disk_writes,
-        disk_writes_sha256: totals.disk_writes_sha256.clone(),
-        host_seconds: took.as_secs_f64(),
-        // Its replayed part says nothing of the recording's stretches.
-        longest_exitless_seconds: None,
-        console_tail,
-        sections_after: None,
-        events_sha256: Some(totals.events_sha256.clone()),
-        fork_event: None,
-        disk_error_access: None,
     }
-}
-
-/// The manifest, then the recording's kernel, kernel profile, initramfs
-/// and snapshot, as they are.
-fn write_leading_sections(
-    writer: &mut TraceWriter,
-    recording: &Path,
-    manifest: &Manifest,
-) -> Result<(), FormatError> {
-    writer.section(
-        SectionKind::Manifest,
-        &serde_json::to_vec_pretty(manifest).expect("serialises"),
-    )?;
-    let mut reader = TraceReader::open(recording)?;
-    while let Some(header) = reader.next_header()? {
-        match header.kind {
-            SectionKind::Kernel
-            | SectionKind::KernelProfile
-            | SectionKind::Initramfs
-            | SectionKind::Snapshot => {
-                let section = reader.read_payload(header)?;
-                writer.section(section.kind, &section.payload)?;
-            }
-            // The log starts after these.
-            SectionKind::Events => return Ok(()),
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// The recording's embedded image, as it is.
-fn copy_image(writer: &mut TraceWriter, recording: &Path) -> Result<(), FormatError> {
+fn recorded_image(recording: &Path) -> Result<Vec<u8>, FormatError> {
     let mut reader = TraceReader::open(recording)?;
     while let Some(header) = reader.next_header()? {
         if header.kind == SectionKind::Image {
-            let section = reader.read_payload(header)?;
-            return writer.section(section.kind, &section.payload);
+            return Ok(reader.read_payload(header)?.payload);
         }
     }
-    Ok(())
+    Ok(Vec::new())
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use provm_seams::{exit_event, Recorder, Replayer};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
-use provm_trace::format::{FormatError, TraceWriter};
+use provm_trace::format::{FormatError, SectionWriter};
 use provm_vmm::clock::{Clock, PinnedClock, PINNED_EXIT_STEP_NS};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 
@@ -147,7 +147,7 @@ impl ForkSeam {
     }
 
     /// Writes the log's last chunk and hands the trace back.
-    pub fn finish(&self) -> Result<(Option<TraceWriter>, LogTotals), FormatError> {
+    pub fn finish(&self) -> Result<(Option<SectionWriter>, LogTotals), FormatError> {
         match self.live.get() {
             Some(recorder) => recorder.finish(),
             None => {

@@ -22,9 +22,9 @@ use provm_vmm::vm::{GuestView, Vm, VmConfig, VmError};
 
 use super::disk_journal::{DiskJournal, Mark};
 use super::snapshots::Snapshots;
-use crate::disk::overlay::{self, OverlayLocation};
-use crate::replay::{Opened, ReplayError, ReplayOptions, ReplayReport};
-use crate::snapshot;
+use provm_engine::disk::overlay::{self, OverlayLocation};
+use provm_engine::replay::{Opened, ReplayError, ReplayOptions, ReplayReport};
+use provm_engine::snapshot;
 
 /// How often the replay pauses (in log events) to let the debugger
 /// interrupt it (gdb's Ctrl-C) or hear of its progress: a fraction of a

@@ -25,7 +25,7 @@ pub use debuggee::DebugError;
 use debuggee::Debuggee;
 use target::{ReplayTarget, Resume};
 
-use crate::replay::{ReplayOptions, ReplayReport};
+use provm_engine::replay::{ReplayOptions, ReplayReport};
 
 /// A time-travel snapshot every this many log events at first. Measured
 /// on the development hosts (tests/gdb.rs, `cargo bench --bench gdb`): a

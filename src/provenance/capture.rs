@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use provm_engine::digest::Digested;
 use provm_guest_agent::ProvRecord;
 
 use super::model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
@@ -18,6 +19,18 @@ pub struct Boundary {
     /// A file's name (its host path only when kept, see `host_paths`) or
     /// the text itself, for people.
     pub content: Vec<String>,
+}
+
+impl Boundary {
+    /// What passed a `HashingWriter`, as the boundary entity `name`.
+    pub fn passed(name: &str, digested: Digested, content: Vec<String>) -> Self {
+        Boundary {
+            name: name.into(),
+            sha256: digested.sha256,
+            size: digested.size,
+            content,
+        }
+    }
 }
 
 /// What the host knows of the run: its inputs and outputs at the boundary.

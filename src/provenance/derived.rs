@@ -6,7 +6,7 @@ use provm_analysis::builtin::provenance::DerivedProvenance;
 use provm_trace::reader::Trace;
 
 use super::{build, text_boundary, Provenance, ProvenanceError, VmBoundary};
-use crate::replay::{self, ReplayOptions};
+use provm_engine::replay::{self, ReplayOptions};
 
 /// The provenance of the run `replay` names: the document `--prov` wrote,
 /// or the trace's embedded one, else (or with `from_replay`) the one

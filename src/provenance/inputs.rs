@@ -7,10 +7,10 @@ use provm_trace::manifest::{ImageFile, Manifest};
 
 use super::capture::Boundary;
 use super::ProvenanceError;
-use crate::digest::{bytes_sha256, file_sha256};
-use crate::disk::chain;
-use crate::host_paths::HostPaths;
-use crate::run::Prepared;
+use provm_engine::digest::{bytes_sha256, file_sha256};
+use provm_engine::disk::chain;
+use provm_engine::host_paths::HostPaths;
+use provm_engine::machine::Prepared;
 
 const INITRAMFS: &str = "the guest agent's initramfs, built into provm";
 

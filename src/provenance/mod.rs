@@ -25,8 +25,8 @@ pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY}
 pub use noise::noise_kind;
 pub use prov_json::NAMESPACE;
 pub use query::{lineage, Direction};
-pub use record::run_captured;
-pub use store::{load, save, text_boundary, HashingWriter};
+pub use record::ProvenanceCapture;
+pub use store::{load, save, text_boundary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProvenanceError {

@@ -2,7 +2,7 @@
 //! for PROV tools. Identifiers are QNames in the `provm` namespace;
 //! relations get blank-node ids.
 
-use crate::utc::Utc;
+use provm_engine::utc::Utc;
 use serde_json::{json, Map, Value};
 
 use super::model::{Activity, Entity, EntityKind, Provenance, Relation};

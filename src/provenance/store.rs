@@ -5,8 +5,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+use provm_engine::digest::HashingWriter;
 use provm_trace::reader::Trace;
 
 use super::capture::Boundary;
@@ -93,47 +93,7 @@ pub fn text_boundary(name: &str, lines: Vec<String>) -> Boundary {
     for line in &lines {
         let _ = writeln!(hasher, "{line}");
     }
-    hasher.boundary(name, lines)
-}
-
-/// Passes bytes on to `inner` and hashes them: the console streams.
-pub struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    size: u64,
-}
-
-impl<W: Write> HashingWriter<W> {
-    pub fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            hasher: Sha256::new(),
-            size: 0,
-        }
-    }
-
-    /// What passed, as a boundary entity called `name`.
-    pub fn boundary(self, name: &str, content: Vec<String>) -> Boundary {
-        Boundary {
-            name: name.into(),
-            sha256: provm_trace::hex(&self.hasher.finalize()),
-            size: self.size,
-            content,
-        }
-    }
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let written = self.inner.write(bytes)?;
-        self.hasher.update(&bytes[..written]);
-        self.size += written as u64;
-        Ok(written)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
+    Boundary::passed(name, hasher.digested(), lines)
 }
 
 #[cfg(test)]
@@ -161,10 +121,11 @@ mod tests {
 
     #[test]
     fn hashing_writers_pass_bytes_on() {
-        let mut writer = HashingWriter::new(Vec::new());
+        let mut passed = Vec::new();
+        let mut writer = HashingWriter::new(&mut passed);
         writer.write_all(b"abc").unwrap();
-        assert_eq!(writer.inner, b"abc");
-        let boundary = writer.boundary("stdout", Vec::new());
+        let boundary = Boundary::passed("stdout", writer.digested(), Vec::new());
+        assert_eq!(passed, b"abc");
         assert_eq!(boundary.size, 3);
         assert!(boundary.sha256.starts_with("ba7816bf"));
     }

@@ -4,7 +4,7 @@
 //! when they differ re-runs it with one class pinned at a time to name the
 //! class responsible.
 //!
-//! Every run is a pinned run (see `crate::pinning`): provm fixes all the
+//! Every run is a pinned run (see `provm_engine::pinning`): provm fixes all the
 //! guest's inputs, so the classes varied here are the only differences
 //! between runs, and a class that makes the runs agree when pinned is a
 //! cause, not a correlate. Varying host timing (scheduling) is out of
@@ -20,8 +20,11 @@ use std::time::Instant;
 pub use observed::Observed;
 pub use verdict::{Cause, Verdict};
 
-use crate::pinning::{Pinning, DEFAULT_EPOCH_NS};
-use crate::run::{self, Prepared, RunError, RunOptions};
+use provm_engine::machine::Prepared;
+use provm_engine::pinning::{Pinning, DEFAULT_EPOCH_NS};
+use provm_engine::run::{self, RunError, RunOptions};
+
+use crate::provenance::ProvenanceCapture;
 
 /// How far apart the varied runs' clocks start: a day, an hour, a minute,
 /// a second and a millisecond, so that every field of a date differs.
@@ -136,25 +139,32 @@ impl Runner<'_> {
             self.progress,
             "provm: repro run {}: clock {}, seed {}{why}",
             self.done,
-            crate::record::utc_date_time(inputs.epoch_ns / 1_000_000_000),
+            provm_engine::utc::date_time(inputs.epoch_ns / 1_000_000_000),
             inputs.seed_hex()
         )
         .map_err(ReproError::Progress)?;
         let options = RunOptions {
             pinned: Some(inputs.clone()),
-            provenance: Some(self.dir.join(format!("run-{}.prov", self.done))),
             keep_overlay: None,
             ..self.options.run.clone()
         };
+        let mut capture = ProvenanceCapture::new(
+            Some(self.dir.join(format!("run-{}.prov", self.done))),
+            options.pinned.clone(),
+            options.host_paths,
+        );
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let deadline = Instant::now() + options.timeout;
         let ran = run::run_prepared(
             &options,
             self.prepared,
             deadline,
+            &mut [&mut capture],
             (&mut stdout, &mut stderr),
         )?;
-        let provenance = ran.provenance.expect("every repro run captures provenance");
+        let provenance = capture
+            .into_document()
+            .expect("the job ended, so its provenance was captured");
         Ok(Observed::new(ran.outcome, stdout, stderr, &provenance))
     }
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
-use provm::run::RunOptions;
+use provm_engine::run::RunOptions;
 use provm_guest_agent::Job;
 
 pub const MARKER: &str = "provm test image";
@@ -22,7 +22,7 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
         command: vec!["/bin/sh".into(), "-c".into(), script.into()],
         ..options.clone()
     };
-    provm::run::job(&options, "/dev/vda").unwrap()
+    provm_engine::run::job(&options, "/dev/vda").unwrap()
 }
 
 /// Boots are serialized: guest ring 0 may be emulated, and two guests on two

@@ -11,7 +11,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::events::{Decoder, Encoder, Event};
-use crate::format::{FormatError, Section, SectionKind, TraceReader, TraceWriter};
+use crate::format::{FormatError, Section, SectionKind, SectionWriter, TraceReader};
 use crate::hex;
 
 /// Encoded events are compressed and written once this many bytes gather.
@@ -60,7 +60,7 @@ impl DiskWritesDigest {
 /// without a trace).
 pub struct EventLogWriter {
     /// `None`: the events are digested, and stored nowhere.
-    trace: Option<TraceWriter>,
+    trace: Option<SectionWriter>,
     encoder: Encoder,
     pending: Vec<u8>,
     events: u64,
@@ -75,7 +75,7 @@ pub struct EventLogWriter {
 impl EventLogWriter {
     /// A log appended to `trace`, for a guest whose clock starts at
     /// `start_ns`.
-    pub fn new(trace: TraceWriter, start_ns: u64) -> Self {
+    pub fn new(trace: SectionWriter, start_ns: u64) -> Self {
         Self::to(Some(trace), start_ns)
     }
 
@@ -85,7 +85,7 @@ impl EventLogWriter {
         Self::to(None, start_ns)
     }
 
-    fn to(trace: Option<TraceWriter>, start_ns: u64) -> Self {
+    fn to(trace: Option<SectionWriter>, start_ns: u64) -> Self {
         EventLogWriter {
             trace,
             encoder: Encoder::default(),
@@ -127,7 +127,7 @@ impl EventLogWriter {
 
     /// Writes the last chunk and hands the trace (if any) back for the
     /// sections that follow the log.
-    pub fn finish(mut self) -> Result<(Option<TraceWriter>, LogTotals), FormatError> {
+    pub fn finish(mut self) -> Result<(Option<SectionWriter>, LogTotals), FormatError> {
         self.flush()?;
         let totals = LogTotals {
             events: self.events,
@@ -255,7 +255,7 @@ mod tests {
             Event::Clock(9),
         ];
         let path = std::env::temp_dir().join(format!("provm-event-log-{}", std::process::id()));
-        let mut traced = EventLogWriter::new(TraceWriter::create(&path).unwrap(), 0);
+        let mut traced = EventLogWriter::new(SectionWriter::create(&path).unwrap(), 0);
         for event in &events {
             traced.append(event).unwrap();
         }

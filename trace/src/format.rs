@@ -172,12 +172,12 @@ pub enum FormatError {
 /// removed if the writer is dropped unfinished) and renames it to PATH when
 /// finished, so that PATH is either absent or complete, even with several
 /// writers at once.
-pub struct TraceWriter {
+pub struct SectionWriter {
     out: BufWriter<NamedTempFile>,
     path: PathBuf,
 }
 
-impl TraceWriter {
+impl SectionWriter {
     pub fn create(path: &Path) -> Result<Self, FormatError> {
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -194,7 +194,7 @@ impl TraceWriter {
         header[..8].copy_from_slice(MAGIC);
         header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.write_all(&header).map_err(FormatError::Write)?;
-        Ok(TraceWriter {
+        Ok(SectionWriter {
             out,
             path: path.to_owned(),
         })
@@ -482,7 +482,7 @@ mod tests {
     fn written(sections: &[(SectionKind, &[u8])]) -> Vec<u8> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.provm");
-        let mut writer = TraceWriter::create(&path).unwrap();
+        let mut writer = SectionWriter::create(&path).unwrap();
         for (kind, payload) in sections {
             writer.section(*kind, payload).unwrap();
         }

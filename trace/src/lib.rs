@@ -1,5 +1,5 @@
 //! provm's trace: the container format, the event log, the manifest and
-//! outcome, the snapshot encoding, and the reader. It links no KVM crate, so
+//! outcome, the snapshot encoding, the reader and the writer. It links no KVM crate, so
 //! every reader and analysis of a trace can run where KVM is not.
 
 pub mod event_log;
@@ -8,6 +8,7 @@ pub mod format;
 pub mod manifest;
 pub mod reader;
 pub mod snapshot;
+pub mod writer;
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {

@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 use provm_trace::manifest::{ImageFile, Manifest, Outcome};
 
 use super::super::makefile::shell_line;
-use crate::disk::chain;
 use crate::provenance::{self, Entity, EntityKind, Provenance};
-use crate::record::utc_date_time;
-use crate::utc::Utc;
+use provm_engine::disk::chain;
+use provm_engine::utc::date_time as utc_date_time;
+use provm_engine::utc::Utc;
 
 /// The RO-Crate version the crate conforms to, and its JSON-LD context.
 const RO_CRATE: &str = "https://w3id.org/ro/crate/1.1";

@@ -16,11 +16,12 @@ use provm_trace::reader::Trace;
 
 pub use metadata::License;
 
-use super::{AtomicFile, ExportError};
-use crate::digest::file_sha256;
-use crate::host_paths;
+use super::ExportError;
+use crate::output::AtomicFile;
 use crate::provenance::Provenance;
 use metadata::{CrateFile, Run};
+use provm_engine::digest::file_sha256;
+use provm_engine::host_paths;
 
 const METADATA: &str = "ro-crate-metadata.json";
 const README: &str = "README.md";
@@ -93,7 +94,7 @@ impl CrateDir {
         });
         let mut json = serde_json::to_vec_pretty(&metadata).expect("a JSON value serialises");
         json.push(b'\n');
-        AtomicFile::write(&self.0.join(METADATA), true, &json)
+        Ok(AtomicFile::write(&self.0.join(METADATA), true, &json)?)
     }
 }
 

@@ -6,8 +6,8 @@ use provm_trace::manifest::Manifest;
 
 use super::super::makefile::shell_line;
 use super::metadata::CrateFile;
-use crate::disk::chain;
-use crate::record::utc_date_time;
+use provm_engine::disk::chain;
+use provm_engine::utc::date_time as utc_date_time;
 
 /// The README of a crate holding `trace`, whose manifest is `manifest`;
 /// `embeds_image` when the trace holds the image too.

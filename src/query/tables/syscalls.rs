@@ -8,7 +8,7 @@ use provm_analysis::syscall::Arg;
 
 use super::{column, Rows, Table};
 use crate::query::{QueryError, Run};
-use crate::replay::{self, ReplayOptions};
+use provm_engine::replay::{self, ReplayOptions};
 
 pub const SYSCALLS: Table = Table {
     name: "syscalls",

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use provm_trace::event_log::encode_chunk;
 use provm_trace::events::{Encoder, Event, Place};
-use provm_trace::format::{SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
 use provm_trace::hex;
 use provm_trace::manifest::{
     CpuModel, HostDescription, ImageFile, ImageIdentity, Manifest, Outcome,
@@ -143,7 +143,7 @@ pub fn sample_sections() -> Sections {
 /// Writes `sections` as a trace at `path`, each with its checksum computed
 /// afresh, and returns its bytes.
 pub fn write_trace(path: &Path, sections: &[(SectionKind, Vec<u8>)]) -> Vec<u8> {
-    let mut trace = TraceWriter::create(path).unwrap();
+    let mut trace = SectionWriter::create(path).unwrap();
     for (kind, payload) in sections {
         trace.section(*kind, payload).unwrap();
     }

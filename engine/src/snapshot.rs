@@ -29,7 +29,7 @@ mod tests {
     use super::*;
 
     /// A VM state saved by provm at 242a0b3 (machine version 1).
-    const STATE: &[u8] = include_bytes!("../tests/data/golden/vm-state.machine-1.json");
+    const STATE: &[u8] = include_bytes!("../../tests/data/golden/vm-state.machine-1.json");
 
     /// The state, with a field named `extra` added to the PIT's.
     fn snapshot_with_pit_field(extra: Option<&str>) -> Vec<u8> {

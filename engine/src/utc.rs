@@ -45,6 +45,24 @@ impl Utc {
 
 /// Days from 1970-01-01 to the proleptic Gregorian date (H. Hinnant's
 /// days_from_civil), the inverse of `civil_from_days`.
+/// `YYYYmmdd-HHMMSS` in UTC, from seconds since the epoch: for file names.
+pub fn timestamp(seconds: u64) -> String {
+    let t = Utc::from_unix_seconds(seconds);
+    format!(
+        "{:04}{:02}{:02}-{:02}{:02}{:02}",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
+}
+
+/// `YYYY-mm-dd HH:MM:SS UTC`, from seconds since the epoch: for people.
+pub fn date_time(seconds: u64) -> String {
+    let t = Utc::from_unix_seconds(seconds);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
+}
+
 pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
     let era = year.div_euclid(400);
@@ -100,5 +118,13 @@ mod tests {
             (2026, 11, 22, 7, 23)
         );
         assert_eq!(moment.iso_8601(), "2026-11-22T07:23:00+00:00");
+    }
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates() {
+        assert_eq!(timestamp(0), "19700101-000000");
+        assert_eq!(timestamp(951_782_400), "20000229-000000");
+        assert_eq!(timestamp(1_795_332_180), "20261122-072300");
+        assert_eq!(date_time(1_795_332_180), "2026-11-22 07:23:00 UTC");
     }
 }

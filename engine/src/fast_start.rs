@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use provm_trace::format::{FormatError, SectionKind, TraceReader, TraceWriter};
+use provm_trace::format::{FormatError, SectionKind, SectionWriter, TraceReader};
 use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use provm_vmm::cpuid_check;
@@ -26,7 +26,8 @@ use crate::digest::{bytes_sha256, file_sha256};
 use crate::disk::chain::{self, ChainError};
 use crate::disk::overlay::OverlayLocation;
 use crate::kernel::cache_dir;
-use crate::run::Prepared;
+use crate::machine::Prepared;
+use crate::notice;
 use crate::session::{GuestSession, SessionError};
 use crate::snapshot;
 
@@ -141,7 +142,7 @@ fn boot_and_cache(
     path: &Path,
     deadline: Instant,
 ) -> Result<Vec<u8>, FastStartError> {
-    eprintln!("provm: booting the guest (first run of this kernel, image and machine; later runs start from its snapshot)");
+    notice!("booting the guest (first run of this kernel, image and machine; later runs start from its snapshot)");
     let start = Instant::now();
     let config = prepared.vm_config(
         Arc::new(LiveSeam::starting_at(0)),
@@ -150,8 +151,8 @@ fn boot_and_cache(
     )?;
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;
     let bytes = snapshot::encode(&session.snapshot()?);
-    eprintln!(
-        "provm: booted in {:.1} s; snapshot cached ({} MiB)",
+    notice!(
+        "booted in {:.1} s; snapshot cached ({} MiB)",
         start.elapsed().as_secs_f64(),
         bytes.len() >> 20
     );
@@ -162,7 +163,7 @@ fn boot_and_cache(
 fn write_cache(path: &Path, bytes: &[u8]) -> Result<(), FormatError> {
     std::fs::create_dir_all(path.parent().expect("in the cache directory"))
         .map_err(FormatError::Write)?;
-    let mut cache = TraceWriter::create(path)?;
+    let mut cache = SectionWriter::create(path)?;
     cache.section(SectionKind::Snapshot, bytes)?;
     cache.finish().map(drop)
 }

@@ -1,6 +1,6 @@
-//! SHA-256 digests of the files a run depends on. Images are large, so a
-//! file's digest is cached under its identity (device, inode, size, change
-//! time): a file changed in place gets a new change time.
+//! SHA-256 digests of what a run depends on and gives out. Images are
+//! large, so a file's digest is cached under its identity (device, inode,
+//! size, change time): a file changed in place gets a new change time.
 
 use std::fs::{self, File};
 use std::io;
@@ -10,6 +10,50 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::kernel::cache_dir;
+
+/// What passed through a [`HashingWriter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digested {
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// Passes bytes on to `inner` and hashes them: the command's output streams.
+pub struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: io::Write> HashingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            size: 0,
+        }
+    }
+
+    pub fn digested(self) -> Digested {
+        Digested {
+            sha256: provm_trace::hex(&self.hasher.finalize()),
+            size: self.size,
+        }
+    }
+}
+
+impl<W: io::Write> io::Write for HashingWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.hasher.update(&bytes[..written]);
+        self.size += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
 
 pub fn bytes_sha256(bytes: &[u8]) -> String {
     provm_trace::hex(&Sha256::digest(bytes))

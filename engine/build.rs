@@ -1,7 +1,7 @@
 //! Embeds what provm carries inside its binary.
 //!
 //! Builds the guest agent as a static x86-64 binary and leaves it in OUT_DIR,
-//! where src/initramfs.rs embeds it: provm carries the exact agent it speaks
+//! where engine/src/initramfs.rs embeds it: provm carries the exact agent it speaks
 //! to. The agent has its own target directory, so this nested cargo never
 //! waits on the outer build's lock.
 //!
@@ -22,17 +22,18 @@ fn main() {
 
 /// The sources provm is built from: a change to them makes the build
 /// "-dirty".
+/// Relative to this crate's folder, as cargo runs this script there.
 const SOURCES: &[&str] = &[
-    "src",
-    "vmm",
-    "trace",
-    "seams",
-    "analysis",
-    "guest-agent",
-    "kernels",
-    "build.rs",
-    "Cargo.toml",
-    "Cargo.lock",
+    "../src",
+    "../engine",
+    "../vmm",
+    "../trace",
+    "../seams",
+    "../analysis",
+    "../guest-agent",
+    "../kernels",
+    "../Cargo.toml",
+    "../Cargo.lock",
 ];
 
 /// Sets `PROVM_COMMIT` to `git rev-parse HEAD`, with `-dirty` when the
@@ -78,8 +79,8 @@ fn name_commit() {
 }
 
 fn build_guest_agent() {
-    println!("cargo:rerun-if-changed=guest-agent/src");
-    println!("cargo:rerun-if-changed=guest-agent/Cargo.toml");
+    println!("cargo:rerun-if-changed=../guest-agent/src");
+    println!("cargo:rerun-if-changed=../guest-agent/Cargo.toml");
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let target_dir = out_dir.join("guest-agent-target");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -131,11 +132,11 @@ fn cargo_home() -> PathBuf {
 }
 
 /// Lists every file under kernels/ (build script, config fragment, patches)
-/// for src/kernel.rs to embed: they are the kernel build's inputs and its
+/// for engine/src/kernel.rs to embed: they are the kernel build's inputs and its
 /// cache key, so provm needs no source tree at run time.
 fn embed_kernel_inputs() {
-    println!("cargo:rerun-if-changed=kernels");
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("kernels");
+    println!("cargo:rerun-if-changed=../kernels");
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../kernels");
     let mut files = Vec::new();
     collect_files(&root, &mut files);
     // What the build reads, and nothing else: a documentation change must

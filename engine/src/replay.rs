@@ -18,12 +18,13 @@ use provm_vmm::machine_version::{self, MachineVersionError};
 use provm_vmm::seam::Delivery;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
-use crate::blame::{BlameError, TimingOptions, TimingReport};
 use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::holes;
 use crate::machine::{Machine, MachineError};
+use crate::notice;
+use crate::observer::{self, GuestKernel, Observer, ObserverError};
 use crate::seen_images;
 use crate::snapshot;
 
@@ -78,8 +79,9 @@ pub enum ReplayError {
     Snapshot(#[from] SnapshotError),
     #[error("cannot analyse this trace: {0}")]
     Profile(#[from] ProfileError),
-    #[error(transparent)]
-    Timing(#[from] BlameError),
+    /// What observed the replay failed (see `observer`).
+    #[error("{0}")]
+    Observer(#[source] ObserverError),
     /// An analysis failed: a tool error, not the guest's divergence.
     #[error("an analysis failed at log event {event}: {error}; the replay had matched up to there, and stopped without a verdict")]
     Analysis { event: u64, error: VmError },
@@ -142,7 +144,7 @@ impl ReplayReport {
         match self {
             ReplayReport::Matched { .. } => Ok(()),
             ReplayReport::CutShort { events, why, .. } => {
-                eprintln!("provm: the recording was cut short ({why}); the analysis covers its first {events} events");
+                notice!("the recording was cut short ({why}); the analysis covers its first {events} events");
                 Ok(())
             }
             ReplayReport::Diverged { report } => Err(report.clone()),
@@ -189,59 +191,45 @@ pub fn replay(
     options: &ReplayOptions,
     analyses: Vec<Box<dyn Analysis>>,
 ) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
-    let (report, analyses, _) = replay_timed(options, &TimingOptions::default(), analyses)?;
-    Ok((report, analyses))
+    replay_observed(options, &mut [], analyses)
 }
 
-/// A replay's verdict, its analyses and its exit timing.
-type TimedReplay = (ReplayReport, Vec<Box<dyn Analysis>>, Option<TimingReport>);
-
-/// `replay`, with exit timing captured (and delays injected) as `timing`
-/// asks.
-pub fn replay_timed(
+/// `replay`, watched by `observers` too.
+pub fn replay_observed(
     options: &ReplayOptions,
-    timing: &TimingOptions,
+    observers: &mut [&mut dyn Observer],
     analyses: Vec<Box<dyn Analysis>>,
-) -> Result<TimedReplay, ReplayError> {
+) -> Result<(ReplayReport, Vec<Box<dyn Analysis>>), ReplayError> {
     let (opened, snapshot) = Opened::open(options)?;
     let replayer = opened.replayer()?;
     let (mut vm, replayer) = opened
         .machine(options.echo_console)
         .restore(snapshot, |_| replayer)?;
-    // Read once for both: the kernel embedded in a trace is large.
-    let kernel = (timing.captures() || !analyses.is_empty())
-        .then(|| opened.kernel_info())
-        .transpose()?;
-    let expect_kernel = || {
-        kernel
-            .clone()
-            .expect("read when timing or analyses need it")
-    };
-    let capture = timing.attach_with(&mut vm, || Ok(expect_kernel()), "replay")?;
+    // Read once for all: the kernel embedded in a trace is large.
+    let kernel = GuestKernel::new(|| Ok(opened.kernel_info()?));
+    observer::each(observers, |observer| observer.attach(&mut vm, &kernel))
+        .map_err(ReplayError::Observer)?;
     let deadline = Instant::now() + options.timeout;
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
     } else {
-        let mut instrument = Instrument::new(expect_kernel(), analyses);
+        let kernel = kernel.info().map_err(ReplayError::Observer)?.clone();
+        let mut instrument = Instrument::new(kernel, analyses);
         vm.set_guest_debug(&instrument.guest_debug())?;
         replayer.set_tap(instrument.event_tap());
         let end = replayer.replay_observed(&mut vm, deadline, &mut instrument)?;
         if instrument.stops == 0 {
-            eprintln!("provm: the guest never stopped at the analyses' kernel breakpoints: this host's KVM does not deliver hardware breakpoints, and the analyses saw nothing");
+            notice!("the guest never stopped at the analyses' kernel breakpoints: this host's KVM does not deliver hardware breakpoints, and the analyses saw nothing");
         }
         if instrument.unreadable > 0 {
-            eprintln!(
-                "provm: at {} breakpoint stops the guest's structures could not be read; what they held is missing from the analyses",
+            notice!(
+                "at {} breakpoint stops the guest's structures could not be read; what they held is missing from the analyses",
                 instrument.unreadable
             );
         }
         (end, instrument.into_analyses())
     };
-    let captured = capture.map(|capture| capture.report());
-    if let (Some(captured), Some(path)) = (&captured, &timing.output) {
-        crate::blame::save(captured, path)?;
-    }
-    Ok((opened.report(end), analyses, captured))
+    Ok((opened.report(end), analyses))
 }
 
 /// A trace opened for replay: checked against this host, with the image
@@ -391,7 +379,7 @@ pub fn open_image(
             looked: candidates,
         });
     }
-    eprintln!("provm: using the image embedded in the trace");
+    notice!("using the image embedded in the trace");
     let extracted = ExtractedChain::from_trace(trace)?;
     Ok((extracted.open()?, Some(extracted)))
 }

@@ -15,23 +15,25 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_seams::{delivery, Recorder};
-use provm_trace::format::{FormatError, SectionKind, TraceWriter};
+use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::{HostDescription, InterruptDelivery, Manifest, Outcome};
+use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::cpuid::Platform;
 use provm_vmm::machine_version;
 use provm_vmm::vm::{self, VmSnapshot};
 
-use crate::blame;
 use crate::cpu_model;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
 use crate::holes;
 use crate::kernel;
-use crate::run::{self, overlay_location, Prepared, RunError, RunOptions};
+use crate::machine::Prepared;
+use crate::observer::{self, Observer};
+use crate::run::{self, overlay_location, RunError, RunOptions};
 use crate::seen_images;
 use crate::session::{GuestSession, SessionError};
-use crate::utc::Utc;
+use crate::utc;
 
 /// zstd level for the embedded kernel, initramfs and image: archival, so
 /// smaller beats faster, within a few seconds for a kernel.
@@ -78,9 +80,11 @@ pub struct Recorded {
     pub events_sha256: String,
 }
 
-/// Records the command; returns how it ended and where the trace is.
+/// Records the command, watched by `observers` (whose sections the trace
+/// keeps); returns how it ended and where the trace is.
 pub fn record(
     options: &RecordOptions,
+    observers: &mut [&mut dyn Observer],
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<Recorded, RecordError> {
@@ -113,24 +117,16 @@ pub fn record(
     if let Some(image) = identity.image.first() {
         seen_images::remember(&options.run.image, &image.sha256);
     }
-    let mut trace = TraceWriter::create(&options.output).map_err(trace_error)?;
-    trace
-        .section(
-            SectionKind::Manifest,
-            &serde_json::to_vec_pretty(&manifest).expect("serialises"),
-        )
-        .map_err(trace_error)?;
-    let kernel = read_to_embed(&prepared.boot.kernel)?;
-    for (kind, bytes) in [
-        (SectionKind::Kernel, compress(&kernel)),
-        (SectionKind::KernelProfile, kernel_profile),
-        (SectionKind::Initramfs, compress(&prepared.boot.initramfs)),
-    ] {
-        trace.section(kind, &bytes).map_err(trace_error)?;
-    }
-    trace
-        .section(SectionKind::Snapshot, &booted.bytes)
-        .map_err(trace_error)?;
+    let leading = Leading {
+        manifest,
+        kernel: compress(&read_to_embed(&prepared.boot.kernel)?),
+        kernel_profile,
+        initramfs: compress(&prepared.boot.initramfs),
+        snapshot: booted.bytes,
+    };
+    let trace = TraceWriter::create(&options.output, &leading)
+        .map_err(trace_error)?
+        .into_sections();
 
     install_interrupt_handler();
     let recording_start = Instant::now();
@@ -148,95 +144,58 @@ pub fn record(
             None => Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery),
         })
         .map_err(RunError::from)?;
-    let timing = options
-        .run
-        .timing
-        .attach(&mut vm, &prepared.boot.kernel, "record")
-        .map_err(RunError::from)?;
+    run::attach(observers, &mut vm, &prepared)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     if let Some(pinning) = pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }
-    let result = run::run_job(&mut session, job, &options.run, &prepared, (stdout, stderr))
-        .and_then(|ran| {
+    let result = run::run_job(&mut session, job, &prepared, observers, (stdout, stderr)).and_then(
+        |outcome| {
             session.power_off()?;
-            Ok(ran)
-        });
+            Ok(outcome)
+        },
+    );
     let console_tail = session.console_tail();
     drop(session);
 
     let (trace, totals) = recorder.finish().map_err(trace_error)?;
-    let mut trace = trace.expect("a recording's log goes to its trace");
-    let provenance = match &result {
-        Ok((_, Some(document))) => Some(document.to_bytes()),
-        _ => None,
-    };
-    let timing = timing.map(|capture| capture.report());
-    let sections_after: Vec<SectionKind> = [
-        timing.as_ref().map(|_| SectionKind::Timing),
-        provenance.as_ref().map(|_| SectionKind::Provenance),
-        options.embed_image.then_some(SectionKind::Image),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let outcome = Outcome {
+    let trace = trace.expect("a recording's log goes to its trace");
+    let mut after = Vec::new();
+    observer::each(observers, |observer| {
+        after.extend(observer.section()?);
+        Ok(())
+    })
+    .map_err(RunError::Observer)?;
+    if options.embed_image {
+        // The files on this host: the manifest may name them by file name only.
+        after.push((
+            SectionKind::Image,
+            chain::embed(&identity.image, EMBED_LEVEL)?,
+        ));
+    }
+    let ending = Ending {
         complete: result.is_ok(),
         ended: match &result {
-            Ok((outcome, _)) => format!("the command ended: {outcome:?}"),
+            Ok(outcome) => format!("the command ended: {outcome:?}"),
             // The console's tail has a field of its own.
             Err(RunError::Session(SessionError::Guest { error, .. })) => error.to_string(),
             Err(error) => error.to_string(),
         },
-        exit_status: result.as_ref().ok().map(|(o, _)| o.shell_status()),
-        events: totals.events,
-        exits: totals.exits,
-        event_chunks: totals.chunks,
-        guest_ns: totals.last_clock_ns.saturating_sub(guest_start_ns),
-        disk_writes: totals.disk_writes,
-        disk_writes_sha256: totals.disk_writes_sha256,
-        events_sha256: Some(totals.events_sha256.clone()),
-        fork_event: None,
-        disk_error_access: None,
-        host_seconds: recording_start.elapsed().as_secs_f64(),
-        longest_exitless_seconds: Some(recorder.longest_exitless().as_secs_f64()),
-        console_tail,
-        sections_after: Some(
-            sections_after
-                .iter()
-                .map(|kind| kind.name().into())
-                .collect(),
-        ),
+        exit_status: result.as_ref().ok().map(|o| o.shell_status()),
     };
-    trace
-        .section(
-            SectionKind::Outcome,
-            &serde_json::to_vec_pretty(&outcome).expect("serialises"),
+    let outcome = Outcome {
+        longest_exitless_seconds: Some(recorder.longest_exitless().as_secs_f64()),
+        ..Outcome::of_log(
+            ending,
+            &totals,
+            guest_start_ns,
+            recording_start.elapsed().as_secs_f64(),
+            console_tail,
         )
-        .map_err(trace_error)?;
-    if let Some(report) = &timing {
-        trace
-            .section(SectionKind::Timing, &report.to_json())
-            .map_err(trace_error)?;
-        if let Some(path) = &options.run.timing.output {
-            blame::save(report, path).map_err(RunError::from)?;
-        }
-    }
-    if let Some(document) = &provenance {
-        trace
-            .section(SectionKind::Provenance, document)
-            .map_err(trace_error)?;
-    }
-    if options.embed_image {
-        // The files on this host: the manifest may name them by file name only.
-        let image = chain::embed(&identity.image, EMBED_LEVEL)?;
-        trace
-            .section(SectionKind::Image, &image)
-            .map_err(trace_error)?;
-    }
-    let path = trace.finish().map_err(trace_error)?;
+    };
+    let path = TraceWriter::finish(trace, outcome, &after).map_err(trace_error)?;
     match result {
-        Ok((outcome, _)) => Ok(Recorded {
+        Ok(outcome) => Ok(Recorded {
             outcome,
             trace: path,
             events_sha256: totals.events_sha256,
@@ -371,36 +330,5 @@ pub fn default_output(image: &Path) -> PathBuf {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    PathBuf::from(format!("{stem}-{}.provm", utc_timestamp(now)))
-}
-
-/// `YYYYmmdd-HHMMSS` in UTC, from seconds since the epoch.
-fn utc_timestamp(seconds: u64) -> String {
-    let t = Utc::from_unix_seconds(seconds);
-    format!(
-        "{:04}{:02}{:02}-{:02}{:02}{:02}",
-        t.year, t.month, t.day, t.hour, t.minute, t.second
-    )
-}
-
-/// `YYYY-mm-dd HH:MM:SS UTC`, from seconds since the epoch.
-pub fn utc_date_time(seconds: u64) -> String {
-    let t = Utc::from_unix_seconds(seconds);
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-        t.year, t.month, t.day, t.hour, t.minute, t.second
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_are_utc_calendar_dates() {
-        assert_eq!(utc_timestamp(0), "19700101-000000");
-        assert_eq!(utc_timestamp(951_782_400), "20000229-000000");
-        assert_eq!(utc_timestamp(1_795_332_180), "20261122-072300");
-        assert_eq!(utc_date_time(1_795_332_180), "2026-11-22 07:23:00 UTC");
-    }
+    PathBuf::from(format!("{stem}-{}.provm", utc::timestamp(now)))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::Seam;
-use provm_vmm::vm::{Vm, VmConfig, VmError, VmSnapshot};
+use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmSnapshot};
 
 use crate::disk::overlay::{self, OverlayLocation};
 
@@ -52,5 +52,41 @@ impl Machine<'_> {
         let seam = Arc::new(seam_at(snapshot.state.clock_ns));
         let config = self.config(seam.clone())?;
         Ok((Vm::restore(config, snapshot)?, seam))
+    }
+}
+
+/// A checked image and the guest to run on it.
+pub struct Prepared {
+    pub base: BaseImage,
+    pub boot: BootSource,
+    pub memory_mib: u64,
+    pub root_device: String,
+    pub(crate) echo_console: bool,
+}
+
+impl Prepared {
+    /// The machine to run the guest in, its overlay at `overlay`.
+    pub fn machine(
+        &self,
+        overlay: OverlayLocation,
+        exitless_limit: Option<Duration>,
+    ) -> Machine<'_> {
+        Machine {
+            base: &self.base,
+            memory_mib: self.memory_mib,
+            echo_console: self.echo_console,
+            overlay,
+            exitless_limit,
+        }
+    }
+
+    /// A machine on a fresh overlay of the image, at `location`.
+    pub fn vm_config(
+        &self,
+        seam: Arc<dyn Seam>,
+        location: OverlayLocation,
+        exitless_limit: Option<Duration>,
+    ) -> Result<VmConfig, ImageError> {
+        self.machine(location, exitless_limit).config(seam)
     }
 }

@@ -15,19 +15,19 @@ use provm_seams::Recorder;
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::disk::image::{BaseImage, ImageError};
-use provm_vmm::seam::{LiveSeam, Seam};
-use provm_vmm::vm::{BootSource, VmConfig, VmError};
+use provm_vmm::seam::LiveSeam;
+use provm_vmm::vm::{BootSource, VmError};
 
-use crate::blame::{self, Capture, TimingOptions};
+use crate::digest::HashingWriter;
 use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::host_paths::HostPaths;
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
-use crate::machine::{Machine, MachineError};
+use crate::machine::{MachineError, Prepared};
+use crate::observer::{self, GuestKernel, JobOutput, Observer, ObserverError};
 use crate::pinning::Pinning;
-use crate::provenance::{self, Provenance, ProvenanceError};
 use crate::session::{GuestSession, SessionError};
 
 /// The guest kernel's command line (the VM adds its devices).
@@ -74,13 +74,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     pub kernel: Option<PathBuf>,
     pub echo_console: bool,
-    /// Capture the command's provenance and write it here.
-    pub provenance: Option<PathBuf>,
     /// Logical time and seeded entropy instead of the host's (`--pinned`).
     pub pinned: Option<Pinning>,
-    /// Where the hypervisor's time goes: captured, and for a run without a
-    /// trace written to `timing.output` (see `blame`).
-    pub timing: TimingOptions,
     /// The guest's CPU model (`provm record --cpu`).
     pub cpu: Baseline,
     /// How the trace and the provenance name the host's files.
@@ -102,9 +97,7 @@ impl RunOptions {
             timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
             kernel: None,
             echo_console: false,
-            provenance: None,
             pinned: None,
-            timing: TimingOptions::default(),
             cpu: Baseline::Host,
             host_paths: HostPaths::default(),
         }
@@ -133,46 +126,9 @@ pub enum RunError {
     FastStart(#[from] FastStartError),
     #[error("cannot read fresh entropy for the guest: {0}")]
     Entropy(std::io::Error),
-    #[error(transparent)]
-    Provenance(#[from] ProvenanceError),
-    #[error(transparent)]
-    Timing(#[from] blame::BlameError),
-}
-
-/// A checked image and the guest to run on it.
-pub struct Prepared {
-    pub base: BaseImage,
-    pub boot: BootSource,
-    pub memory_mib: u64,
-    pub root_device: String,
-    echo_console: bool,
-}
-
-impl Prepared {
-    /// The machine to run the guest in, its overlay at `overlay`.
-    pub fn machine(
-        &self,
-        overlay: OverlayLocation,
-        exitless_limit: Option<Duration>,
-    ) -> Machine<'_> {
-        Machine {
-            base: &self.base,
-            memory_mib: self.memory_mib,
-            echo_console: self.echo_console,
-            overlay,
-            exitless_limit,
-        }
-    }
-
-    /// A machine on a fresh overlay of the image, at `location`.
-    pub fn vm_config(
-        &self,
-        seam: Arc<dyn Seam>,
-        location: OverlayLocation,
-        exitless_limit: Option<Duration>,
-    ) -> Result<VmConfig, ImageError> {
-        self.machine(location, exitless_limit).config(seam)
-    }
+    /// What observed the run failed (see `observer`).
+    #[error("{0}")]
+    Observer(#[source] ObserverError),
 }
 
 /// Where the run's overlay goes: kept where the user asked, else a
@@ -246,7 +202,8 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         },
         // Stamped when the job is sent (GuestSession::run).
         wall_clock_ns: 0,
-        provenance: options.provenance.is_some(),
+        // Asked for by an observer that captures it (`Observer::job_starting`).
+        provenance: false,
     })
 }
 
@@ -262,29 +219,12 @@ fn fresh_entropy() -> Result<Vec<u8>, RunError> {
 }
 
 /// A guest ready for jobs, restored from the booted guest's snapshot
-/// (booted and cached first if there is none).
+/// (booted and cached first if there is none), watched by `observers`.
 pub fn start(
     options: &RunOptions,
     prepared: &Prepared,
     deadline: Instant,
-) -> Result<GuestSession, RunError> {
-    Ok(start_observed(options, prepared, deadline)?.session)
-}
-
-/// A started guest and what observes it.
-pub struct Started {
-    pub session: GuestSession,
-    /// A pinned run's recorder (with no trace): it digests the event log.
-    pub recorder: Option<Arc<Recorder>>,
-    /// The exit timing, when asked for.
-    pub timing: Option<Capture>,
-}
-
-/// `start`, with the run's observers.
-pub fn start_observed(
-    options: &RunOptions,
-    prepared: &Prepared,
-    deadline: Instant,
+    observers: &mut [&mut dyn Observer],
 ) -> Result<Started, RunError> {
     let identity = Identity::of(prepared)?;
     let snapshot =
@@ -292,13 +232,10 @@ pub fn start_observed(
     let machine = prepared.machine(overlay_location(options), None);
     let Some(pinning) = &options.pinned else {
         let (mut vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
-        let timing = options
-            .timing
-            .attach(&mut vm, &prepared.boot.kernel, "run")?;
+        attach(observers, &mut vm, prepared)?;
         return Ok(Started {
             session: GuestSession::resume(vm, deadline, &prepared.boot.kernel),
             recorder: None,
-            timing,
         });
     };
     // A plain run's Ctrl-C ends provm at once; a pinned one's too.
@@ -309,16 +246,30 @@ pub fn start_observed(
         Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
             .delivering(delivery)
     })?;
-    let timing = options
-        .timing
-        .attach(&mut vm, &prepared.boot.kernel, "run")?;
+    attach(observers, &mut vm, prepared)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     session.pin_wall_clock(pinning.epoch_ns);
     Ok(Started {
         session,
         recorder: Some(recorder),
-        timing,
     })
+}
+
+/// Attaches `observers` to the VM of a guest booted from `prepared`.
+pub fn attach(
+    observers: &mut [&mut dyn Observer],
+    vm: &mut provm_vmm::vm::Vm,
+    prepared: &Prepared,
+) -> Result<(), RunError> {
+    let kernel = GuestKernel::new(|| Ok(kernel::info(&prepared.boot.kernel)?));
+    observer::each(observers, |observer| observer.attach(vm, &kernel)).map_err(RunError::Observer)
+}
+
+/// A started guest, and a pinned run's recorder.
+pub struct Started {
+    pub session: GuestSession,
+    /// A pinned run's recorder (with no trace): it digests the event log.
+    pub recorder: Option<Arc<Recorder>>,
 }
 
 /// The logical clock of a pinned run whose guest starts at `start_ns`.
@@ -329,22 +280,22 @@ pub fn pinned_clock(pinning: &Pinning, start_ns: u64) -> PinnedClock {
 /// How a run went.
 pub struct Ran {
     pub outcome: Outcome,
-    /// With `--prov`: the run's provenance (saved too).
-    pub provenance: Option<Provenance>,
     /// A pinned run's event log digest (see `LogTotals::events_sha256`).
     pub events_sha256: Option<String>,
 }
 
 /// Starts the guest, runs the command with its output streamed to `stdout`
-/// and `stderr`, powers the guest off and returns how the command ended.
+/// and `stderr`, watched by `observers`, powers the guest off and returns
+/// how the command ended.
 pub fn run(
     options: &RunOptions,
+    observers: &mut [&mut dyn Observer],
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<Ran, RunError> {
     let deadline = Instant::now() + options.timeout;
     let prepared = prepare(options)?;
-    run_prepared(options, &prepared, deadline, (stdout, stderr))
+    run_prepared(options, &prepared, deadline, observers, (stdout, stderr))
 }
 
 /// `run`, on an image checked already.
@@ -352,20 +303,17 @@ pub fn run_prepared(
     options: &RunOptions,
     prepared: &Prepared,
     deadline: Instant,
+    observers: &mut [&mut dyn Observer],
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<Ran, RunError> {
     let job = job(options, &prepared.root_device)?;
     let Started {
         mut session,
         recorder,
-        timing,
-    } = start_observed(options, prepared, deadline)?;
-    let (outcome, provenance) = run_job(&mut session, job, options, prepared, (stdout, stderr))?;
+    } = start(options, prepared, deadline, observers)?;
+    let outcome = run_job(&mut session, job, prepared, observers, (stdout, stderr))?;
     session.power_off()?;
     drop(session);
-    if let (Some(capture), Some(path)) = (timing, &options.timing.output) {
-        blame::save(&capture.report(), path)?;
-    }
     // Without a trace the log writes nothing, so it cannot fail.
     let events_sha256 = recorder.map(|recorder| {
         let (_, totals) = recorder.finish().expect("a digest-only log has no writes");
@@ -373,32 +321,32 @@ pub fn run_prepared(
     });
     Ok(Ran {
         outcome,
-        provenance,
         events_sha256,
     })
 }
 
-/// Runs `job` in `session`; with `--prov`, captures its provenance, saves it
-/// where asked and returns it too.
+/// Runs `job` in `session`, on the machine `prepared`, watched by
+/// `observers`.
 pub fn run_job(
     session: &mut GuestSession,
-    job: Job,
-    options: &RunOptions,
+    mut job: Job,
     prepared: &Prepared,
+    observers: &mut [&mut dyn Observer],
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
-) -> Result<(Outcome, Option<Provenance>), RunError> {
-    let Some(path) = &options.provenance else {
-        return Ok((session.run(job, stdout, stderr)?, None));
+) -> Result<Outcome, RunError> {
+    observer::each(observers, |observer| {
+        observer.job_starting(&mut job, prepared)
+    })
+    .map_err(RunError::Observer)?;
+    let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));
+    let outcome = session.run(job, &mut out, &mut err)?;
+    let output = JobOutput {
+        stdout: out.digested(),
+        stderr: err.digested(),
     };
-    let (outcome, document) = provenance::run_captured(
-        session,
-        job,
-        provenance::machine_inputs(prepared, options.host_paths)?,
-        options.pinned.as_ref(),
-        (stdout, stderr),
-    )?;
-    provenance::save(&document, path)?;
-    Ok((outcome, Some(document)))
+    observer::each(observers, |observer| observer.job_ended(session, &output))
+        .map_err(RunError::Observer)?;
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use provm_analysis::profile::ProfileError;
 use provm_analysis::KernelInfo;
 use sha2::{Digest, Sha256};
 
+use crate::notice;
+
 include!(concat!(env!("OUT_DIR"), "/kernel_inputs.rs"));
 
 pub const SOURCE_PACKAGE: &str = "linux-source-6.1";
@@ -120,7 +122,7 @@ pub fn build() -> Result<PathBuf, KernelError> {
     let out_dir = build_dir()?;
     let vmlinux = out_dir.join("vmlinux");
     if vmlinux.exists() {
-        eprintln!("provm kernel: up to date ({})", vmlinux.display());
+        notice!("kernel up to date ({})", vmlinux.display());
         return Ok(vmlinux);
     }
     for tool in BUILD_TOOLS {
@@ -143,7 +145,7 @@ pub fn build() -> Result<PathBuf, KernelError> {
         std::fs::create_dir_all(path.parent().unwrap())?;
         std::fs::File::create(&path)?.write_all(bytes)?;
     }
-    eprintln!("provm kernel: building into {}", out_dir.display());
+    notice!("building the kernel into {}", out_dir.display());
     let status = Command::new("bash")
         .arg(staging.path().join("build.sh"))
         .arg(SOURCE_TARBALL)

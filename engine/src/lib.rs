@@ -1,0 +1,44 @@
+//! provm's engine: everything between the VMM's seams and the features.
+//!
+//! It assembles the machine (`machine`, `run::prepare`: the image's root,
+//! the overlay, the kernel, the agent's initramfs, the CPU model), starts
+//! guests (`session`, from the booted guest's cached snapshot:
+//! `fast_start`, `snapshot`), and drives them: `run`, `record` (a run with
+//! every input logged into a trace) and `replay` (the trace re-executed,
+//! every output checked). It has no command line and prints nothing: what
+//! the user should hear goes out as `tracing` events under the target
+//! [`NOTICE`], and errors are typed. What watches a run from above (exit
+//! timing, provenance capture) plugs in as an [`observer::Observer`], so
+//! the engine imports no analysis of its own.
+
+pub mod cpu_model;
+pub mod digest;
+pub mod disk;
+pub mod fast_start;
+pub mod holes;
+pub mod host_paths;
+pub mod initramfs;
+pub mod kernel;
+pub mod machine;
+pub mod observer;
+pub mod pinning;
+pub mod record;
+pub mod replay;
+pub mod run;
+pub mod seen_images;
+pub mod session;
+pub mod snapshot;
+pub mod utc;
+
+/// The `tracing` target of what the user should hear of a long step (a
+/// first boot, a kernel build, an embedded image used): the command line
+/// shows these as `provm: MESSAGE`, whatever the log level.
+pub const NOTICE: &str = "provm::notice";
+
+/// Tells the user something, as a [`NOTICE`] event.
+#[macro_export]
+macro_rules! notice {
+    ($($arg:tt)*) => {
+        tracing::info!(target: $crate::NOTICE, $($arg)*)
+    };
+}
