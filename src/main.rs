@@ -10,6 +10,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
+use provm::blame::{BlameFormat, BlameRequest, TimingOptions};
 use provm::export::ro_crate::License;
 use provm::gdb::{DebugError, GdbError};
 use provm::observers::RunObservers;
@@ -23,6 +24,7 @@ use provm_engine::record::RecordOptions;
 use provm_engine::replay::{ReplayError, ReplayOptions, ReplayReport};
 use provm_engine::run::RunOptions;
 use provm_vmm::cpu_baseline::Baseline;
+use provm_vmm::exit_timing::ExitDelay;
 
 /// provm's own failures exit with this status, so that they are not mistaken
 /// for the command's (as `docker run` and `podman run` do).
@@ -92,7 +94,7 @@ enum Command {
     /// How much of each guest process's time the virtualization layer
     /// cost (RUN: a trace, or `provm run --timing FILE`); with two runs,
     /// their differences; with --what-if, a replay under a changed cost.
-    Blame(provm::blame::cli::BlameArgs),
+    Blame(BlameArgs),
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
@@ -115,7 +117,7 @@ struct RunArgs {
     #[arg(long)]
     force: bool,
     #[command(flatten)]
-    timing: provm::blame::cli::TimingArgs,
+    timing: TimingArgs,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -227,16 +229,36 @@ struct RecordArgs {
     run: RunArgs,
 }
 
+/// What every command that replays a trace takes: the trace, the image to
+/// replay it against and how long it may take.
 #[derive(clap::Args)]
-struct ReplayArgs {
+struct TraceArgs {
+    /// The trace (.provm); `graph` also takes the file `--prov` wrote.
+    #[arg(value_name = "TRACE")]
+    trace: PathBuf,
     /// Replay against this image instead of the recorded one (found by its
-    /// recorded name, beside the trace, or where this host recorded it; its
-    /// digest must match the recorded one).
+    /// recorded name, beside the trace, where this host recorded it, or in
+    /// the trace; its digest must match the recorded one).
     #[arg(long)]
     image: Option<PathBuf>,
-    /// Give up after this many seconds.
+    /// Give up replaying after this many seconds.
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
+}
+
+impl TraceArgs {
+    fn replay_options(self, echo_console: bool) -> ReplayOptions {
+        ReplayOptions {
+            trace: self.trace,
+            image: self.image,
+            timeout: Duration::from_secs(self.timeout),
+            echo_console,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
     /// Run analyses on the replay (repeatable, or comma-separated):
     /// `syscalls` logs every system call of every guest process, `processes`
     /// shows the process tree, `provenance` what the job's processes read
@@ -264,9 +286,9 @@ struct ReplayArgs {
     #[command(flatten)]
     fork: ForkArgs,
     #[command(flatten)]
-    timing: provm::blame::cli::TimingArgs,
-    /// The trace (.provm).
-    trace: PathBuf,
+    timing: TimingArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
 }
 
 /// A what-if fork of the replay (see src/fork/).
@@ -285,23 +307,81 @@ struct ForkArgs {
     inject: Option<provm::fork::Fault>,
 }
 
+/// Exit timing and injected delays, for `run`, `record` and `replay`.
+#[derive(clap::Args, Clone, Debug)]
+struct TimingArgs {
+    /// Capture where the host's time goes at every VM exit, per guest
+    /// process and device, and write it to FILE as JSON (`provm blame FILE`).
+    /// A recording keeps it in its trace anyway.
+    #[arg(id = "timing", long = "timing", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Wait DURATION more after each exit of DEVICE before re-entering the
+    /// guest (e.g. virtio-blk:200us): a known cost, to check blame against.
+    #[arg(long, value_name = "DEVICE:DURATION", value_parser = provm::blame::inject::parse_exit_delay)]
+    inject_exit_delay: Option<ExitDelay>,
+}
+
+impl TimingArgs {
+    /// The options; `capture` when the run keeps timing without `--timing`
+    /// (a recording).
+    fn options(&self, capture: bool) -> TimingOptions {
+        TimingOptions {
+            capture,
+            output: self.output.clone(),
+            delay: self.inject_exit_delay.clone(),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct BlameArgs {
+    /// A trace (its timing section) or a `provm run --timing` file; with a
+    /// second, the differences from the first to the second.
+    #[arg(required = true, num_args = 1..=2, value_name = "RUN")]
+    runs: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    format: BlameFormat,
+    /// Also draw it as SVG: a stacked bar per process, and the exit latency
+    /// distribution of each device.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Replay the trace as recorded and with one device's exits costing
+    /// more (DEVICE=+DURATION, or DEVICE=xFACTOR for its VMM time times
+    /// FACTOR), and set each process's measured time against the predicted.
+    #[arg(long, value_name = "CHANGE", value_parser = provm::blame::inject::parse_what_if, conflicts_with = "format")]
+    what_if: Option<ExitDelay>,
+    /// With --what-if: give up a replay after this many seconds.
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
+    timeout: u64,
+    /// Overwrite --svg if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+impl BlameArgs {
+    fn request(self) -> BlameRequest {
+        BlameRequest {
+            runs: self.runs,
+            format: self.format,
+            svg: self.svg,
+            what_if: self.what_if,
+            timeout: Duration::from_secs(self.timeout),
+            force: self.force,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct GraphArgs {
-    /// The run's provenance, as `provm run --prov` wrote it, or a trace: its
-    /// embedded provenance (`provm record --prov`), else the provenance
-    /// derived from its system calls by replaying it.
-    run: PathBuf,
+    /// RUN: the run's provenance, as `provm run --prov` wrote it, or a
+    /// trace: its embedded provenance (`provm record --prov`), else the
+    /// provenance derived from its system calls by replaying it.
+    #[command(flatten)]
+    run: TraceArgs,
     /// Derive the graph from a replay of the trace even if it embeds the
     /// in-guest tracer's (to compare the two).
     #[arg(long)]
     from_replay: bool,
-    /// With a replay: the image, instead of the recorded path (its digest
-    /// must match the recorded one).
-    #[arg(long)]
-    image: Option<PathBuf>,
-    /// With a replay: give up after this many seconds.
-    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
-    timeout: u64,
     /// What to write: PROV-JSON (complete), or DOT and SVG for people (shared
     /// libraries, /proc and similar noise collapsed into a note).
     #[arg(long, value_enum, default_value = "dot")]
@@ -373,12 +453,8 @@ enum ExportCommand {
     /// the recorded command: `skopeo copy oci-archive:FILE:run ...`. Without
     /// --prov in the trace, its provenance is derived by replaying it.
     Oci {
-        /// The trace (.provm).
-        run: PathBuf,
-        /// The image, instead of the recorded path or the trace's copy (its
-        /// digest must match the recorded one).
-        #[arg(long)]
-        image: Option<PathBuf>,
+        #[command(flatten)]
+        run: TraceArgs,
         #[command(flatten)]
         output: ExportOutput,
     },
@@ -389,8 +465,8 @@ enum ExportCommand {
     /// provenance: recorded with --prov, else derived by replaying it), its
     /// start and end. `scripts/check-ro-crate DIR` validates it.
     RoCrate {
-        /// The trace (.provm).
-        run: PathBuf,
+        #[command(flatten)]
+        run: TraceArgs,
         /// The directory to write the crate into: new or empty.
         #[arg(short, long, value_name = "DIR")]
         output: PathBuf,
@@ -398,10 +474,6 @@ enum ExportCommand {
         /// Without it the crate says that none was chosen.
         #[arg(long, value_name = "ID")]
         license: Option<String>,
-        /// With a replay (a trace without --prov): the image, instead of
-        /// the recorded one (its digest must match the recorded one).
-        #[arg(long)]
-        image: Option<PathBuf>,
         /// Write into DIR even if it holds files (the crate's own are
         /// replaced).
         #[arg(long)]
@@ -412,8 +484,8 @@ enum ExportCommand {
     /// per file it generated, the files its writer read as prerequisites,
     /// the writer's command line as recipe.
     Makefile {
-        /// The trace (.provm).
-        run: PathBuf,
+        #[command(flatten)]
+        run: TraceArgs,
         /// Write here instead of standard output.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -458,7 +530,7 @@ fn main() -> ExitCode {
         Command::Graph(args) => graph(args),
         Command::Query(args) => query(args),
         Command::Export { what } => export(what),
-        Command::Blame(args) => provm::blame::cli::blame(args),
+        Command::Blame(args) => blame(args),
         Command::Kernel { action } => kernel(action),
     };
     result.unwrap_or_else(|error| {
@@ -557,14 +629,10 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         args.force,
         [args.output.as_deref(), args.timing.output.as_deref()],
     )?;
+    let options = args.trace.replay_options(verbose);
     if let (Some(at), Some(fault)) = (args.fork.fork_at, args.fork.inject) {
         let options = provm::fork::ForkOptions {
-            replay: ReplayOptions {
-                trace: args.trace,
-                image: args.image,
-                timeout: Duration::from_secs(args.timeout),
-                echo_console: verbose,
-            },
+            replay: options,
             at,
             fault,
             output: args.output.expect("clap requires --output"),
@@ -573,17 +641,11 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     }
     if args.extract_kernel {
         let output = args.output.expect("clap requires --output");
-        let kernel = provm_trace::reader::Trace::open(&args.trace)?.kernel()?;
+        let kernel = provm_trace::reader::Trace::open(&options.trace)?.kernel()?;
         provm::output::AtomicFile::write(&output, args.force, &kernel)?;
         eprintln!("provm: wrote the guest kernel to {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let options = ReplayOptions {
-        trace: args.trace,
-        image: args.image,
-        timeout: Duration::from_secs(args.timeout),
-        echo_console: verbose,
-    };
     if let Some(address) = &args.gdb {
         let report = provm::gdb::serve(options, address)?;
         return Ok(replay_verdict(report));
@@ -664,12 +726,7 @@ fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_existing(args.force, [args.output.as_deref()])?;
-    let replay = ReplayOptions {
-        trace: args.run.clone(),
-        image: args.image,
-        timeout: Duration::from_secs(args.timeout),
-        echo_console: false,
-    };
+    let replay = args.run.replay_options(false);
     let mut document = provenance::load_or_derive(&replay, args.from_replay)?;
     if !document.has_processes() {
         return Err(provenance::ProvenanceError::Empty.into());
@@ -687,6 +744,15 @@ fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Some(path) => std::fs::write(path, bytes)
             .map_err(|error| format!("cannot write {}: {error}", path.display()))?,
         None => std::io::Write::write_all(&mut std::io::stdout(), &bytes)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn blame(args: BlameArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let request = args.request();
+    provm::blame::blame(&request, &mut std::io::stdout().lock())?;
+    if let Some(path) = &request.svg {
+        eprintln!("provm: wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -737,43 +803,26 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 eprintln!("provm: {} has no provenance, so the timeline has no process tracks; record with --prov, or export with --with-replay, to have them", run.name);
             }
         }
-        ExportCommand::Oci { run, image, output } => {
+        ExportCommand::Oci { run, output } => {
             refuse_existing(output.force, [Some(output.output.as_path())])?;
-            let replay = ReplayOptions {
-                trace: run,
-                image,
-                timeout: Duration::from_secs(provm_engine::run::DEFAULT_TIMEOUT_SECONDS),
-                echo_console: false,
-            };
-            let graph = provenance::load_or_derive(&replay, false)?;
-            let trace = provm_trace::reader::Trace::open(&replay.trace)?;
-            let (base, _extracted) = provm_engine::replay::open_image(&replay, &trace)?;
-            provm_engine::disk::chain::check(&base, &trace.manifest.image)?;
-            let archive = provm::export::oci(&trace.manifest, &graph, base)?;
-            provm::output::AtomicFile::write(&output.output, output.force, &archive)?;
+            let written = provm::export::oci_archive(
+                &run.replay_options(false),
+                &output.output,
+                output.force,
+            )?;
             eprintln!(
                 "provm: wrote {} (oci-archive, tag {}): {} bytes",
                 output.output.display(),
                 provm::export::OCI_TAG,
-                archive.len()
+                written
             );
         }
         ExportCommand::RoCrate {
             run,
             output,
             license,
-            image,
             force,
         } => {
-            let dir = provm::export::ro_crate::CrateDir::claim(&output, force)?;
-            let replay = ReplayOptions {
-                trace: run.clone(),
-                image,
-                timeout: Duration::from_secs(provm_engine::run::DEFAULT_TIMEOUT_SECONDS),
-                echo_console: false,
-            };
-            let graph = provenance::load_or_derive(&replay, false)?;
-            let trace = provm_trace::reader::Trace::open(&run)?;
             let license = license.map_or_else(
                 || {
                     eprintln!("provm: no --license: the crate says that none was chosen; choose one before depositing it");
@@ -781,7 +830,12 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 },
                 License::Chosen,
             );
-            dir.write(&run, &trace, &graph, &license)?;
+            provm::export::ro_crate::ro_crate(
+                &run.replay_options(false),
+                &output,
+                force,
+                &license,
+            )?;
             eprintln!(
                 "provm: wrote the RO-Crate {}; scripts/check-ro-crate validates it",
                 output.display()
@@ -789,10 +843,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         ExportCommand::Makefile { run, output, force } => {
             refuse_existing(force, [output.as_deref()])?;
-            let graph =
-                provenance::load_or_derive(&ReplayOptions::for_analysis(run.clone()), false)?;
-            let trace = provm_trace::reader::Trace::open(&run)?;
-            let makefile = provm::export::makefile(&trace.manifest, &graph);
+            let makefile = provm::export::makefile(&run.replay_options(false))?;
             match output {
                 Some(path) => {
                     let mut file = provm::output::AtomicFile::create(&path, force)?;

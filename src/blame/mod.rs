@@ -6,9 +6,9 @@
 //! exit cost (`compare`).
 
 pub mod capture;
-pub mod cli;
 pub mod compare;
 pub mod inject;
+mod request;
 pub mod svg;
 pub mod table;
 pub mod timing;
@@ -24,6 +24,7 @@ use provm_vmm::vm::Vm;
 use crate::output::{AtomicFile, OutputError};
 
 pub use capture::Capture;
+pub use request::{blame, BlameFormat, BlameRequest};
 pub use timing::TimingReport;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,10 @@ pub enum BlameError {
     Output(#[from] OutputError),
     #[error("cannot replay for --what-if: {0}")]
     Replay(#[from] provm_engine::replay::ReplayError),
+    #[error("cannot write blame's output: {0}")]
+    Write(#[from] std::io::Error),
+    #[error("cannot write blame's CSV: {0}")]
+    Csv(#[from] csv::Error),
     #[error("--what-if replays one trace")]
     WhatIfOneTrace,
     #[error("cannot replay for --what-if: {0}")]
@@ -143,7 +148,7 @@ pub fn load(path: &Path) -> Result<TimingReport, BlameError> {
         path: path.to_owned(),
         reason,
     };
-    let bytes = if is_trace(path) {
+    let bytes = if provm_trace::format::starts_as_trace(path) {
         Trace::open(path)?
             .timing
             .ok_or_else(|| BlameError::NoTiming(path.to_owned()))?
@@ -155,12 +160,4 @@ pub fn load(path: &Path) -> Result<TimingReport, BlameError> {
         bytes
     };
     TimingReport::from_json(&bytes).map_err(bad)
-}
-
-/// Whether `path` starts as a trace does.
-pub fn is_trace(path: &Path) -> bool {
-    let mut magic = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut magic))
-        .is_ok_and(|()| &magic == provm_trace::format::MAGIC)
 }

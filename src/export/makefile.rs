@@ -12,14 +12,18 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 use std::path::{Component, Path, PathBuf};
 
-use provm_trace::manifest::Manifest;
+use provm_engine::replay::ReplayOptions;
+use provm_trace::reader::Trace;
 
-use crate::provenance::{noise_kind, Activity, EntityKind, Provenance, Relation};
+use super::ExportError;
+use crate::provenance::{self, noise_kind, Activity, EntityKind, Provenance, Relation};
 
-/// The Makefile of the run `manifest` describes, whose provenance is
-/// `graph`.
-pub fn makefile(manifest: &Manifest, graph: &Provenance) -> String {
-    render(graph, &manifest.cwd, &manifest.argv)
+/// The Makefile of the run `run` names, from its provenance (embedded, or
+/// derived by replaying it).
+pub fn makefile(run: &ReplayOptions) -> Result<String, ExportError> {
+    let trace = Trace::open(&run.trace)?;
+    let graph = provenance::of_trace(&trace, run, false)?;
+    Ok(render(&graph, &trace.manifest.cwd, &trace.manifest.argv))
 }
 
 /// One rule: a file, what its writer read, and the writer.

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use crate::output::OutputError;
 
 pub use makefile::makefile;
-pub use oci::{oci, TAG as OCI_TAG};
+pub use oci::{oci_archive, TAG as OCI_TAG};
 pub use sqlite::sqlite;
 pub use timeline::timeline;
 
@@ -36,4 +36,10 @@ pub enum ExportError {
     Oci(String),
     #[error("cannot replay the run for the export: {0}")]
     Replay(String),
+    #[error(transparent)]
+    Provenance(#[from] crate::provenance::ProvenanceError),
+    #[error(transparent)]
+    Image(#[from] provm_engine::replay::ReplayError),
+    #[error(transparent)]
+    Chain(#[from] provm_engine::disk::chain::ChainError),
 }

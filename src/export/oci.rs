@@ -15,6 +15,7 @@
 //! owners are zero, so the same run always gives the same image.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 use std::str::FromStr;
 
 use ext4_view::{Ext4, Ext4Read};
@@ -29,9 +30,13 @@ use provm_vmm::disk::image::BaseImage;
 use provm_vmm::disk::Disk;
 use sha2::{Digest, Sha256};
 
+use provm_engine::disk::{chain, root};
+use provm_engine::replay::{self, ReplayOptions};
+use provm_trace::reader::Trace;
+
 use super::ExportError;
+use crate::output::AtomicFile;
 use crate::provenance::{self, Provenance};
-use provm_engine::disk::root;
 
 /// The tag the archive's one image carries (`oci-archive:image.tar:run`).
 pub const TAG: &str = "run";
@@ -45,13 +50,22 @@ enum Entry {
     Symlink { target: String },
 }
 
+/// Writes the OCI archive of the run `run` names to `output` (replacing it
+/// only with `force`); returns its size. The trace is read and verified
+/// once (and replayed if its provenance must be derived).
+pub fn oci_archive(run: &ReplayOptions, output: &Path, force: bool) -> Result<usize, ExportError> {
+    let trace = Trace::open(&run.trace)?;
+    let graph = provenance::of_trace(&trace, run, false)?;
+    let (base, _extracted) = replay::open_image(run, &trace)?;
+    chain::check(&base, &trace.manifest.image)?;
+    let archive = oci(&trace.manifest, &graph, base)?;
+    AtomicFile::write(output, force, &archive)?;
+    Ok(archive.len())
+}
+
 /// The OCI archive of the run `manifest` describes, whose provenance is
 /// `graph`, with files read from `image`.
-pub fn oci(
-    manifest: &Manifest,
-    graph: &Provenance,
-    image: BaseImage,
-) -> Result<Vec<u8>, ExportError> {
+fn oci(manifest: &Manifest, graph: &Provenance, image: BaseImage) -> Result<Vec<u8>, ExportError> {
     let fs = open_root(image, &manifest.root_device)?;
     let mut layer = Layer {
         fs: &fs,

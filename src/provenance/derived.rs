@@ -15,22 +15,36 @@ pub fn load_or_derive(
     replay: &ReplayOptions,
     from_replay: bool,
 ) -> Result<Provenance, ProvenanceError> {
-    match super::load(&replay.trace) {
-        Ok(_) if from_replay => from_replay_of(replay),
-        Err(ProvenanceError::NotInTrace { path }) => {
-            eprintln!(
-                "provm: {} was recorded without --prov; deriving its provenance from its system calls by replaying it",
-                path.display()
-            );
-            from_replay_of(replay)
+    if !provm_trace::format::starts_as_trace(&replay.trace) {
+        return super::load(&replay.trace);
+    }
+    let trace = Trace::open(&replay.trace).map_err(|e| ProvenanceError::Trace(e.to_string()))?;
+    of_trace(&trace, replay, from_replay)
+}
+
+/// The provenance of `trace` (opened from `replay.trace`): embedded, else
+/// (or with `from_replay`) derived from a replay of it.
+pub fn of_trace(
+    trace: &Trace,
+    replay: &ReplayOptions,
+    from_replay: bool,
+) -> Result<Provenance, ProvenanceError> {
+    match &trace.provenance {
+        Some(embedded) if !from_replay => Provenance::from_bytes(embedded, &replay.trace),
+        embedded => {
+            if embedded.is_none() {
+                eprintln!(
+                    "provm: {} was recorded without --prov; deriving its provenance from its system calls by replaying it",
+                    replay.trace.display()
+                );
+            }
+            from_replay_of(trace, replay)
         }
-        loaded => loaded,
     }
 }
 
 /// The provenance of the trace `options` names, from a replay of it.
-fn from_replay_of(options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
-    let trace = Trace::open(&options.trace).map_err(|e| ProvenanceError::Trace(e.to_string()))?;
+fn from_replay_of(trace: &Trace, options: &ReplayOptions) -> Result<Provenance, ProvenanceError> {
     let (report, derived) = replay::replay_with(options, DerivedProvenance::default())
         .map_err(|e| ProvenanceError::Trace(e.to_string()))?;
     report.analysable().map_err(ProvenanceError::Diverged)?;

@@ -18,6 +18,15 @@ use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
 pub const MAGIC: &[u8; 8] = b"PROVMTRC";
+
+/// Whether the file at `path` starts as a trace does (a quick look, not a
+/// verification: `TraceReader::open` verifies).
+pub fn starts_as_trace(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    File::open(path)
+        .and_then(|mut file| file.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == MAGIC)
+}
 /// The format this provm writes. Version 3: every exit event carries the
 /// guest's place (RIP and register digest); the manifest records the
 /// guest's whole CPUID table (`cpu.cpuid`) instead of seven feature words,

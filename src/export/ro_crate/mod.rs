@@ -18,13 +18,29 @@ pub use metadata::License;
 
 use super::ExportError;
 use crate::output::AtomicFile;
-use crate::provenance::Provenance;
+use crate::provenance::{self, Provenance};
 use metadata::{CrateFile, Run};
 use provm_engine::digest::file_sha256;
 use provm_engine::host_paths;
+use provm_engine::replay::ReplayOptions;
 
 const METADATA: &str = "ro-crate-metadata.json";
 const README: &str = "README.md";
+
+/// Writes the RO-Crate of the run `run` names into `dir` (new or empty,
+/// unless `force`), under `license`; the trace is read and verified once
+/// (and replayed if its provenance must be derived).
+pub fn ro_crate(
+    run: &ReplayOptions,
+    dir: &Path,
+    force: bool,
+    license: &License,
+) -> Result<PathBuf, ExportError> {
+    let dir = CrateDir::claim(dir, force)?;
+    let trace = Trace::open(&run.trace)?;
+    let graph = provenance::of_trace(&trace, run, false)?;
+    dir.write(&run.trace, &trace, &graph, license)
+}
 
 /// The directory a crate is written into: empty or new, unless forced.
 pub struct CrateDir(PathBuf);
