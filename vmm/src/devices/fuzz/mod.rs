@@ -1,27 +1,35 @@
-//! Property tests of every device against a hostile guest: whatever it
-//! writes to the registers, at any offset and width, and whatever it puts
-//! in a virtqueue (loops, overlaps, huge lengths, addresses past the end of
-//! RAM), the VMM neither panics nor allocates without bound, a malformed
-//! block request gets an error status, and every state the guest reaches
-//! saves and restores to an equal one.
+//! Property tests of every device against a hostile guest and a hostile
+//! snapshot: whatever the guest writes to the registers, at any offset and
+//! width, and whatever it puts in a virtqueue (loops, overlaps, huge
+//! lengths, addresses past the end of RAM), the VMM neither panics nor
+//! allocates without bound (`crate::allocation_bound` fails a case that
+//! holds more than `CASE_ALLOCATION_LIMIT`), a malformed block request gets
+//! an error status, and every state the guest reaches saves and restores to
+//! an equal one. `hostile_state` feeds restore what no guest reaches.
+//!
+//! Cases per property, in the normal test run (`cargo test -p provm-vmm
+//! fuzz`): `REGISTER_CASES` for each device's register sequences,
+//! `CHAIN_CASES` for the virtqueue properties, and those `hostile_state`
+//! and `crate::vm::fuzz` state.
 
-use std::fmt::Debug;
-use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+pub(crate) mod harness;
+pub(crate) mod hostile_state;
+mod paravirt;
+
+pub(crate) use harness::{Fixture, Fuzzed, Op};
 
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::cmos::Cmos;
-use super::i8042::{self, I8042};
-use super::persist::Persist;
-use super::pic::{self, Pic, PicIrqLine};
+use super::i8042::I8042;
+use super::paravirt::Doorbell;
+use super::pic::Pic;
 use super::pit::Pit;
-use super::serial::{ConsoleTail, SerialPort};
+use super::serial::SerialPort;
 use super::virtio::block::{
-    VirtioBlock, CHUNK, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
-    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VirtioBlock, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use super::virtio::console::{VirtioConsole, MAX_PENDING_OUTPUT, MAX_TRANSMIT_CHAIN};
 use super::virtio::mmio::{regs, MmioTransport};
@@ -29,285 +37,86 @@ use super::virtio::testing::{
     initialize_rings, transport, write_reg, Rings, DESC_F_NEXT, DESC_F_WRITE,
 };
 use super::virtio::VirtioDevice;
-use super::IrqLine;
-use crate::bus::{Bus, BusDevice};
-use crate::clock::Clock;
-use crate::disk::Disk;
+use crate::allocation_bound::within_allocation_bound;
+use harness::{assert_round_trip, block, fuzz_memory, guest_bytes, CheckedDisk, PAYLOAD, RAM};
 
 /// Cases per property; the hardening report counts them.
 const REGISTER_CASES: u32 = 2000;
 const CHAIN_CASES: u32 = 2000;
 
-/// One guest register access, or (`Event`) something the host does
-/// between two: a line change, time passing, an interrupt acknowledged.
-#[derive(Clone, Debug)]
-enum Op {
-    Read {
-        offset: u64,
-        width: usize,
-    },
-    Write {
-        offset: u64,
-        width: usize,
-        value: u64,
-    },
-    Event(u32),
+/// The guest's accesses to a fresh device (over guest memory holding
+/// `memory`, so that the notifies of a driver-like sequence find rings
+/// there) leave it in a state that restores; all within the allocation
+/// bound.
+fn registers_of<D: Fuzzed>(ops: &[Op], memory: &[u8]) {
+    let fixture = Fixture::new(memory);
+    within_allocation_bound(|| {
+        let mut device = D::fresh(&fixture);
+        device.guest(&fixture, ops);
+        assert_round_trip(&device, &mut D::fresh(&fixture));
+    });
 }
 
-/// Up to 64 operations at offsets below `range`, of every width.
-fn ops(range: u64) -> impl Strategy<Value = Vec<Op>> {
-    let width = prop::sample::select(vec![1usize, 2, 4, 8]);
-    let op = prop_oneof![
-        (0..range, width.clone()).prop_map(|(offset, width)| Op::Read { offset, width }),
-        (0..range, width, any::<u64>()).prop_map(|(offset, width, value)| Op::Write {
-            offset,
-            width,
-            value
-        }),
-        any::<u32>().prop_map(Op::Event),
-    ];
-    prop::collection::vec(op, 0..64)
-}
-
-/// Performs each access on `device`, and hands each event to `event`.
-fn run<D: BusDevice>(ops: &[Op], device: &mut D, mut event: impl FnMut(&mut D, u32)) {
-    for op in ops {
-        match *op {
-            Op::Read { offset, width } => device.read(offset, &mut [0; 8][..width]),
-            Op::Write {
-                offset,
-                width,
-                value,
-            } => device.write(offset, &value.to_le_bytes()[..width]),
-            Op::Event(value) => event(device, value),
-        }
-    }
-}
-
-/// Ports of a bus, numbered from 0 for `ops`.
-struct Ports<'a> {
-    bus: &'a Bus,
-    ports: &'a [u64],
-}
-
-impl BusDevice for Ports<'_> {
-    fn read(&mut self, offset: u64, data: &mut [u8]) {
-        self.bus.read(self.ports[offset as usize], data);
-    }
-
-    fn write(&mut self, offset: u64, data: &[u8]) {
-        self.bus.write(self.ports[offset as usize], data);
-    }
-}
-
-/// What the guest left `device` in must restore into `fresh`, to an equal
-/// state: validation refuses only states no guest reaches.
-fn assert_round_trip<P: Persist>(device: &P, fresh: &mut P)
-where
-    P::State: PartialEq + Debug,
-{
-    let saved = device.save();
-    if let Err(error) = fresh.restore(&saved) {
-        panic!("a state the guest reached was refused: {error}");
-    }
-    assert_eq!(fresh.save(), saved);
-}
-
-/// Time set by the test, for both clocks.
-#[derive(Default)]
-struct StepClock(AtomicU64);
-
-impl StepClock {
-    fn advance(&self, ns: u32) -> u64 {
-        self.0.fetch_add(u64::from(ns), Ordering::SeqCst) + u64::from(ns)
-    }
-}
-
-impl Clock for StepClock {
-    fn monotonic_ns(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-
-    fn wall_ns(&self) -> u64 {
-        self.monotonic_ns()
-    }
-}
-
-struct NoIrq;
-
-impl IrqLine for NoIrq {
-    fn set_level(&self, _high: bool) {}
-}
-
-/// A disk that fails the test if the device hands it a buffer larger than
-/// the device's chunk (a guest-sized allocation) or an access past its end.
-struct CheckedDisk(Vec<u8>);
-
-impl CheckedDisk {
-    /// Larger than the device's chunk, so that requests can be too.
-    const SECTORS: u64 = 256;
-
-    fn new() -> Self {
-        Self(vec![0x5a; Self::SECTORS as usize * 512])
-    }
-
-    fn range(&self, offset: u64, len: usize) -> std::ops::Range<usize> {
-        assert!(len <= CHUNK, "device buffer of {len} bytes");
-        let start = usize::try_from(offset).unwrap();
-        assert!(start + len <= self.0.len(), "access past the disk's end");
-        start..start + len
-    }
-}
-
-impl Disk for CheckedDisk {
-    fn size(&self) -> u64 {
-        self.0.len() as u64
-    }
-
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let range = self.range(offset, buf.len());
-        buf.copy_from_slice(&self.0[range]);
-        Ok(())
-    }
-
-    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        let range = self.range(offset, buf.len());
-        self.0[range].copy_from_slice(buf);
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn block() -> VirtioBlock {
-    VirtioBlock::new(Box::new(CheckedDisk::new()), false)
+/// Strategies of one device's accesses, and of guest memory.
+fn accesses<D: Fuzzed>() -> impl Strategy<Value = (Vec<Op>, Vec<u8>)> {
+    (D::ops(), guest_bytes())
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(REGISTER_CASES))]
 
     #[test]
-    fn pic_survives_any_register_sequence(ops in ops(6)) {
-        let pic = Arc::new(Mutex::new(Pic::new()));
-        let mut bus = Bus::default();
-        for (base, len, device) in pic::pio_devices(&pic) {
-            bus.insert(base, len, device).unwrap();
-        }
-        let lines: Vec<PicIrqLine> = (0..16)
-            .filter(|&irq| irq != 2)
-            .map(|irq| PicIrqLine::new(pic.clone(), irq))
-            .collect();
-        let ports = [0x20, 0x21, 0xa0, 0xa1, 0x4d0, 0x4d1];
-        let mut ports = Ports { bus: &bus, ports: &ports };
-        run(
-            &ops,
-            &mut ports,
-            |_, event| {
-                // Line, level, and whether the vCPU then takes an interrupt.
-                lines[event as usize % lines.len()].set_level(event & 0x100 != 0);
-                if event & 0x200 != 0 {
-                    pic.lock().unwrap().acknowledge();
-                }
-            },
-        );
-        assert_round_trip(&*pic.lock().unwrap(), &mut Pic::new());
+    fn pic_survives_any_register_sequence((ops, memory) in accesses::<Pic>()) {
+        registers_of::<Pic>(&ops, &memory);
     }
 
     #[test]
-    fn pit_survives_any_register_sequence(ops in ops(4)) {
-        let clock = Arc::new(StepClock::default());
-        let mut pit = Pit::new(clock.clone());
-        // Time passes, and the vCPU loop polls for ticks as it does at exits.
-        run(&ops, &mut pit, |pit, ns| {
-            pit.poll(clock.advance(ns));
-            pit.next_deadline_ns();
-        });
-        assert_round_trip(&pit, &mut Pit::new(clock));
+    fn pit_survives_any_register_sequence((ops, memory) in accesses::<Pit>()) {
+        registers_of::<Pit>(&ops, &memory);
     }
 
     #[test]
-    fn cmos_survives_any_register_sequence(ops in ops(2)) {
-        let clock = Arc::new(StepClock::default());
-        let mut cmos = Cmos::new(clock.clone());
-        run(&ops, &mut cmos, |_, ns| {
-            clock.advance(ns);
-        });
-        assert_round_trip(&cmos, &mut Cmos::new(clock));
+    fn cmos_survives_any_register_sequence((ops, memory) in accesses::<Cmos>()) {
+        registers_of::<Cmos>(&ops, &memory);
     }
 
     #[test]
-    fn serial_survives_any_register_sequence(ops in ops(8)) {
-        let serial = || SerialPort::new(Arc::new(NoIrq), ConsoleTail::default(), false);
-        let mut port = serial();
-        run(&ops, &mut port, |_, _| {});
-        assert_round_trip(&port, &mut serial());
+    fn serial_survives_any_register_sequence((ops, memory) in accesses::<SerialPort>()) {
+        registers_of::<SerialPort>(&ops, &memory);
     }
 
     #[test]
-    fn i8042_survives_any_register_sequence(ops in ops(2)) {
-        let i8042 = Arc::new(Mutex::new(I8042::new()));
-        let mut bus = Bus::default();
-        for (base, len, device) in i8042::pio_devices(&i8042) {
-            bus.insert(base, len, device).unwrap();
-        }
-        let mut ports = Ports { bus: &bus, ports: &[0x60, 0x64] };
-        run(&ops, &mut ports, |_, _| {
-            i8042.lock().unwrap().take_reset_request();
-        });
-        assert_round_trip(&*i8042.lock().unwrap(), &mut I8042::new());
+    fn i8042_survives_any_register_sequence((ops, memory) in accesses::<I8042>()) {
+        registers_of::<I8042>(&ops, &memory);
+    }
+
+    #[test]
+    fn doorbell_survives_any_register_sequence((ops, memory) in accesses::<Doorbell>()) {
+        registers_of::<Doorbell>(&ops, &memory);
     }
 
     #[test]
     fn virtio_block_transport_survives_any_register_sequence(
-        ops in ops(0x200),
-        memory in guest_bytes(),
+        (ops, memory) in accesses::<MmioTransport<VirtioBlock>>(),
     ) {
-        registers_of(block, &ops, &memory);
+        registers_of::<MmioTransport<VirtioBlock>>(&ops, &memory);
     }
 
     #[test]
     fn virtio_console_transport_survives_any_register_sequence(
-        ops in ops(0x200),
-        memory in guest_bytes(),
+        (ops, memory) in accesses::<MmioTransport<VirtioConsole>>(),
     ) {
-        registers_of(VirtioConsole::new, &ops, &memory);
+        registers_of::<MmioTransport<VirtioConsole>>(&ops, &memory);
     }
 }
 
-/// Register accesses to a transport over guest memory holding `memory`,
-/// so that the notifies a driver-like sequence reaches find rings there.
-fn registers_of<D: VirtioDevice>(device: impl Fn() -> D, ops: &[Op], memory: &[u8])
-where
-    D::State: PartialEq + Debug,
-{
-    let mem = fuzz_memory(memory);
-    let (mut t, _) = transport(device(), &mem);
-    run(ops, &mut t, |_, _| {});
-    let (mut fresh, _) = transport(device(), &mem);
-    assert_round_trip(&t, &mut fresh);
-}
-
-/// Guest RAM for the chain properties: rings at fixed places, random bytes
-/// from PAYLOAD on, where most descriptors point.
-const RAM: u64 = 0x2_0000;
+/// The chain properties' rings, at fixed places below `PAYLOAD`; most
+/// descriptors point at the random bytes from there on.
 const DESC_TABLE: u64 = 0x0;
 const AVAIL: u64 = 0x1000;
 const USED: u64 = 0x2000;
-const PAYLOAD: u64 = 0x3000;
 /// Fits the console's queues (8) and the block device's (256).
 const RING: u16 = 8;
-
-fn guest_bytes() -> impl Strategy<Value = Vec<u8>> {
-    prop::collection::vec(any::<u8>(), 0..4096)
-}
-
-fn fuzz_memory(payload: &[u8]) -> GuestMemoryMmap {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
-    mem.write_slice(payload, GuestAddress(PAYLOAD)).unwrap();
-    mem
-}
 
 /// A descriptor as the driver writes it (virtio 1.1 §2.6.5).
 #[derive(Clone, Debug)]
@@ -430,12 +239,15 @@ proptest! {
     fn virtio_block_survives_any_descriptor_chains(chains in chains()) {
         // CheckedDisk fails the case on a guest-sized buffer or an access
         // past the disk's end.
-        let (mem, mut t) = chains.live(block());
-        write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
-        write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
-        for (head, _) in used_entries(&mem) {
-            prop_assert!(head < u32::from(RING), "returned head {head}");
-        }
+        within_allocation_bound(|| {
+            let (mem, mut t) = chains.live(block());
+            write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
+            write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
+            for (head, _) in used_entries(&mem) {
+                prop_assert!(head < u32::from(RING), "returned head {head}");
+            }
+            Ok(())
+        })?;
     }
 
     #[test]
@@ -443,20 +255,23 @@ proptest! {
         chains in chains(),
         host_bytes in guest_bytes(),
     ) {
-        let (mem, mut t) = chains.live(VirtioConsole::new());
-        t.send_to_guest(&host_bytes);
-        write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
-        write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
-        let output = t.take_from_guest().len();
-        let returned = usize::from(used_count(&mem));
-        prop_assert!(output <= MAX_PENDING_OUTPUT, "{output} bytes held");
-        prop_assert!(
-            output <= returned * MAX_TRANSMIT_CHAIN,
-            "{output} bytes from {returned} chains"
-        );
-        for (head, _) in used_entries(&mem) {
-            prop_assert!(head < u32::from(RING), "returned head {head}");
-        }
+        within_allocation_bound(|| {
+            let (mem, mut t) = chains.live(VirtioConsole::new());
+            t.send_to_guest(&host_bytes);
+            write_reg(&mut t, regs::QUEUE_NOTIFY, 1);
+            write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
+            let output = t.take_from_guest().len();
+            let returned = usize::from(used_count(&mem));
+            prop_assert!(output <= MAX_PENDING_OUTPUT, "{output} bytes held");
+            prop_assert!(
+                output <= returned * MAX_TRANSMIT_CHAIN,
+                "{output} bytes from {returned} chains"
+            );
+            for (head, _) in used_entries(&mem) {
+                prop_assert!(head < u32::from(RING), "returned head {head}");
+            }
+            Ok(())
+        })?;
     }
 }
 
@@ -577,7 +392,7 @@ proptest! {
     #[test]
     fn virtio_block_answers_each_request_with_its_status(request in request()) {
         let (mem, mut t) = request.chains().live(block());
-        write_reg(&mut t, regs::QUEUE_NOTIFY, 0);
+        within_allocation_bound(|| write_reg(&mut t, regs::QUEUE_NOTIFY, 0));
         let status: u8 = mem.read_obj(GuestAddress(STATUS)).unwrap();
         let (expected_status, expected_len) = request.expected();
         prop_assert_eq!(used_entries(&mem), vec![(0, expected_len)]);
