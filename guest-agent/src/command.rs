@@ -139,6 +139,8 @@ fn forward(
             revents: 0,
         });
         // No EINTR to retry: the agent has no signal handlers.
+        // SAFETY: `fds` is a live, exclusively borrowed array of
+        // `fds.len()` pollfd entries, which poll(2) reads and writes in place.
         if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -160,6 +162,8 @@ fn forward(
 /// Reaps the orphans that ended since the last job (PID 1 inherits every
 /// orphan in the guest), so that no zombie of theirs shows to the command.
 fn reap_orphans() {
+    // SAFETY: waitpid(2) with a null status pointer writes no status;
+    // it touches no memory of ours.
     while unsafe { libc::waitpid(-1, ptr::null_mut(), libc::WNOHANG) } > 0 {}
 }
 
@@ -168,6 +172,8 @@ fn reap_orphans() {
 fn reap(pid: u32) -> io::Result<Outcome> {
     loop {
         let mut status = 0;
+        // SAFETY: `status` is a local c_int that waitpid(2) may write; it
+        // outlives the call.
         let reaped = unsafe { libc::waitpid(-1, &mut status, 0) };
         if reaped < 0 {
             return Err(io::Error::last_os_error());

@@ -12,6 +12,8 @@
 //! initramfs, PID 1 has file descriptors 0-2 closed, and std's start-up code
 //! then aborts, failing to open /dev/null in a /dev that is not mounted yet.
 #![cfg_attr(not(test), no_main)]
+// Every unsafe block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod command;
 mod cpu;
@@ -38,6 +40,7 @@ const READ_SIZE: usize = 64 * 1024;
 #[cfg_attr(not(test), no_mangle)]
 extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     // Its power-off would be the machine's: only run as a guest's init.
+    // SAFETY: getpid(2) takes no arguments and cannot fail.
     if unsafe { libc::getpid() } != 1 {
         log("refusing to run: not PID 1 of a provm guest");
         return 1;
@@ -227,6 +230,9 @@ fn avoid_avx() -> bool {
 /// agent's own files would take their numbers and receive its stderr.
 fn open_standard_fds() {
     for fd in 0..3 {
+        // SAFETY: fcntl(2) F_GETFD only asks about descriptor `fd`; open(2)
+        // gets NUL-terminated string literals, which are 'static. The descriptors
+        // opened are meant to stay open for the process's life: nothing owns them.
         unsafe {
             if libc::fcntl(fd, libc::F_GETFD) < 0
                 && libc::open(c"/dev/console".as_ptr(), libc::O_RDWR | libc::O_NOCTTY) < 0
@@ -246,11 +252,18 @@ fn open_channel() -> io::Result<File> {
         .custom_flags(libc::O_NOCTTY)
         .open(CHANNEL)?;
     let fd = channel.as_raw_fd();
+    // SAFETY: termios is plain data (integers and a byte array), for
+    // which all-zero is a valid value; tcgetattr fills it next.
     let mut termios = unsafe { mem::zeroed() };
+    // SAFETY: `fd` is the open channel, alive for the call, and
+    // `termios` a local termios it may write.
     if unsafe { libc::tcgetattr(fd, &mut termios) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: cfmakeraw(3) only edits the local termios it is given.
     unsafe { libc::cfmakeraw(&mut termios) };
+    // SAFETY: `fd` is the open channel and `termios` a valid termios
+    // (read from it, made raw); tcsetattr(3) only reads it.
     if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &termios) } != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -275,6 +288,9 @@ fn set_wall_clock(ns: u64) -> Result<(), String> {
 /// Ends every other process, syncs, unmounts the image's root and powers
 /// the guest off.
 fn power_off(root: Option<&Root>) -> ! {
+    // SAFETY: kill(2), waitpid(2) with a null status pointer and
+    // sync(2) take no pointers to our memory; killing every other process
+    // is the point (PID 1 is never signalled by kill(-1)).
     unsafe {
         // Processes the commands left behind would keep the root busy.
         libc::kill(-1, libc::SIGKILL);
@@ -285,12 +301,16 @@ fn power_off(root: Option<&Root>) -> ! {
         if let Err(error) = root.unmount() {
             log(&format!("cannot unmount the root: {error}"));
         }
+        // SAFETY: sync(2) takes no arguments.
         unsafe { libc::sync() };
     }
+    // SAFETY: reboot(2) takes no pointers; powering off is the
+    // intent, after the sync above (it returns only on failure).
     unsafe { libc::reboot(libc::RB_POWER_OFF) };
     log(&format!("cannot power off: {}", io::Error::last_os_error()));
     // Returning would end PID 1 and panic the kernel.
     loop {
+        // SAFETY: pause(2) takes no arguments; it only blocks.
         unsafe { libc::pause() };
     }
 }

@@ -7,6 +7,9 @@
 //! and little-endian integers, so the agent needs no serialisation library
 //! (it is copied into guest memory at every boot, so every kilobyte counts).
 
+// Every unsafe block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod paths;
 pub mod records;
 

@@ -117,6 +117,8 @@ impl Root {
     /// other process left: then nothing holds the file system, and the lazy
     /// unmount shuts it down (cleanly, journal and all) before returning.
     pub fn unmount(&self) -> io::Result<()> {
+        // SAFETY: `self.initramfs` is an open descriptor this `Root` owns;
+        // fchdir(2) only reads its number.
         if unsafe { libc::fchdir(self.initramfs.as_raw_fd()) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -138,6 +140,9 @@ fn mount(source: &[u8], target: &str, fstype: &str, options: &str) -> io::Result
     } else {
         options.as_ptr().cast()
     };
+    // SAFETY: every pointer is a NUL-terminated CString (or null for no
+    // options) that lives until the end of this function, past the call;
+    // mount(2) only reads them.
     let result = unsafe {
         libc::mount(
             source.as_ptr(),
@@ -157,6 +162,8 @@ fn mount(source: &[u8], target: &str, fstype: &str, options: &str) -> io::Result
 /// Lazily unmounts `target` and everything mounted below it.
 fn detach(target: &str) -> io::Result<()> {
     let target = CString::new(target)?;
+    // SAFETY: `target` is a NUL-terminated CString alive for the call,
+    // which only reads it.
     if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } == 0 {
         Ok(())
     } else {

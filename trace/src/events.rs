@@ -583,6 +583,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
         // The decoder meets arbitrary bytes (a corrupt chunk whose checksum
         // was forged): it must return events or an error, never panic.
         #[test]

@@ -4,12 +4,11 @@
 //! is put back together with fresh checksums, as a buggy or malicious writer
 //! would. Reading it must give a clear error or valid data: never a panic,
 //! an integer overflow (the tests run with overflow checks) or an
-//! allocation beyond `ALLOCATION_LIMIT` (this binary's allocator refuses
-//! one, which aborts it). `CASES` cases run per property.
+//! allocation beyond `common::ALLOCATION_LIMIT` (the test binaries'
+//! allocator refuses one, which aborts them). `CASES` cases run per
+//! property.
 
 mod common;
-
-use std::alloc::{GlobalAlloc, Layout, System};
 
 use proptest::prelude::*;
 use provm_trace::event_log::{chunk_frame, encode_chunk};
@@ -19,37 +18,6 @@ use provm_trace::manifest::Manifest;
 use common::{read_everything, sample_chunks, sample_sections, sha, write_trace, Sections};
 
 const CASES: u32 = 2000;
-/// More than any one thing the sample holds or a reader may buffer (an
-/// event chunk decompresses to at most 64 MiB).
-const ALLOCATION_LIMIT: usize = 128 << 20;
-
-struct Bounded;
-
-// SAFETY: forwards to the system allocator, refusing only sizes above the
-// limit (a null pointer, which Rust reports and aborts on).
-unsafe impl GlobalAlloc for Bounded {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > ALLOCATION_LIMIT {
-            return std::ptr::null_mut();
-        }
-        System.alloc(layout)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > ALLOCATION_LIMIT {
-            return std::ptr::null_mut();
-        }
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Bounded = Bounded;
-
 /// Byte edits: overwrite, insert or remove one byte at a position.
 fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
     prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..6)

@@ -1,8 +1,8 @@
 //! Property tests of the trace reader against damaged traces: a small but
 //! complete trace (every section kind, several event chunks) is damaged at
-//! random, and reading it must fail with an error, never panic and never
-//! pass (1000 cases per property). `below_checksums.rs` damages what the
-//! checksums cover.
+//! random, and reading it must fail with an error, never panic, never
+//! allocate beyond `common::ALLOCATION_LIMIT` and never pass (`CASES` per
+//! property). `below_checksums.rs` damages what the checksums cover.
 
 mod common;
 
@@ -10,6 +10,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use provm_trace::format::SectionKind;
+use provm_trace::reader::Unreadable;
 
 use common::{read_everything, sample_sections, write_trace, EVENTS_PER_CHUNK, EVENT_CHUNKS};
 
@@ -18,10 +19,14 @@ fn sample_trace(dir: &Path) -> Vec<u8> {
     write_trace(&dir.join("sample.provm"), &sample_sections())
 }
 
-/// Opens the trace, decodes its snapshot and reads its whole event log.
+const CASES: u32 = 1000;
+
+/// Opens the trace, decodes its snapshot and reads its whole event log;
+/// first peeks at it as `provm inspect` does a trace it cannot read.
 fn read(dir: &Path, bytes: &[u8]) -> Result<u64, String> {
     let path = dir.join("damaged.provm");
     std::fs::write(&path, bytes).unwrap();
+    let _ = Unreadable::peek(&path);
     read_everything(&path)
 }
 
@@ -58,7 +63,7 @@ fn a_trace_cut_after_its_outcome_is_noticed() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1000))]
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
 
     /// Any one flipped byte is caught: by the header checks, or by the
     /// checksum over the section holding it.

@@ -48,6 +48,9 @@ use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
 
+#[cfg(test)]
+mod fuzz;
+
 /// The SYSCALL instruction's entry point (IA32_LSTAR).
 const MSR_LSTAR: u32 = 0xc000_0082;
 

@@ -37,25 +37,34 @@ fn check(result: libc::c_long) -> io::Result<libc::c_long> {
 /// Called in the child between fork and exec: its parent (the tracer
 /// thread) traces it from the exec on.
 pub fn trace_me() -> io::Result<()> {
+    // SAFETY: PTRACE_TRACEME takes no pointers and changes only who
+    // traces this process.
     check(unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) }).map(drop)
 }
 
 pub fn set_options(pid: Pid) -> io::Result<()> {
+    // SAFETY: PTRACE_SETOPTIONS takes its options by value, no
+    // pointer; the kernel checks that `pid` is our stopped tracee.
     check(unsafe { libc::ptrace(libc::PTRACE_SETOPTIONS, pid, 0, OPTIONS) }).map(drop)
 }
 
 /// Resumes a stopped tracee, delivering `signal` (0 for none).
 pub fn resume(pid: Pid, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: PTRACE_CONT takes the signal by value, no pointer.
     check(unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, signal) }).map(drop)
 }
 
 /// Resumes a tracee stopped at a system call's entry until the call returns.
 pub fn resume_to_syscall_exit(pid: Pid) -> io::Result<()> {
+    // SAFETY: PTRACE_SYSCALL takes no pointers.
     check(unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) }).map(drop)
 }
 
 pub fn registers(pid: Pid) -> io::Result<libc::user_regs_struct> {
+    // SAFETY: user_regs_struct is plain integers: all-zero is valid.
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    // SAFETY: PTRACE_GETREGS writes one user_regs_struct, which
+    // `regs` is, and it outlives the call.
     check(unsafe { libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs) })?;
     Ok(regs)
 }
@@ -63,6 +72,8 @@ pub fn registers(pid: Pid) -> io::Result<libc::user_regs_struct> {
 /// The value a ptrace event stop carries (the new process of a fork).
 pub fn event_message(pid: Pid) -> io::Result<u64> {
     let mut message: libc::c_ulong = 0;
+    // SAFETY: PTRACE_GETEVENTMSG writes one unsigned long, which
+    // `message` is, and it outlives the call.
     check(unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, pid, 0, &mut message) })?;
     Ok(message)
 }
@@ -70,7 +81,11 @@ pub fn event_message(pid: Pid) -> io::Result<u64> {
 /// Whether a stop with a stop signal is a group stop (job control) rather
 /// than the signal's delivery: only delivery stops have signal information.
 pub fn is_group_stop(pid: Pid) -> bool {
+    // SAFETY: siginfo_t is plain data (integers and a union of them):
+    // all-zero is valid.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: PTRACE_GETSIGINFO writes one siginfo_t, which `info`
+    // is, and it outlives the call.
     unsafe { libc::ptrace(libc::PTRACE_GETSIGINFO, pid, 0, &mut info) < 0 }
 }
 
@@ -85,6 +100,10 @@ pub fn read_memory(pid: Pid, address: u64, buffer: &mut [u8]) -> io::Result<usiz
         iov_base: address as *mut libc::c_void,
         iov_len: buffer.len(),
     };
+    // SAFETY: `local` describes `buffer`, exclusively borrowed and
+    // alive for the call, of exactly its length; `remote` names memory of the
+    // tracee, which the kernel checks (a bad address is an error, not ours to
+    // fault on).
     let read = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     check(read as libc::c_long).map(|read| read as usize)
 }
@@ -119,6 +138,8 @@ pub fn read_u64(pid: Pid, address: u64) -> io::Result<u64> {
 /// wait status; `None` when there is no child left.
 pub fn wait_any() -> io::Result<Option<(Pid, libc::c_int)>> {
     let mut status = 0;
+    // SAFETY: `status` is a local c_int that waitpid(2) may write;
+    // it outlives the call.
     let pid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
     if pid < 0 {
         let error = io::Error::last_os_error();
@@ -202,7 +223,10 @@ fn shared_writable_mappings(maps: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
 
 /// The guest's wall clock, in nanoseconds since the epoch.
 pub fn now_ns() -> u64 {
+    // SAFETY: timespec is two integers: all-zero is valid.
     let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `now` is a local timespec that clock_gettime(2)
+    // writes; it outlives the call.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }

@@ -79,6 +79,10 @@ pub fn install(program: &[libc::sock_filter]) -> io::Result<()> {
     };
     // The agent runs as root (CAP_SYS_ADMIN), so no_new_privs is not needed
     // and set-user-ID programs in the image keep working.
+    // SAFETY: `fprog` points at `program`, whose `len` instructions
+    // it describes; both live past the call, and the kernel copies the filter
+    // in. Installing a filter affects only this process (the child about to
+    // exec), which is the intent.
     let result = unsafe {
         libc::syscall(
             libc::SYS_seccomp,

@@ -122,6 +122,7 @@ mod tests {
     fn calls_are_decoded_from_registers() {
         let name = c"in.txt";
         let pid = std::process::id() as Pid;
+        // SAFETY: user_regs_struct is plain integers: all-zero is valid.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         regs.orig_rax = libc::SYS_openat as u64;
         regs.rdi = libc::AT_FDCWD as u64;

@@ -53,6 +53,9 @@ impl Tracer {
             self.handle(pid, status)?;
         }
         for &task in self.tasks.keys() {
+            // SAFETY: kill(2) takes no pointers; every `task` is a tracee of
+            // this thread, not yet reaped (it is still in `tasks`), so the pid is not
+            // some other process's.
             unsafe { libc::kill(task, libc::SIGKILL) };
         }
         while !self.tasks.is_empty() {

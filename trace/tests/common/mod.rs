@@ -3,6 +3,7 @@
 //! back together with fresh checksums, and reading all of it.
 #![allow(dead_code)]
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 
 use provm_trace::event_log::encode_chunk;
@@ -21,6 +22,39 @@ pub const MEMORY_MIB: u64 = 1;
 pub const EVENT_CHUNKS: u32 = 3;
 pub const EVENTS_PER_CHUNK: u32 = 20;
 pub const KERNEL_PROFILE: &[u8] = b"{\"task_struct_pid\": 696}";
+
+/// The property tests' allocation bound: every test binary that includes
+/// this module refuses (aborts on) a single allocation above the limit.
+/// More than any one thing the sample holds or a reader may buffer (an
+/// event chunk decompresses to at most 64 MiB).
+pub const ALLOCATION_LIMIT: usize = 128 << 20;
+
+struct Bounded;
+
+// SAFETY: forwards to the system allocator, refusing only sizes above the
+// limit (a null pointer, which Rust reports and aborts on).
+unsafe impl GlobalAlloc for Bounded {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_LIMIT {
+            return std::ptr::null_mut();
+        }
+        System.alloc(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > ALLOCATION_LIMIT {
+            return std::ptr::null_mut();
+        }
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Bounded = Bounded;
 
 pub type Sections = Vec<(SectionKind, Vec<u8>)>;
 

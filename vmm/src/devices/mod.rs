@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 pub mod cmos;
 #[cfg(test)]
-mod fuzz;
+pub(crate) mod fuzz;
 pub mod i8042;
 pub mod paravirt;
 pub mod persist;
