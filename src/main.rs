@@ -196,9 +196,10 @@ struct RecordArgs {
     #[arg(long)]
     embed_image: bool,
     /// After this many seconds without a VM exit while a timer interrupt
-    /// waits (0: never): stop a guest kernel spinning with interrupts on
-    /// (it can only get the tick at an exit), and warn, once, about guest
-    /// user code computing (it goes on: a long computation is normal).
+    /// waits (0: never): stop a guest kernel that spent them going round
+    /// the same register states, spinning with interrupts on (it can only
+    /// get the tick at an exit; a kernel still working goes on), and warn,
+    /// once, about guest user code computing (a long computation is normal).
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     exitless_limit: u64,
     /// Leave the exit timing (`provm blame`) out of the trace.

@@ -410,6 +410,7 @@ fn populate_busybox_root(root: &Path) {
         "timed_loop",
         "alarm_progress",
         "disk_write",
+        "free_large",
     ] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")
