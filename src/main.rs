@@ -472,7 +472,9 @@ fn failure_status(error: &(dyn std::error::Error + 'static)) -> u8 {
     ) || matches!(
         error.downcast_ref::<GdbError>(),
         Some(GdbError::Debug(debug)) if !matches!(debug, DebugError::Replay(_))
-    );
+    ) || error
+        .downcast_ref::<provm::fork::ForkError>()
+        .is_some_and(provm::fork::ForkError::is_tool_failure);
     if tool {
         TOOL_FAILED
     } else {
@@ -840,6 +842,13 @@ mod tests {
         let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoExactWindow));
         assert_eq!(failure_status(&refused), PROVM_FAILED);
         assert_eq!(failure_status(&ReplayError::Vm(vm_error())), PROVM_FAILED);
+        let fork_log = provm::fork::ForkError::Log {
+            path: "fork.provm".into(),
+            error: "No space left on device".into(),
+        };
+        assert_eq!(failure_status(&fork_log), TOOL_FAILED);
+        let diverged = provm::fork::ForkError::Diverged("at event 7".into());
+        assert_eq!(failure_status(&diverged), PROVM_FAILED);
     }
 
     /// Clap checks its own rules (unique argument ids, conflicts naming

@@ -31,6 +31,8 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
 pub const PROVM_FAILED: i32 = 125;
 /// `provm replay`'s status for a trace cut short that matched up to there.
 pub const REPLAY_CUT_SHORT: i32 = 3;
+/// A tool working on a replay (an analysis, the debugger, a fork) failed.
+pub const TOOL_FAILED: i32 = 4;
 
 /// The workloads every record/replay test and benchmark runs: (name, shell
 /// script). Each touches one source of nondeterminism.
