@@ -215,6 +215,12 @@ pub fn debian_build_image() -> &'static Path {
     IMAGE.get_or_init(|| scripts_debian_image(&["--with", "build-essential"]))
 }
 
+/// The same image with Debian's numpy (1.24), cached in a file of its own.
+pub fn debian_numpy_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| scripts_debian_image(&["--with", "python3-numpy"]))
+}
+
 /// Runs scripts/debian-image with `args`; returns the path it prints.
 fn scripts_debian_image(args: &[&str]) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/debian-image");
