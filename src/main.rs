@@ -203,9 +203,10 @@ struct RecordArgs {
     #[arg(long)]
     embed_image: bool,
     /// After this many seconds without a VM exit while a timer interrupt
-    /// waits (0: never): stop a guest kernel spinning with interrupts on
-    /// (it can only get the tick at an exit), and warn, once, about guest
-    /// user code computing (it goes on: a long computation is normal).
+    /// waits (0: never): stop a guest kernel that spent them going round
+    /// the same register states, spinning with interrupts on (it can only
+    /// get the tick at an exit; a kernel still working goes on), and warn,
+    /// once, about guest user code computing (a long computation is normal).
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     exitless_limit: u64,
     /// Leave the exit timing (`provm blame`) out of the trace.
@@ -548,7 +549,9 @@ fn failure_status(error: &(dyn std::error::Error + 'static)) -> u8 {
     ) || matches!(
         error.downcast_ref::<GdbError>(),
         Some(GdbError::Debug(debug)) if !matches!(debug, DebugError::Replay(_))
-    );
+    ) || error
+        .downcast_ref::<provm::fork::ForkError>()
+        .is_some_and(provm::fork::ForkError::is_tool_failure);
     if tool {
         TOOL_FAILED
     } else {
@@ -937,6 +940,13 @@ mod tests {
         let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoExactWindow));
         assert_eq!(failure_status(&refused), PROVM_FAILED);
         assert_eq!(failure_status(&ReplayError::Vm(vm_error())), PROVM_FAILED);
+        let fork_log = provm::fork::ForkError::Log {
+            path: "fork.provm".into(),
+            error: "No space left on device".into(),
+        };
+        assert_eq!(failure_status(&fork_log), TOOL_FAILED);
+        let diverged = provm::fork::ForkError::Diverged("at event 7".into());
+        assert_eq!(failure_status(&diverged), PROVM_FAILED);
     }
 
     /// Clap checks its own rules (unique argument ids, conflicts naming

@@ -260,3 +260,26 @@ fn bad_fork_requests_are_refused_with_the_fix() {
     );
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "mine");
 }
+
+/// A fork that cannot write its trace is a tool failing (status 4), said
+/// with the reason: not a divergence, and not a trace provm cannot replay.
+/// The file size limit makes every write past 1 MiB fail (EFBIG; the shell
+/// ignores SIGXFSZ, and provm with it).
+#[test]
+fn a_fork_that_cannot_write_its_trace_is_a_tool_failure() {
+    let _guest = one_guest_at_a_time();
+    let output = images().dir.join("unwritable.provm");
+    let shell = "trap '' XFSZ; exec \"$@\"";
+    let ran = std::process::Command::new("prlimit")
+        .args(["--fsize=1048576", "sh", "-c", shell, "sh"])
+        .arg(env!("CARGO_BIN_EXE_provm"))
+        .args(["replay", path(&recording().trace), "--fork-at", "0"])
+        .args(["--inject", "none", "--force", "-o", path(&output)])
+        .output()
+        .expect("prlimit (util-linux) is needed");
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert_eq!(ran.status.code(), Some(common::TOOL_FAILED), "{stderr}");
+    assert!(stderr.contains("cannot write the fork's trace"), "{stderr}");
+    assert!(!stderr.contains("diverged"), "{stderr}");
+    assert!(!output.exists());
+}

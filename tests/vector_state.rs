@@ -96,3 +96,24 @@ fn make_j2_with_gcc_builds_what_make_j1_builds() {
         run.stderr
     );
 }
+
+/// The switches that keep libraries off AVX are ones each library takes
+/// silently: Debian's numpy 1.24 imports without a warning (it printed a
+/// RuntimeWarning for every name it did not dispatch), with its AVX code
+/// off where the guest kernel cannot save AVX state (PVM) and hidden by
+/// CPUID elsewhere.
+#[test]
+fn numpy_imports_without_a_warning_and_without_avx() {
+    let image = common::debian_numpy_image();
+    let _guest = one_guest_at_a_time();
+    let script = "from numpy.core._multiarray_umath import __cpu_features__ as f\n\
+                  print([name for name in ('AVX', 'AVX2', 'AVX512F') if f[name]])";
+    let run = provm(&["run", path(image), "--", "python3", "-c", script]);
+    assert_eq!(
+        (run.status, run.stdout.as_str()),
+        (0, "[]\n"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("Warning"), "{}", run.stderr);
+}

@@ -61,9 +61,10 @@ struct Agent {
     null: File,
     /// The image's root, once a job has mounted it.
     root: Option<Root>,
-    /// Whether commands get [`cpu::LIBRARY_SWITCHES`]: user space may use
-    /// vector state the guest kernel does not save.
-    avoid_avx: bool,
+    /// The environment entries every command gets (`cpu::library_switches`)
+    /// when user space may use vector state the guest kernel does not save;
+    /// none otherwise.
+    library_switches: Vec<String>,
 }
 
 impl Agent {
@@ -89,7 +90,7 @@ impl Agent {
             channel,
             null,
             root: None,
-            avoid_avx: avoid_avx(),
+            library_switches: library_switches(),
         };
         agent.send(&GuestMessage::Ready);
         agent
@@ -132,9 +133,9 @@ impl Agent {
     /// could not be run.
     fn run(&mut self, job: &Job) {
         let mut guarded;
-        let job = if self.avoid_avx {
+        let job = if !self.library_switches.is_empty() {
             guarded = job.clone();
-            cpu::add_library_switches(&mut guarded.env);
+            cpu::add_library_switches(&mut guarded.env, &self.library_switches);
             &guarded
         } else {
             job
@@ -189,11 +190,11 @@ impl Agent {
     }
 }
 
-/// Whether commands must keep away from AVX state, which the CPU lets user
-/// space use but this guest kernel does not save across context switches;
-/// says so on the console once, with what protects the commands and what
-/// does not. Needs /proc mounted.
-fn avoid_avx() -> bool {
+/// What keeps commands away from AVX state, when the CPU lets user space
+/// use it but this guest kernel does not save it across context switches
+/// (nothing otherwise); says so on the console once, with what protects the
+/// commands and what does not. Needs /proc mounted.
+fn library_switches() -> Vec<String> {
     let read = |path: &str| {
         std::fs::read_to_string(path).unwrap_or_else(|error| {
             log(&format!("cannot read {path}: {error}"));
@@ -201,8 +202,9 @@ fn avoid_avx() -> bool {
         })
     };
     let Some(xcr0) = cpu::unmanaged_vector_state(&read("/proc/cpuinfo")) else {
-        return false;
+        return Vec::new();
     };
+    let switches = cpu::library_switches(&cpu::CpuFeatures::of_this_cpu(xcr0));
     // Kernel patch 0008's argument, which the VMM passes for this hazard.
     // Only the command line says it was asked for: a kernel without the
     // patch (`--kernel`) ignores it.
@@ -220,9 +222,9 @@ fn avoid_avx() -> bool {
     log(&format!(
         "the CPU lets user space use AVX state (XCR0 {xcr0:#x}) that this guest kernel \
          does not save across context switches: {scheduling}; commands get {}",
-        cpu::LIBRARY_SWITCHES.join(" ")
+        switches.join(" ")
     ));
-    true
+    switches
 }
 
 /// Makes sure file descriptors 0-2 are open. The kernel opens them on

@@ -19,14 +19,19 @@ pub struct AgentOutputs {
 }
 
 impl AgentOutputs {
-    /// Takes in bytes the agent sent.
+    /// Takes in bytes the agent sent. After a bad frame nothing more can
+    /// be read: the stream is failed, once.
     pub fn push(&mut self, bytes: &[u8]) {
         self.frames.push(bytes);
         loop {
             let message = match self.frames.next_frame() {
                 Ok(Some((kind, payload))) => GuestMessage::decode(kind, &payload),
                 Ok(None) => return,
-                Err(error) => Err(error),
+                Err(error) => {
+                    self.failed
+                        .get_or_insert_with(|| format!("a malformed frame: {error}"));
+                    return;
+                }
             };
             match message {
                 Ok(GuestMessage::Stdout(bytes)) => self.stdout.extend(bytes),
@@ -87,5 +92,26 @@ impl LogSummary {
             }
         }
         Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bad frame fails the outputs and returns (it used to read the same
+    /// error for ever); what came before it is kept.
+    #[test]
+    fn a_bad_frame_fails_the_agents_outputs() {
+        let mut outputs = AgentOutputs::default();
+        outputs.push(&GuestMessage::Stdout(b"before".to_vec()).encode());
+        // A header whose length is past any frame's.
+        let mut bad = GuestMessage::Stdout(Vec::new()).encode();
+        bad[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        outputs.push(&bad);
+        outputs.push(&GuestMessage::Stdout(b"after".to_vec()).encode());
+        assert_eq!(outputs.stdout, b"before");
+        let failed = outputs.failed.expect("failed");
+        assert!(failed.contains("malformed frame"), "{failed}");
     }
 }

@@ -69,8 +69,18 @@ pub enum ForkError {
     Diverged(String),
     #[error("the replay reached the end of the trace before the fork point: it makes fewer disk reads than that disk-read:N asks for")]
     NeverForked,
+    #[error("cannot write the fork's trace {path}: {error}")]
+    Log { path: PathBuf, error: String },
     #[error(transparent)]
     Vm(#[from] VmError),
+}
+
+impl ForkError {
+    /// Whether the fork itself failed (it could not write its trace), as
+    /// opposed to the trace, the request or the replay: a tool failure.
+    pub fn is_tool_failure(&self) -> bool {
+        matches!(self, ForkError::Write { .. } | ForkError::Log { .. })
+    }
 }
 
 /// A finished fork.
@@ -169,7 +179,8 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
     let started = Instant::now();
     let deadline = started + options.replay.timeout;
     let mut outputs = AgentOutputs::default();
-    let end = drive(&mut vm, &seam, &job, &mut outputs, deadline);
+    let end = drive(&mut vm, &seam, &job, &mut outputs, deadline)
+        .map_err(|error| fork_failure(error, seam.log_error(), &options.output));
     let console_tail = vm.console_tail(25);
     drop(vm);
     let end = end?;
@@ -338,6 +349,19 @@ fn drive(
     }
 }
 
+/// How a fork that failed with `error` is reported, given the error its
+/// log met (`log_error`), if any: that error stops the VM, and the replay
+/// then looks diverged; the fork failing is what happened.
+fn fork_failure(error: ForkError, log_error: Option<String>, output: &Path) -> ForkError {
+    match (error, log_error) {
+        (ForkError::Diverged(_), Some(error)) => ForkError::Log {
+            path: output.to_owned(),
+            error,
+        },
+        (error, _) => error,
+    }
+}
+
 /// Why the live part ended early, in words.
 fn live_failure(ended: Result<VmEvent, VmError>, outputs: &AgentOutputs) -> String {
     match ended {
@@ -393,4 +417,24 @@ fn recorded_image(recording: &Path) -> Result<Vec<u8>, FormatError> {
         }
     }
     Ok(Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replay "diverged" where the fork's log failed: a tool failure.
+    #[test]
+    fn a_log_that_failed_is_the_fork_failing_not_a_divergence() {
+        let output = Path::new("fork.provm");
+        let diverged = || ForkError::Diverged("the replay stopped".into());
+        let failed = fork_failure(diverged(), Some("File too large".into()), output);
+        assert!(failed.is_tool_failure());
+        assert!(failed.to_string().contains("File too large"), "{failed}");
+        assert!(matches!(
+            fork_failure(diverged(), None, output),
+            ForkError::Diverged(_)
+        ));
+        assert!(!fork_failure(ForkError::NoJob, None, output).is_tool_failure());
+    }
 }

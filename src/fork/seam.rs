@@ -141,6 +141,12 @@ impl ForkSeam {
         self.fork_event.get().copied()
     }
 
+    /// Why the replayed part's log could not be written, if it could not:
+    /// the VM stops then, which is the fork failing, not the replay.
+    pub fn log_error(&self) -> Option<String> {
+        self.replayed.lock().unwrap().error.clone()
+    }
+
     /// The disk access that failed, if a disk error was injected.
     pub fn failed_disk_access(&self) -> Option<u64> {
         self.disk.lock().unwrap().failed
@@ -291,7 +297,7 @@ impl Seam for ForkSeam {
     }
 
     fn stop_reason(&self) -> Option<String> {
-        if let Some(error) = self.replayed.lock().unwrap().error.clone() {
+        if let Some(error) = self.log_error() {
             return Some(format!("cannot write the fork's trace: {error}"));
         }
         match self.recorder() {

@@ -31,6 +31,8 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
 pub const PROVM_FAILED: i32 = 125;
 /// `provm replay`'s status for a trace cut short that matched up to there.
 pub const REPLAY_CUT_SHORT: i32 = 3;
+/// A tool working on a replay (an analysis, the debugger, a fork) failed.
+pub const TOOL_FAILED: i32 = 4;
 
 /// The workloads every record/replay test and benchmark runs: (name, shell
 /// script). Each touches one source of nondeterminism.
@@ -211,6 +213,12 @@ pub fn debian_image() -> &'static Path {
 pub fn debian_build_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| scripts_debian_image(&["--with", "build-essential"]))
+}
+
+/// The same image with Debian's numpy (1.24), cached in a file of its own.
+pub fn debian_numpy_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| scripts_debian_image(&["--with", "python3-numpy"]))
 }
 
 /// Runs scripts/debian-image with `args`; returns the path it prints.
@@ -410,6 +418,7 @@ fn populate_busybox_root(root: &Path) {
         "timed_loop",
         "alarm_progress",
         "disk_write",
+        "free_large",
     ] {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
         run(Command::new("gcc")

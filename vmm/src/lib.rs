@@ -26,6 +26,7 @@ pub mod msr;
 pub mod paging;
 pub mod port_exit;
 pub mod seam;
+mod spin_watch;
 pub mod vcpu;
 pub mod vector_state;
 pub mod vm;

@@ -85,6 +85,13 @@ pub struct VcpuState {
     mp_state: kvm_mp_state,
 }
 
+/// Whether the system registers KVM_GET_SREGS `read` are user mode's
+/// (CPL 3); a failed read is an error, never a mode.
+fn user_mode(read: Result<kvm_sregs, kvm_ioctls::Error>) -> Result<bool, VcpuError> {
+    let sregs = read.map_err(getting("system registers"))?;
+    Ok(sregs.cs.dpl == 3)
+}
+
 fn getting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
     move |source| VcpuError::State {
         action: "read",
@@ -369,8 +376,7 @@ impl Vcpu {
     /// as kernel mode it would have a computing process taken for a
     /// spinning kernel, and the guest stopped.
     pub fn in_user_mode(&self) -> Result<bool, VcpuError> {
-        let sregs = self.fd.get_sregs().map_err(getting("system registers"))?;
-        Ok(sregs.cs.dpl == 3)
+        user_mode(self.fd.get_sregs())
     }
 
     /// Whether the guest had interrupts enabled at the last exit.
@@ -671,6 +677,20 @@ mod tests {
             entries_read_back(&as_6_1_returns),
             [CpuidEntry::from(&leaf0)]
         );
+    }
+
+    /// A failed KVM_GET_SREGS is an error, not kernel mode (which would
+    /// have a computing process taken for a spinning kernel).
+    #[test]
+    fn a_failed_read_of_the_mode_is_an_error_not_kernel_mode() {
+        let failed = user_mode(Err(kvm_ioctls::Error::new(libc::EIO)))
+            .unwrap_err()
+            .to_string();
+        assert!(failed.contains("system registers"), "{failed}");
+        let mut sregs = kvm_sregs::default();
+        assert!(!user_mode(Ok(sregs)).unwrap());
+        sregs.cs.dpl = 3;
+        assert!(user_mode(Ok(sregs)).unwrap());
     }
 
     /// A timer that cannot be armed is an error, not a run without kicks.

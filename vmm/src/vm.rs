@@ -45,6 +45,7 @@ use crate::msr;
 use crate::paging::{self, Unmapped};
 use crate::port_exit::{self, OutExitRip};
 use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
+use crate::spin_watch::SpinWatch;
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
 
@@ -231,8 +232,13 @@ pub enum VmError {
     Stuck,
     #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
     Timeout { rip: u64 },
-    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
-    Exitless { seconds: u64, rip: u64 },
+    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
+    Exitless {
+        seconds: u64,
+        repeating: u64,
+        states: usize,
+        rip: u64,
+    },
     #[error("stopped: {0}")]
     Stopped(String),
 
@@ -332,6 +338,8 @@ pub struct Vm {
     last_exit: Instant,
     /// Whether the current stretch without exits was reported already.
     exitless_warned: bool,
+    /// Where the guest was at the kicks of the current stretch.
+    spin_watch: SpinWatch,
     /// What the guest stops at (`set_guest_debug`).
     guest_debug: GuestDebug,
     /// Exit timing, when asked for (`time_exits`).
@@ -521,6 +529,7 @@ impl Vm {
             at_exit: true,
             last_exit: Instant::now(),
             exitless_warned: false,
+            spin_watch: SpinWatch::new(Instant::now()),
             guest_debug: GuestDebug::default(),
             exit_clock: None,
             step_over_due: false,
@@ -704,6 +713,7 @@ impl Vm {
         };
         self.last_exit = Instant::now();
         self.exitless_warned = false;
+        self.spin_watch.exited(self.last_exit);
         match exit {
             VcpuExit::IoIn(..) => self.port_read()?,
             VcpuExit::IoOut(..) => self.port_write()?,
@@ -845,8 +855,9 @@ impl Vm {
         Ok(())
     }
 
-    /// Stops a non-preemptive run whose guest has gone too long without an
-    /// exit while a tick is due: nothing else would ever interrupt it.
+    /// Stops a non-preemptive run whose guest kernel spins while a tick is
+    /// due: nothing else would ever interrupt it. A kernel that goes long
+    /// without an exit but works is left to work (see `spin_watch`).
     ///
     /// Guest user code computing without system calls makes no exits
     /// either, and that is a normal workload: it only gets a warning, once
@@ -856,32 +867,42 @@ impl Vm {
         let Some(limit) = self.exitless_limit else {
             return Ok(());
         };
-        let spinning = self.last_exit.elapsed();
+        if self.seam.delivery().preemptive() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
+        self.spin_watch.sampled(vcpu::register_digest(&regs), now);
+        let exitless = now.saturating_duration_since(self.last_exit);
         // Reading the clock here would be an input at a point no replay can
         // find again; a tick is scheduled, and after `limit` it is due.
         let tick_scheduled = self.pit.lock().unwrap().next_deadline_ns().is_some();
-        if self.seam.delivery().preemptive()
-            || spinning < limit
-            || !tick_scheduled
-            || self.exitless_warned
-        {
+        if exitless < limit || !tick_scheduled {
             return Ok(());
         }
-        let rip = self.rip();
         if !self.vcpu.in_user_mode()? {
+            let repeating = self.spin_watch.repeating_for(now);
+            if repeating < limit {
+                return Ok(());
+            }
             return Err(VmError::Exitless {
-                seconds: spinning.as_secs(),
-                rip,
+                seconds: exitless.as_secs(),
+                repeating: repeating.as_secs(),
+                states: self.spin_watch.states(),
+                rip: regs.rip,
             });
         }
-        tracing::warn!(
-            "guest user code has computed for {} s without a VM exit (RIP {rip:#x}); while recording, \
-             other guest processes and timers wait until it makes a system call. \
-             If it is waiting for one of them, it will wait for ever: stop it with Ctrl-C, \
-             or use `provm run`, which preempts it",
-            spinning.as_secs()
-        );
-        self.exitless_warned = true;
+        if !self.exitless_warned {
+            tracing::warn!(
+                "guest user code has computed for {} s without a VM exit (RIP {:#x}); while recording, \
+                 other guest processes and timers wait until it makes a system call. \
+                 If it is waiting for one of them, it will wait for ever: stop it with Ctrl-C, \
+                 or use `provm run`, which preempts it",
+                exitless.as_secs(),
+                regs.rip
+            );
+            self.exitless_warned = true;
+        }
         Ok(())
     }
 
