@@ -201,6 +201,7 @@ pub fn record(
         host_seconds: recording_start.elapsed().as_secs_f64(),
         longest_exitless_seconds: Some(recorder.longest_exitless().as_secs_f64()),
         console_tail,
+        state_check: recorder.final_check(),
         sections_after: Some(
             sections_after
                 .iter()

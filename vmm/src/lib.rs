@@ -24,6 +24,7 @@ pub mod msr;
 pub mod paging;
 pub mod port_exit;
 pub mod seam;
+pub mod state_digest;
 pub mod vcpu;
 pub mod vector_state;
 pub mod vm;
