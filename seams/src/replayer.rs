@@ -617,7 +617,7 @@ impl State {
         } else if let Some(differs) = self.final_check_difference() {
             (
                 "the recorded machine state at the guest's power-off".to_owned(),
-                format!("state check at event {}: {differs} differs", self.position),
+                format!("state check at event {}: {differs}", self.position),
             )
         } else {
             return;
@@ -631,7 +631,7 @@ impl State {
     fn final_check_difference(&mut self) -> Option<String> {
         let recorded = self.recorded.final_check.as_ref()?;
         let Some(replayed) = &self.final_check else {
-            return Some("the machine state (not taken at the replay's power-off)".into());
+            return Some("the machine state (not taken at the replay's power-off) differs".into());
         };
         let differs = recorded.first_difference(replayed);
         self.state_checks += u64::from(differs.is_none());

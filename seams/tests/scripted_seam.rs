@@ -648,7 +648,7 @@ fn the_final_state_check_names_what_differs() {
         ..end
     };
     let events = first_event_of(&script(), script().len());
-    for (replayed, differs) in [(state(4), None), (state(5), Some("device pit"))] {
+    for (replayed, differs) in [(state(4), None), (state(5), Some("device pit differs"))] {
         let replayer = replayer_of(&path, &checked);
         run(&replayer, &script());
         assert!(replayer.final_check_due());
@@ -657,7 +657,7 @@ fn the_final_state_check_names_what_differs() {
             (ReplayEnd::Matched { state_checks, .. }, None) => assert_eq!(state_checks, 2),
             (ReplayEnd::Diverged { divergence, .. }, Some(what)) => assert_eq!(
                 divergence.actual,
-                format!("state check at event {events}: {what} differs")
+                format!("state check at event {events}: {what}")
             ),
             (end, _) => panic!("{differs:?}: {end:?}"),
         }

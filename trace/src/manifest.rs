@@ -221,18 +221,19 @@ pub struct FinalStateCheck {
 
 impl FinalStateCheck {
     /// What differs in `replayed` from this recorded check, in words
-    /// ("memory", "registers", "device pit"), the first in that order.
+    /// ("memory differs", "registers differ", "device pit differs"), the
+    /// first in that order.
     pub fn first_difference(&self, replayed: &FinalStateCheck) -> Option<String> {
         if self.memory != replayed.memory {
-            return Some("memory".into());
+            return Some("memory differs".into());
         }
         if self.registers != replayed.registers {
-            return Some("registers".into());
+            return Some("registers differ".into());
         }
         let names = self.devices.keys().chain(replayed.devices.keys());
         names
             .into_iter()
             .find(|name| self.devices.get(*name) != replayed.devices.get(*name))
-            .map(|name| format!("device {name}"))
+            .map(|name| format!("device {name} differs"))
     }
 }
