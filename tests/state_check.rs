@@ -131,7 +131,7 @@ fn an_ordinary_workload_matches_with_state_checks() {
     assert!(replayed.contains(", 1 state check"), "{replayed}");
     assert!(
         inspected_checks(&trace)
-            .contains("and memory, registers and 8 devices at the guest's power-off"),
+            .contains("1 state check: memory, registers and 8 devices at the guest's power-off"),
         "{}",
         inspected_checks(&trace)
     );
