@@ -17,6 +17,7 @@ pub mod devices;
 pub mod disk;
 pub mod exit_timing;
 pub mod guest_debug;
+mod host_core;
 pub mod interrupt_window;
 pub mod machine_version;
 pub mod memory;

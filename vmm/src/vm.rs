@@ -39,6 +39,7 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
+use crate::host_core;
 use crate::interrupt_window;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
@@ -477,6 +478,7 @@ impl Vm {
         let out_exit_rip = port_exit::host_convention(&kvm)?;
         let step_method = breakpoint_step::host_method(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
+        host_core::keep_vcpu_on_one_core();
 
         let seam = config.seam;
         let clock = || seam.clone() as Arc<dyn crate::clock::Clock>;
