@@ -5,9 +5,11 @@ use provm_trace::manifest::FinalStateCheck;
 use provm_vmm::state_digest::StateDigest;
 
 /// A recorder checks guest memory once this many events have been logged
-/// since its last check. Digesting 128 MiB of RAM takes ~15 ms here; the
-/// guests measured log 10,000-40,000 events a second when busy, so a check
-/// costs under 3% of a recording or a replay (`benches/state_check.rs`).
+/// since its last check. A check digests all guest RAM (xxh3, bound by
+/// memory bandwidth; `benches/state_check.rs` measures it and what checks
+/// cost a recording and a replay); at this interval even a guest logging
+/// 100,000 events a second is checked only every two seconds. A count of
+/// events, not a timer: the replay finds each check at the same event.
 pub const MEMORY_CHECK_EVENTS: u64 = 200_000;
 
 /// Set to `off`, recordings take no state checks; set to a number, they
