@@ -74,8 +74,13 @@ fn main() {
                 if checked {
                     counts = checks(&trace);
                 }
+                eprintln!(
+                    "{name}: round {round}, checks {}: record {:.2} s, replay {:.2} s",
+                    if checked { "on" } else { "off" },
+                    times[slot][round].as_secs_f64(),
+                    times[slot + 2][round].as_secs_f64(),
+                );
             }
-            eprintln!("{name}: round {round} done");
         }
         let [record_off, record_on, replay_off, replay_on] = times.map(stats);
         let cost = |off: (f64, f64, f64), on: (f64, f64, f64)| {
