@@ -9,7 +9,8 @@
 # replay (benches/fork.rs), what time travel costs under gdb
 # (benches/gdb.rs), and hypervisor blame: the cost of exit timing, the
 # injected-delay validation sweep and a what-if replay against its
-# measurement (benches/blame.rs).
+# measurement (benches/blame.rs), and what state checks cost
+# (benches/state_check.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,3 +45,5 @@ echo
 cargo bench -q --bench gdb 2>/dev/null
 echo
 cargo bench -q --bench blame 2>/dev/null
+echo
+cargo bench -q --bench state_check 2>/dev/null

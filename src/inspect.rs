@@ -5,6 +5,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use provm_seams::state_check;
+use provm_trace::events::EventKind;
 use provm_trace::format::{FormatError, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::{Trace, Unreadable};
@@ -200,6 +202,9 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         for (kind, count) in &counts {
             writeln!(out, "  {:<20} {count}", kind.name())?;
         }
+        let periodic = counts.get(&EventKind::StateCheck).copied();
+        let checks = state_check::described(periodic.unwrap_or(0), o.state_check.as_ref());
+        writeln!(out, "state      {checks}")?;
         writeln!(out, "size       {total} bytes")?;
         for (kind, bytes) in &trace.stored_bytes {
             writeln!(out, "  {:<20} {bytes}", kind.name())?;

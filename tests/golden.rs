@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use provm_trace::events::{Decoder, Encoder, Event, Place};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::{
-    CpuModel, CpuidEntry, ForkOrigin, HostDescription, ImageFile, ImageIdentity, InterruptDelivery,
-    Manifest, Outcome,
+    CpuModel, CpuidEntry, FinalStateCheck, ForkOrigin, HostDescription, ImageFile, ImageIdentity,
+    InterruptDelivery, Manifest, Outcome,
 };
 use provm_trace::snapshot::{self, SNAPSHOT_VERSION};
 use provm_vmm::machine_version::{self, MACHINE_VERSIONS};
@@ -109,6 +109,9 @@ fn sample_events() -> Vec<Event> {
         Event::AgentInput(b"job".to_vec()),
         Event::AgentOutput(b"out".to_vec()),
         Event::disk_write(4096, b"sector"),
+        Event::StateCheck {
+            memory: 0xfedc_ba98_7654_3210,
+        },
     ]
 }
 
@@ -126,6 +129,17 @@ fn the_event_encoding_is_its_formats() {
         &written,
     );
     assert_eq!(Decoder::default().decode_all(&golden).unwrap(), events);
+}
+
+/// The event logs of format 5 still decode, as today's events without
+/// state checks, which that format did not have.
+#[test]
+fn the_event_logs_of_format_5_still_decode() {
+    let path = golden_dir().join("events.format-5.bin");
+    let bytes = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut events = sample_events();
+    events.retain(|event| !matches!(event, Event::StateCheck { .. }));
+    assert_eq!(Decoder::default().decode_all(&bytes).unwrap(), events);
 }
 
 fn cpuid(function: u32) -> CpuidEntry {
@@ -207,6 +221,13 @@ fn sample_outcome() -> Outcome {
         events_sha256: Some("b".repeat(64)),
         fork_event: Some(3),
         disk_error_access: Some(2),
+        state_check: Some(FinalStateCheck {
+            memory: "0123456789abcdef".into(),
+            registers: "fedcba9876543210".into(),
+            devices: [("pic", "0000000000000001"), ("pit", "0000000000000002")]
+                .map(|(name, digest)| (name.to_owned(), digest.to_owned()))
+                .into(),
+        }),
     }
 }
 

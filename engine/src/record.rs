@@ -185,6 +185,7 @@ pub fn record(
     };
     let outcome = Outcome {
         longest_exitless_seconds: Some(recorder.longest_exitless().as_secs_f64()),
+        state_check: recorder.final_check(),
         ..Outcome::of_log(
             ending,
             &totals,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
-use provm_seams::{delivery, ObservedError, RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{delivery, state_check, ObservedError, RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
 use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
@@ -105,6 +105,8 @@ pub enum ReplayReport {
         /// The unlogged inputs the recording host left open, described
         /// (`holes`): what the match could not check.
         unchecked: Vec<String>,
+        /// The state checks that matched (0: the trace has none).
+        state_checks: u64,
     },
     /// The recording was cut short (`why`); the replay matched it up to there.
     CutShort {
@@ -112,6 +114,7 @@ pub enum ReplayReport {
         guest_seconds: f64,
         why: String,
         unchecked: Vec<String>,
+        state_checks: u64,
     },
     Diverged {
         report: String,
@@ -126,13 +129,15 @@ impl ReplayReport {
                 events,
                 guest_seconds,
                 unchecked,
-            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes{}", unchecked_inputs(unchecked)),
+                state_checks,
+            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes, {}{}", state_checked(*state_checks), unchecked_inputs(unchecked)),
             ReplayReport::CutShort {
                 events,
                 guest_seconds,
                 why,
                 unchecked,
-            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds\n(the recording ended: {why}){}", unchecked_inputs(unchecked)),
+                state_checks,
+            } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds, {}\n(the recording ended: {why}){}", state_checked(*state_checks), unchecked_inputs(unchecked)),
             ReplayReport::Diverged { report } => report.clone(),
         }
     }
@@ -149,6 +154,14 @@ impl ReplayReport {
             }
             ReplayReport::Diverged { report } => Err(report.clone()),
         }
+    }
+}
+
+/// The verdict's words for its state checks (see `provm_seams::state_check`).
+fn state_checked(checks: u64) -> String {
+    match checks {
+        0 => "state not checked".into(),
+        n => state_check::counted(n),
     }
 }
 
@@ -326,16 +339,26 @@ impl Opened {
     pub fn report(&self, end: ReplayEnd) -> ReplayReport {
         let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         match end {
-            ReplayEnd::Matched { events, guest_ns } => ReplayReport::Matched {
+            ReplayEnd::Matched {
+                events,
+                guest_ns,
+                state_checks,
+            } => ReplayReport::Matched {
                 events,
                 guest_seconds: guest_seconds(guest_ns),
                 unchecked: self.unchecked(),
+                state_checks,
             },
-            ReplayEnd::CutShort { events, guest_ns } => ReplayReport::CutShort {
+            ReplayEnd::CutShort {
+                events,
+                guest_ns,
+                state_checks,
+            } => ReplayReport::CutShort {
                 events,
                 guest_seconds: guest_seconds(guest_ns),
                 why: self.trace.outcome.ended.clone(),
                 unchecked: self.unchecked(),
+                state_checks,
             },
             ReplayEnd::Diverged { divergence, rip } => ReplayReport::Diverged {
                 report: format!(

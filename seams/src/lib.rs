@@ -13,6 +13,7 @@ pub mod delivery;
 mod exit_event;
 mod recorder;
 mod replayer;
+pub mod state_check;
 
 pub use exit_event::exit_event;
 pub use recorder::Recorder;

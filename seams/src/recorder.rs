@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
+use provm_trace::manifest::FinalStateCheck;
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
+use provm_vmm::state_digest::StateDigest;
 
 use crate::clock::RecorderClock;
 use crate::exit_event;
+use crate::state_check;
 
 pub struct Recorder {
     clock: RecorderClock,
@@ -29,6 +32,11 @@ pub struct Recorder {
     /// When the guest last exited (host time), and the longest stretch
     /// between two exits so far (`longest_exitless`).
     exits: Mutex<(Instant, Duration)>,
+    /// Events between two memory checks, if it takes state checks
+    /// (`state_check`): a recorder with a trace does, unless switched off.
+    memory_check_events: Option<u64>,
+    /// The state check at the guest's power-off, once taken.
+    final_check: Mutex<Option<FinalStateCheck>>,
 }
 
 struct Log {
@@ -36,6 +44,8 @@ struct Log {
     writer: Option<EventLogWriter>,
     /// The first failure to write the trace; it stops the run.
     error: Option<String>,
+    /// The log's length at the last memory check.
+    checked_at: u64,
 }
 
 impl Log {
@@ -55,6 +65,7 @@ impl Recorder {
             EventLogWriter::new(trace, start_ns),
             RecorderClock::Host(HostClock::starting_at(start_ns)),
             interrupted,
+            true,
         )
     }
 
@@ -66,11 +77,13 @@ impl Recorder {
         interrupted: &'static AtomicBool,
     ) -> Self {
         let start_ns = clock.monotonic_ns();
+        let traced = trace.is_some();
         let writer = match trace {
             Some(trace) => EventLogWriter::new(trace, start_ns),
             None => EventLogWriter::digest_only(start_ns),
         };
-        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted)
+        // Without a trace there is no replay to check.
+        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted, traced)
     }
 
     /// A recorder of a fork's live part (see `provm::fork`): appending to
@@ -80,25 +93,35 @@ impl Recorder {
         clock: PinnedClock,
         interrupted: &'static AtomicBool,
     ) -> Self {
-        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted)
+        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted, true)
     }
 
     fn logging_to(
         writer: EventLogWriter,
         clock: RecorderClock,
         interrupted: &'static AtomicBool,
+        traced: bool,
     ) -> Self {
+        let checked_at = writer.events();
         Recorder {
             clock,
             log: Mutex::new(Log {
                 writer: Some(writer),
                 error: None,
+                checked_at,
             }),
             interrupted,
             logging_ns: AtomicU64::new(0),
             delivery: Delivery::Doorbell,
             exits: Mutex::new((Instant::now(), Duration::ZERO)),
+            memory_check_events: state_check::interval().filter(|_| traced),
+            final_check: Mutex::new(None),
         }
+    }
+
+    /// The state check taken when the guest powered off, if it was.
+    pub fn final_check(&self) -> Option<FinalStateCheck> {
+        self.final_check.lock().unwrap().clone()
     }
 
     /// The longest the guest ran between two exits (host time): a replay
@@ -196,6 +219,29 @@ impl Seam for Recorder {
             return Some("interrupted (Ctrl-C)".into());
         }
         self.log.lock().unwrap().error.clone()
+    }
+
+    fn memory_check_due(&self) -> bool {
+        let Some(interval) = self.memory_check_events else {
+            return false;
+        };
+        let log = self.log.lock().unwrap();
+        let events = log.writer.as_ref().map_or(0, EventLogWriter::events);
+        events >= log.checked_at + interval
+    }
+
+    fn memory_checked(&self, digest: u64) {
+        self.log(Event::StateCheck { memory: digest });
+        let mut log = self.log.lock().unwrap();
+        log.checked_at = log.writer.as_ref().map_or(0, EventLogWriter::events);
+    }
+
+    fn final_check_due(&self) -> bool {
+        self.memory_check_events.is_some()
+    }
+
+    fn final_state(&self, digest: &StateDigest) {
+        *self.final_check.lock().unwrap() = Some(state_check::recorded(digest));
     }
 
     fn logging_ns(&self) -> u64 {

@@ -9,13 +9,15 @@ use provm_guest_agent::{FrameReader, GuestMessage};
 use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
 use provm_trace::format::FormatError;
-use provm_trace::manifest::Outcome;
+use provm_trace::manifest::{FinalStateCheck, Outcome};
 use provm_vmm::clock::Clock;
 use provm_vmm::guest_debug::DebugStop;
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
+use provm_vmm::state_digest::StateDigest;
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 use crate::exit_event;
+use crate::state_check;
 
 /// How many events before a divergence its report shows.
 const CONTEXT: usize = 12;
@@ -38,6 +40,8 @@ pub struct RecordedEnd {
     /// The longest the replayed guest may run without a VM exit while the
     /// log says one comes next: it has diverged and spins.
     pub exitless_limit: Duration,
+    /// The state check at the recorded guest's power-off, if it took one.
+    pub final_check: Option<FinalStateCheck>,
 }
 
 impl RecordedEnd {
@@ -55,6 +59,7 @@ impl RecordedEnd {
             exit_status: outcome.exit_status,
             disk_writes_sha256: outcome.disk_writes_sha256.clone(),
             exitless_limit: (stretch * EXITLESS_FACTOR).max(MIN_EXITLESS),
+            final_check: outcome.state_check.clone(),
         }
     }
 }
@@ -115,12 +120,16 @@ pub enum ReplayEnd {
     Matched {
         events: u64,
         guest_ns: u64,
+        /// The state checks that matched, the final one included (0: a
+        /// trace without state checks).
+        state_checks: u64,
     },
     /// The recording was cut short, and the guest did everything its log
     /// says up to where it stops: the rest of the run is unchecked.
     CutShort {
         events: u64,
         guest_ns: u64,
+        state_checks: u64,
     },
     Diverged {
         divergence: Divergence,
@@ -194,6 +203,10 @@ struct State {
     /// Events consumed at the last place the replay could pause (see
     /// `Replayer::pause_place`).
     pause_place: u64,
+    /// The state checks that matched so far.
+    state_checks: u64,
+    /// The replayed machine's state at its power-off, once it powered off.
+    final_check: Option<FinalStateCheck>,
 }
 
 impl Replayer {
@@ -216,6 +229,8 @@ impl Replayer {
                 exit_status: None,
                 pause_at: None,
                 pause_place: 0,
+                state_checks: 0,
+                final_check: None,
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -347,6 +362,7 @@ impl Replayer {
             agent_frames: state.agent_frames.clone(),
             exit_status: state.exit_status,
             disk_accesses: self.disk_error.lock().unwrap().1,
+            state_checks: state.state_checks,
         }
     }
 
@@ -366,6 +382,8 @@ impl Replayer {
         state.disk_writes = to.disk_writes.clone();
         state.agent_frames = to.agent_frames.clone();
         state.exit_status = to.exit_status;
+        state.state_checks = to.state_checks;
+        state.final_check = None;
         state.divergence = None;
         state.error = None;
         state.pause_at = None;
@@ -439,11 +457,19 @@ impl Replayer {
                 state.check_outcome(powered_off);
             }
         }
-        let (events, guest_ns) = (state.position, state.clock_ns);
+        let (events, guest_ns, state_checks) = (state.position, state.clock_ns, state.state_checks);
         match state.divergence.clone() {
             Some(divergence) => ReplayEnd::Diverged { divergence, rip },
-            None if state.recorded.complete => ReplayEnd::Matched { events, guest_ns },
-            None => ReplayEnd::CutShort { events, guest_ns },
+            None if state.recorded.complete => ReplayEnd::Matched {
+                events,
+                guest_ns,
+                state_checks,
+            },
+            None => ReplayEnd::CutShort {
+                events,
+                guest_ns,
+                state_checks,
+            },
         }
     }
 
@@ -510,6 +536,7 @@ pub struct Checkpoint {
     exit_status: Option<i32>,
     /// Disk accesses made so far (see `Replayer::disk_error`).
     disk_accesses: u64,
+    state_checks: u64,
 }
 
 impl Checkpoint {
@@ -587,10 +614,28 @@ impl State {
                 digest(&self.recorded.disk_writes_sha256),
                 digest(&replayed_disk),
             )
+        } else if let Some(differs) = self.final_check_difference() {
+            (
+                "the recorded machine state at the guest's power-off".to_owned(),
+                format!("state check at event {}: {differs}", self.position),
+            )
         } else {
             return;
         };
         self.divergence = Some(self.divergence_at(Expected::Outcome(expected), actual));
+    }
+
+    /// What differs in the replayed machine's final state from the
+    /// recorded one, if the recording checked it; counts the check if
+    /// nothing does.
+    fn final_check_difference(&mut self) -> Option<String> {
+        let recorded = self.recorded.final_check.as_ref()?;
+        let Some(replayed) = &self.final_check else {
+            return Some("the machine state (not taken at the replay's power-off) differs".into());
+        };
+        let differs = recorded.first_difference(replayed);
+        self.state_checks += u64::from(differs.is_none());
+        differs
     }
 
     /// Notes the command's exit status when the agent's output reports it.
@@ -726,6 +771,34 @@ impl Seam for Replayer {
         let mut disk_error = self.disk_error.lock().unwrap();
         disk_error.1 += 1;
         disk_error.0 == Some(disk_error.1)
+    }
+
+    /// Where the log has a memory check next: the recorder took one at
+    /// this exit.
+    fn memory_check_due(&self) -> bool {
+        let mut state = self.state.lock().unwrap();
+        state.divergence.is_none()
+            && matches!(state.events.peek(), Ok(Some(Event::StateCheck { .. })))
+    }
+
+    fn memory_checked(&self, digest: u64) {
+        let event = self.position().events;
+        let actual = Event::StateCheck { memory: digest };
+        let matched = self.expect(
+            || format!("state check at event {event}: memory differs (digest {digest:016x})"),
+            |e| *e == actual,
+        );
+        if matched.is_some() {
+            self.state.lock().unwrap().state_checks += 1;
+        }
+    }
+
+    fn final_check_due(&self) -> bool {
+        self.state.lock().unwrap().recorded.final_check.is_some()
+    }
+
+    fn final_state(&self, digest: &StateDigest) {
+        self.state.lock().unwrap().final_check = Some(state_check::recorded(digest));
     }
 
     fn pause_here(&self) -> bool {

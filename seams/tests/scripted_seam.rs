@@ -9,12 +9,13 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use provm_guest_agent::{GuestMessage, Outcome};
-use provm_seams::{Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer};
+use provm_seams::{state_check, Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer};
 use provm_trace::event_log::{chunk_frame, encode_chunk, EventStream};
 use provm_trace::events::{self, Decoder, Encoder, Event};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
 use provm_vmm::clock::Clock;
 use provm_vmm::seam::{Exit, Place, Seam};
+use provm_vmm::state_digest::StateDigest;
 use provm_vmm::vm::{VmError, VmEvent};
 
 static NOT_INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -46,6 +47,8 @@ enum Call {
     AgentInput(&'static [u8]),
     AgentOutput(&'static [u8]),
     DiskWrite(u64, &'static [u8]),
+    /// A state check of guest memory, with its digest.
+    MemoryCheck(u64),
 }
 
 /// A guest's worth of seam calls: every kind of event.
@@ -80,6 +83,7 @@ fn script() -> Vec<Call> {
         Call::Exit(Exit::Halt, at(0xffff_ffff_8100_1000)),
         Call::ClockEchoed,
         Call::Wall,
+        Call::MemoryCheck(0x5eed_0000_1234_5678),
         Call::AgentOutput(finished(0)),
     ]
 }
@@ -122,6 +126,7 @@ fn run(seam: &dyn Seam, calls: &[Call]) -> Vec<u64> {
             Call::AgentInput(bytes) => seam.agent_input(bytes),
             Call::AgentOutput(bytes) => seam.agent_output(bytes),
             Call::DiskWrite(offset, data) => seam.disk_write(*offset, data),
+            Call::MemoryCheck(digest) => seam.memory_checked(*digest),
         }
     }
     readings
@@ -152,6 +157,7 @@ fn record(path: &Path, calls: &[Call]) -> (Vec<u64>, RecordedEnd) {
         exit_status: Some(0),
         disk_writes_sha256: totals.disk_writes_sha256,
         exitless_limit: Duration::from_secs(60),
+        final_check: None,
     };
     (readings, end)
 }
@@ -176,6 +182,7 @@ fn complete() -> RecordedEnd {
         exit_status: None,
         disk_writes_sha256: String::new(),
         exitless_limit: Duration::from_secs(60),
+        final_check: None,
     }
 }
 
@@ -204,9 +211,14 @@ fn a_recording_replays_without_divergence() {
         Some("the end of the log")
     );
     match replayer.finish(Ok(VmEvent::Halted), 0).unwrap() {
-        ReplayEnd::Matched { events, guest_ns } => {
+        ReplayEnd::Matched {
+            events,
+            guest_ns,
+            state_checks,
+        } => {
             assert_eq!(events, first_event_of(&script(), script().len()));
             assert_eq!(guest_ns, recorded[1]);
+            assert_eq!(state_checks, 1);
         }
         ReplayEnd::CutShort { .. } => panic!("a complete trace replayed as cut short"),
         ReplayEnd::Diverged { divergence, .. } => panic!("{divergence}"),
@@ -250,6 +262,7 @@ fn a_guest_that_does_one_thing_differently_diverges_there() {
         Call::AgentInput(_) => Call::AgentInput(b"run another job"),
         Call::AgentOutput(_) => Call::AgentOutput(stdout(b"hello from another guest")),
         Call::DiskWrite(offset, data) => Call::DiskWrite(offset + 512, data),
+        Call::MemoryCheck(digest) => Call::MemoryCheck(digest ^ 1),
     };
     for at in 0..calls.len() {
         let mut altered = calls.clone();
@@ -593,5 +606,60 @@ fn a_replay_rewound_to_a_checkpoint_goes_on_as_before_and_still_matches() {
         }
         ReplayEnd::CutShort { .. } => panic!("cut short"),
         ReplayEnd::Diverged { divergence, .. } => panic!("{divergence}"),
+    }
+}
+
+/// A replay whose guest memory differs at a state check diverges there,
+/// saying so, though every output matched.
+#[test]
+fn a_memory_check_that_differs_is_a_divergence_named_by_its_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.provm");
+    let calls = script();
+    record(&path, &calls);
+    let at = calls
+        .iter()
+        .position(|call| matches!(call, Call::MemoryCheck(_)))
+        .unwrap();
+    let mut altered = calls.clone();
+    altered[at] = Call::MemoryCheck(7);
+    let (_, divergence, _) = replay(&path, &altered);
+    let event = first_event_of(&calls, at);
+    assert_eq!(
+        divergence.unwrap().actual,
+        format!("state check at event {event}: memory differs (digest 0000000000000007)")
+    );
+}
+
+/// The machine's state at the power-off is compared with the recording's:
+/// a device that differs is named, and an equal state counts as a check.
+#[test]
+fn the_final_state_check_names_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.provm");
+    let (_, end) = record(&path, &script());
+    let state = |pit: u64| StateDigest {
+        memory: 1,
+        registers: 2,
+        devices: vec![("pic", 3), ("pit", pit)],
+    };
+    let checked = RecordedEnd {
+        final_check: Some(state_check::recorded(&state(4))),
+        ..end
+    };
+    let events = first_event_of(&script(), script().len());
+    for (replayed, differs) in [(state(4), None), (state(5), Some("device pit differs"))] {
+        let replayer = replayer_of(&path, &checked);
+        run(&replayer, &script());
+        assert!(replayer.final_check_due());
+        replayer.final_state(&replayed);
+        match (replayer.finish(Ok(VmEvent::Halted), 0).unwrap(), differs) {
+            (ReplayEnd::Matched { state_checks, .. }, None) => assert_eq!(state_checks, 2),
+            (ReplayEnd::Diverged { divergence, .. }, Some(what)) => assert_eq!(
+                divergence.actual,
+                format!("state check at event {events}: {what}")
+            ),
+            (end, _) => panic!("{differs:?}: {end:?}"),
+        }
     }
 }

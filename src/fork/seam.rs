@@ -309,6 +309,20 @@ impl Seam for ForkSeam {
         }
     }
 
+    fn memory_check_due(&self) -> bool {
+        match self.recorder() {
+            Some(recorder) => recorder.memory_check_due(),
+            None => self.replayer.memory_check_due(),
+        }
+    }
+
+    fn memory_checked(&self, digest: u64) {
+        self.cross(
+            |seam| seam.memory_checked(digest),
+            || Event::StateCheck { memory: digest },
+        );
+    }
+
     fn disk_access_fails(&self, write: bool) -> bool {
         let mut disk = self.disk.lock().unwrap();
         disk.all += 1;

@@ -79,6 +79,13 @@ pub enum Event {
         len: u32,
         digest: u64,
     },
+    /// A state check: the digest of all guest memory (xxh3-64), taken right
+    /// after a VM exit where the recorder chose to (see `provm_vmm::seam::
+    /// Seam::memory_check_due`); a replay takes its own at the same event
+    /// and compares.
+    StateCheck {
+        memory: u64,
+    },
 }
 
 impl Event {
@@ -127,6 +134,7 @@ impl Event {
             Event::AgentInput(_) => EventKind::AgentInput,
             Event::AgentOutput(_) => EventKind::AgentOutput,
             Event::DiskWrite { .. } => EventKind::DiskWrite,
+            Event::StateCheck { .. } => EventKind::StateCheck,
         }
     }
 }
@@ -163,6 +171,9 @@ impl fmt::Display for Event {
                 f,
                 "disk write {len} bytes at {offset} (digest {digest:016x})"
             ),
+            Event::StateCheck { memory } => {
+                write!(f, "state check: memory digest {memory:016x}")
+            }
         }
     }
 }
@@ -184,10 +195,11 @@ pub enum EventKind {
     AgentOutput,
     DiskWrite,
     MsrRead,
+    StateCheck,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 14] = [
+    const ALL: [EventKind; 15] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -202,6 +214,7 @@ impl EventKind {
         EventKind::AgentOutput,
         EventKind::DiskWrite,
         EventKind::MsrRead,
+        EventKind::StateCheck,
     ];
 
     pub fn is_exit(self) -> bool {
@@ -224,6 +237,7 @@ impl EventKind {
             EventKind::AgentOutput => "agent output",
             EventKind::DiskWrite => "disk write",
             EventKind::MsrRead => "RDMSR",
+            EventKind::StateCheck => "state check",
         }
     }
 
@@ -287,6 +301,7 @@ impl Encoder {
                 put_varint(out, u64::from(*len));
                 out.extend_from_slice(&digest.to_le_bytes());
             }
+            Event::StateCheck { memory } => out.extend_from_slice(&memory.to_le_bytes()),
         }
     }
 }
@@ -396,6 +411,9 @@ impl Decoder {
                 len: u32::try_from(input.varint()?)
                     .map_err(|_| input.error("disk write length out of range"))?,
                 digest: u64::from_le_bytes(input.array()?),
+            },
+            EventKind::StateCheck => Event::StateCheck {
+                memory: u64::from_le_bytes(input.array()?),
             },
         })
     }
@@ -522,6 +540,9 @@ mod tests {
                 offset: 4096,
                 len: 512,
                 digest: 0xdead_beef,
+            },
+            Event::StateCheck {
+                memory: 0x0123_4567_89ab_cdef,
             },
         ]
     }

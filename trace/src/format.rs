@@ -35,11 +35,13 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// structure offsets) follows the kernel. Version 5: the manifest names
 /// the machine version and the commit that recorded the trace; a provm of
 /// format 4 would replay a trace of another machine blindly, so it must
-/// refuse the format.
+/// refuse the format. Version 6: state checks, the log's `StateCheck`
+/// events and the outcome's `state_check`; a format-5 trace has none, and
+/// its replay says its state was not checked.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
@@ -603,7 +605,7 @@ mod tests {
         assert!(
             retired
                 .to_string()
-                .contains("recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 5: replay it with provm 0.1.0 (commit 96474bd)"),
+                .contains("recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 6: replay it with provm 0.1.0 (commit 96474bd)"),
             "{retired}"
         );
         assert!(matches!(read_all(b"hello"), Err(FormatError::NotATrace(_))));

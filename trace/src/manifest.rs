@@ -1,6 +1,8 @@
 //! What a trace says about its run: the manifest, written first (what ran,
 //! where, from which inputs), and the outcome, written last (how it ended).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -196,4 +198,42 @@ pub struct Outcome {
     /// memory, which is not logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_error_access: Option<u64>,
+    /// The state check at the guest's power-off, if the recording took
+    /// one. Absent from older traces, from recordings cut short and from
+    /// forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_check: Option<FinalStateCheck>,
+}
+
+/// The machine's state when the guest powered off, as digests (xxh3-64,
+/// 16 hex digits): all guest memory, the vCPU's registers (general,
+/// special, debug, FPU and XSAVE state, XCRs, MSRs, pending events) and
+/// each device's saved state. A replay takes the same at its power-off and
+/// compares: an input the log missed whose effect stayed inside the guest
+/// shows here.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FinalStateCheck {
+    pub memory: String,
+    pub registers: String,
+    /// By device name.
+    pub devices: BTreeMap<String, String>,
+}
+
+impl FinalStateCheck {
+    /// What differs in `replayed` from this recorded check, in words
+    /// ("memory differs", "registers differ", "device pit differs"), the
+    /// first in that order.
+    pub fn first_difference(&self, replayed: &FinalStateCheck) -> Option<String> {
+        if self.memory != replayed.memory {
+            return Some("memory differs".into());
+        }
+        if self.registers != replayed.registers {
+            return Some("registers differ".into());
+        }
+        let names = self.devices.keys().chain(replayed.devices.keys());
+        names
+            .into_iter()
+            .find(|name| self.devices.get(*name) != replayed.devices.get(*name))
+            .map(|name| format!("device {name} differs"))
+    }
 }

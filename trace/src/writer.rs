@@ -134,6 +134,7 @@ impl Outcome {
             events_sha256: Some(totals.events_sha256.clone()),
             fork_event: None,
             disk_error_access: None,
+            state_check: None,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::clock::{Clock, HostClock};
 use crate::disk::Disk;
+use crate::state_digest::StateDigest;
 
 /// What the guest did to cause a VM exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +128,27 @@ pub trait Seam: Clock {
     fn pause_here(&self) -> bool {
         false
     }
+
+    /// Whether to check guest memory here, right after a VM exit: `Vm::run`
+    /// then hands its digest to `memory_checked`. A recorder says when
+    /// (every so many events); a replayer checks where its log did. Asked
+    /// once per pass of the run loop at an exit, before `pause_here`.
+    fn memory_check_due(&self) -> bool {
+        false
+    }
+
+    /// The digest of all guest memory (`state_digest::memory`) at a check
+    /// `memory_check_due` asked for.
+    fn memory_checked(&self, _digest: u64) {}
+
+    /// Whether to digest the whole machine when the guest powers off: `Vm::run`
+    /// then hands it to `final_state` before returning `VmEvent::Halted`.
+    fn final_check_due(&self) -> bool {
+        false
+    }
+
+    /// The machine's state when the guest powered off.
+    fn final_state(&self, _digest: &StateDigest) {}
 
     /// Host time spent logging so far, in nanoseconds: the seam's own cost,
     /// which exit timing reports apart from the VMM's (0: logs nothing).

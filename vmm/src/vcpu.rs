@@ -73,16 +73,16 @@ pub enum VcpuError {
 pub struct VcpuState {
     /// The CPUID the guest saw (KVM_GET_CPUID2), set again on restore.
     pub cpuid: Vec<CpuidEntry>,
-    regs: kvm_regs,
-    sregs: kvm_sregs,
-    xsave: kvm_xsave,
-    events: kvm_vcpu_events,
-    debug: kvm_debugregs,
-    msrs: Vec<kvm_msr_entry>,
+    pub(crate) regs: kvm_regs,
+    pub(crate) sregs: kvm_sregs,
+    pub(crate) xsave: kvm_xsave,
+    pub(crate) events: kvm_vcpu_events,
+    pub(crate) debug: kvm_debugregs,
+    pub(crate) msrs: Vec<kvm_msr_entry>,
     /// XCR0, which KVM_SET_XSAVE does not carry.
-    xcrs: kvm_xcrs,
+    pub(crate) xcrs: kvm_xcrs,
     /// Runnable or halted: a vCPU snapshotted in HLT stays halted.
-    mp_state: kvm_mp_state,
+    pub(crate) mp_state: kvm_mp_state,
 }
 
 /// Whether the system registers KVM_GET_SREGS `read` are user mode's

@@ -39,6 +39,7 @@ use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
+use crate::host_core;
 use crate::interrupt_window;
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
@@ -46,6 +47,7 @@ use crate::paging::{self, Unmapped};
 use crate::port_exit::{self, OutExitRip};
 use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
+use crate::state_digest::{self, StateDigest};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
 
@@ -258,6 +260,23 @@ impl VmState {
     }
 }
 
+impl VmState {
+    /// Each device's saved state's digest, by name (`state_digest`).
+    fn device_digests(&self) -> Vec<(&'static str, u64)> {
+        use state_digest::digest;
+        vec![
+            ("pic", digest(&self.pic)),
+            ("pit", digest(&self.pit)),
+            ("cmos", digest(&self.cmos)),
+            ("serial", digest(&self.serial)),
+            ("i8042", digest(&self.i8042)),
+            ("doorbell", digest(&self.doorbell)),
+            ("virtio-block", digest(&self.block)),
+            ("virtio-console", digest(&self.console)),
+        ]
+    }
+}
+
 impl From<InvalidState> for VmError {
     fn from(error: InvalidState) -> Self {
         VmError::DeviceState(Box::new(error))
@@ -425,8 +444,27 @@ impl Vm {
     /// Like `snapshot`, with the virtual time given: a replayer's clock is
     /// its log, where reading it would consume an event.
     pub fn snapshot_at(&mut self, clock_ns: u64) -> Result<VmSnapshot, VmError> {
+        Ok(VmSnapshot {
+            state: self.state_at(clock_ns)?,
+            memory: MemoryImage::capture(&self.memory),
+        })
+    }
+
+    /// The machine's state as digests (see `state_digest`).
+    pub fn state_digest(&mut self) -> Result<StateDigest, VmError> {
+        // The clock is no device: it is the log's, compared as events.
+        let state = self.state_at(0)?;
+        Ok(StateDigest {
+            memory: state_digest::memory(&self.memory),
+            registers: state_digest::registers(&state.vcpu),
+            devices: state.device_digests(),
+        })
+    }
+
+    /// The vCPU's and the devices' state, with the virtual time given.
+    fn state_at(&mut self, clock_ns: u64) -> Result<VmState, VmError> {
         self.vcpu.finish_pending_exit();
-        let state = VmState {
+        Ok(VmState {
             clock_ns,
             vcpu: self.vcpu.save(&self.kvm)?,
             pic: self.pic.lock().unwrap().save(),
@@ -437,10 +475,6 @@ impl Vm {
             doorbell: self.doorbell.lock().unwrap().save(),
             block: self.block.lock().unwrap().save(),
             console: self.console.lock().unwrap().save(),
-        };
-        Ok(VmSnapshot {
-            state,
-            memory: MemoryImage::capture(&self.memory),
         })
     }
 
@@ -455,6 +489,7 @@ impl Vm {
         let out_exit_rip = port_exit::host_convention(&kvm)?;
         let step_method = breakpoint_step::host_method(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
+        host_core::keep_vcpu_on_one_core();
 
         let seam = config.seam;
         let clock = || seam.clone() as Arc<dyn crate::clock::Clock>;
@@ -568,6 +603,11 @@ impl Vm {
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
             }
+            // At the same log position in a recording and its replay: right
+            // after an exit, never on a host timer.
+            if self.at_exit && self.seam.memory_check_due() {
+                self.seam.memory_checked(state_digest::memory(&self.memory));
+            }
             // Only right after an exit: a restored snapshot goes on as from
             // one (it may inject interrupts first).
             if self.at_exit && self.seam.pause_here() {
@@ -605,6 +645,10 @@ impl Vm {
                     clock.halted(start.elapsed());
                 }
                 if !wakes {
+                    if self.seam.final_check_due() {
+                        let digest = self.state_digest()?;
+                        self.seam.final_state(&digest);
+                    }
                     return Ok(VmEvent::Halted);
                 }
             }

@@ -160,6 +160,10 @@ impl Fields {
                 data: Some(format!("{digest:016x}")),
                 ..Fields::default()
             },
+            Event::StateCheck { memory } => Fields {
+                data: Some(format!("{memory:016x}")),
+                ..Fields::default()
+            },
         }
     }
 }

@@ -1,0 +1,157 @@
+//! State checks end to end, on the real guest: a replay compares the
+//! guest's memory at the recording's checks and the whole machine at its
+//! power-off, so an unlogged input whose effect stays inside the guest is a
+//! divergence, not a match; an ordinary workload still matches, and
+//! `provm inspect` counts the checks.
+
+mod common;
+
+use std::path::Path;
+
+use common::{
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, trace_path,
+    Finished, RECORD_WORKLOADS,
+};
+use provm_trace::reader::Trace;
+
+/// `provm record` of `script` on the test image, checking memory every
+/// `interval` events (the internal switch; unset, provm's own interval).
+fn record(name: &str, interval: Option<&str>, script: &str) -> (std::path::PathBuf, Finished) {
+    let trace = trace_path(&images().dir, name);
+    let args = [
+        "record",
+        "-o",
+        path(&trace),
+        path(&images().tiny_qcow2),
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ];
+    let env: Vec<(&str, &Path)> = interval
+        .map(|events| ("PROVM_STATE_CHECKS", Path::new(events)))
+        .into_iter()
+        .collect();
+    let recorded = provm_with_env(&args, &env);
+    assert_eq!(recorded.status, 0, "{name}: {}", recorded.stderr);
+    (trace, recorded)
+}
+
+/// The `state` line of `provm inspect`.
+fn inspected_checks(trace: &Path) -> String {
+    let inspect = provm(&["inspect", path(trace)]);
+    assert_eq!(inspect.status, 0, "{}", inspect.stderr);
+    inspect
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("state      "))
+        .unwrap_or_else(|| panic!("no state line in: {}", inspect.stdout))
+        .to_owned()
+}
+
+/// User-mode RDTSC written to a tmpfs file, nothing printed: every output
+/// the log compares is the same whatever the value. Where the host traps
+/// RDTSC (SVM, VMX: the guest kernel answers it from the logged clock) it
+/// is an input like any other and the replay matches. On PVM it runs
+/// natively, unlogged (the manifest's hole "user-rdtsc"): only the guest's
+/// memory differs, and the state check must say so.
+#[test]
+fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
+    let _guest = one_guest_at_a_time();
+    let (trace, recorded) = record("tsc-in-tmpfs", None, "host_tsc > /dev/shm/tsc");
+    assert_eq!(recorded.stdout, "");
+    let holes = Trace::open(&trace).unwrap().manifest.holes.unwrap();
+    let replay = provm(&["replay", path(&trace)]);
+    if !holes.iter().any(|hole| hole == "user-rdtsc") {
+        assert_eq!(replay.status, 0, "{}{}", replay.stdout, replay.stderr);
+        assert!(
+            replay.stdout.starts_with("replay matched: ") && replay.stdout.contains("state check"),
+            "{}",
+            replay.stdout
+        );
+        return;
+    }
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    let events = Trace::open(&trace).unwrap().outcome.events;
+    for part in [
+        "replay diverged at event".to_owned(),
+        format!("actual:   state check at event {events}: memory differs"),
+    ] {
+        assert!(replay.stdout.contains(&part), "{part}: {}", replay.stdout);
+    }
+}
+
+/// The same, checking memory every 200 events: the replay names the first
+/// periodic check whose memory differs, before the end.
+#[test]
+fn a_periodic_check_names_the_first_event_where_memory_differs() {
+    let _guest = one_guest_at_a_time();
+    let script = "host_tsc > /dev/shm/tsc; sleep 1";
+    let (trace, _) = record("tsc-in-tmpfs-periodic", Some("200"), script);
+    let recorded = Trace::open(&trace).unwrap();
+    let replay = provm(&["replay", path(&trace)]);
+    if !recorded
+        .manifest
+        .holes
+        .unwrap()
+        .iter()
+        .any(|h| h == "user-rdtsc")
+    {
+        assert_eq!(replay.status, 0, "{}{}", replay.stdout, replay.stderr);
+        return;
+    }
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    let event = replay
+        .stdout
+        .split("actual:   state check at event ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no state check divergence in: {}", replay.stdout));
+    assert!(event < recorded.outcome.events, "{}", replay.stdout);
+    assert!(
+        replay.stdout.contains("memory differs")
+            && replay
+                .stdout
+                .contains("expected: state check: memory digest"),
+        "{}",
+        replay.stdout
+    );
+}
+
+/// An ordinary workload replays matched with state checks taken, at the
+/// default interval and at a short one, and `provm inspect` counts them;
+/// with checks switched off the trace is like an older provm's: matched,
+/// "state not checked".
+#[test]
+fn an_ordinary_workload_matches_with_state_checks() {
+    let _guest = one_guest_at_a_time();
+    let (_, script) = RECORD_WORKLOADS[0];
+    let (trace, _) = record("checked-default", None, script);
+    let replayed = assert_replay_matches(&trace);
+    assert!(replayed.contains(", 1 state check"), "{replayed}");
+    assert!(
+        inspected_checks(&trace)
+            .contains("1 state check: memory, registers and 8 devices at the guest's power-off"),
+        "{}",
+        inspected_checks(&trace)
+    );
+
+    let (trace, _) = record("checked-often", Some("300"), script);
+    let checks = inspected_checks(&trace);
+    let periodic: u64 = checks
+        .split("memory at ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{checks}"));
+    assert!(periodic >= 2, "{checks}");
+    let replayed = assert_replay_matches(&trace);
+    assert!(
+        replayed.contains(&format!("{} state checks", periodic + 1)),
+        "{replayed}"
+    );
+
+    let (trace, _) = record("unchecked", Some("off"), script);
+    assert!(inspected_checks(&trace).starts_with("not checked"));
+    let replayed = assert_replay_matches(&trace);
+    assert!(replayed.contains("state not checked"), "{replayed}");
+}

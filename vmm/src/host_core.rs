@@ -1,0 +1,36 @@
+//! On PVM the guest's user-mode CPUID runs natively (the "user-cpuid"
+//! hole), and leaf 1's EBX[31:24] is the APIC ID of the host core the vCPU
+//! thread happens to run on. glibc keeps that leaf in memory at every
+//! program's start, so a run whose thread moved between cores left a
+//! different byte in guest memory than its replay: the state check saw it.
+//! Keeping the vCPU thread on one core (the first it may use) makes the
+//! value the same for a recording and its replay on the same host.
+
+use crate::cpuid::Platform;
+
+/// Keeps the calling thread (the vCPU's) on the first host core it may run
+/// on, where the guest's user-mode CPUID would otherwise name any; a no-op
+/// elsewhere than PVM. Best effort: if the kernel refuses, the thread
+/// keeps its cores and a state check may tell.
+pub(crate) fn keep_vcpu_on_one_core() {
+    if Platform::detect() != Platform::Pvm {
+        return;
+    }
+    // SAFETY: plain data, filled and read by the kernel's affinity calls
+    // for the calling thread (pid 0).
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+            return;
+        }
+        let Some(first) =
+            (0..libc::CPU_SETSIZE as usize).find(|&cpu| libc::CPU_ISSET(cpu, &allowed))
+        else {
+            return;
+        };
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(first, &mut one);
+        libc::sched_setaffinity(0, size, &one);
+    }
+}
