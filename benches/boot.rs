@@ -73,14 +73,7 @@ fn main() {
     // first call, not timed).
     let restore = || {
         let start = Instant::now();
-        let mut guest = provm_engine::run::start(
-            &options,
-            &prepared,
-            Instant::now() + options.timeout,
-            &mut [],
-        )
-        .unwrap()
-        .session;
+        let mut guest = common::start_guest(&options, &prepared);
         let elapsed = start.elapsed();
         guest.power_off().unwrap();
         elapsed

@@ -42,14 +42,7 @@ fn main() {
         )
     };
     let prepared = provm_engine::run::prepare(&options).unwrap();
-    let mut guest = provm_engine::run::start(
-        &options,
-        &prepared,
-        Instant::now() + options.timeout,
-        &mut [],
-    )
-    .unwrap()
-    .session;
+    let mut guest = common::start_guest(&options, &prepared);
     let mut timed = |job: Job| {
         let start = Instant::now();
         let outcome = guest.run(job, &mut Vec::new(), &mut Vec::new()).unwrap();

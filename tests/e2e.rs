@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
     digest, images, one_guest_at_a_time, path, provm, provm_with_env, shell_job, MARKER,
@@ -48,14 +48,7 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
         ..options(&images.tiny_qcow2)
     };
     let prepared = provm_engine::run::prepare(&options).unwrap();
-    let mut guest = provm_engine::run::start(
-        &options,
-        &prepared,
-        Instant::now() + options.timeout,
-        &mut [],
-    )
-    .unwrap()
-    .session;
+    let mut guest = common::start_guest(&options, &prepared);
 
     let (outcome, stdout, stderr) = sh(&mut guest, &options, "echo hi; exit 3").unwrap();
     assert_eq!(

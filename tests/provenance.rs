@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{images, one_guest_at_a_time, path, record_shell, shell_job};
 use provm::provenance::{self, Direction, Format, Provenance, Relation, VmBoundary};
@@ -88,14 +88,7 @@ fn captured_jobs_have_exact_provenance() {
         ..RunOptions::new(images().tiny_qcow2.clone(), Vec::new())
     };
     let prepared = provm_engine::run::prepare(&options).unwrap();
-    let mut guest = provm_engine::run::start(
-        &options,
-        &prepared,
-        Instant::now() + options.timeout,
-        &mut [],
-    )
-    .unwrap()
-    .session;
+    let mut guest = common::start_guest(&options, &prepared);
 
     let pipeline = captured(&mut guest, &options, PIPELINE);
     let sh = format!("sh -c {PIPELINE}");

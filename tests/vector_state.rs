@@ -40,6 +40,57 @@ fn two_processes_keep_their_ymm_registers_when_run_and_recorded() {
     assert_replay_matches(&trace);
 }
 
+/// A signal handler that sets YMM7 while the code it interrupts holds a
+/// pattern there (`tests/data/ymm_signal.c`). Where the guest kernel cannot
+/// save AVX state in the signal frame (PVM: no XSAVE in guest ring 0), the
+/// handler's upper half reaches the interrupted code, and provm cannot
+/// prevent it: the trace names the hole (`avx-signal-frames`), `inspect`
+/// shows it and the replay's verdict says it was not checked. Where the
+/// kernel can (SVM, VMX), no round is corrupted and no hole is named.
+#[test]
+fn a_signal_handler_changing_ymm_is_flagged_where_the_guest_kernel_cannot_save_it() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&images().dir, "ymm-signal");
+    let recorded = record_shell(&images().tiny_qcow2, &trace, &[], "ymm_signal 20");
+    let holes = provm_trace::reader::Trace::open(&trace)
+        .unwrap()
+        .manifest
+        .holes
+        .unwrap_or_default();
+    let flagged = holes.iter().any(|hole| hole == "avx-signal-frames");
+    if recorded.stdout.starts_with("no AVX in user space") {
+        assert!(!flagged, "{holes:?}");
+        return;
+    }
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let count = |after: &str| -> u64 {
+        recorded
+            .stdout
+            .split(after)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|number| number.parse().ok())
+            .unwrap_or_else(|| panic!("{}", recorded.stdout))
+    };
+    let (signals, corrupted) = (count("ymm_signal: "), count("corrupted rounds: "));
+    assert!(signals >= 20, "{}", recorded.stdout);
+    let verdict = assert_replay_matches(&trace);
+    let inspected = provm(&["inspect", path(&trace)]);
+    println!("{}holes {holes:?}", recorded.stdout);
+    if flagged {
+        assert!(corrupted > 0, "{}", recorded.stdout);
+        assert!(verdict.contains("avx-signal-frames"), "{verdict}");
+        assert!(
+            inspected.stdout.contains("avx-signal-frames"),
+            "{}",
+            inspected.stdout
+        );
+    } else {
+        assert_eq!(corrupted, 0, "{}", recorded.stdout);
+        assert!(!verdict.contains("avx-signal-frames"), "{verdict}");
+    }
+}
+
 /// Writes a few small C files into /tmp/src, builds them with `make -j1`
 /// and with `make -j2` (make's built-in rule, no Makefile) and compares the
 /// objects. Two gcc processes at once once died here with internal

@@ -6,12 +6,11 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_seams::Recorder;
+use provm_seams::{Recorder, NEVER_INTERRUPTED};
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::disk::image::{BaseImage, ImageError};
@@ -238,8 +237,6 @@ pub fn start(
             recorder: None,
         });
     };
-    // A plain run's Ctrl-C ends provm at once; a pinned one's too.
-    static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
     // Delivered as a pinned recording here delivers: the same log.
     let delivery = provm_vmm::vm::recording_delivery()?;
     let (mut vm, recorder) = machine.restore(snapshot, |start_ns| {

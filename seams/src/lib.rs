@@ -16,7 +16,7 @@ mod replayer;
 pub mod state_check;
 
 pub use exit_event::exit_event;
-pub use recorder::Recorder;
+pub use recorder::{Recorder, NEVER_INTERRUPTED};
 pub use replayer::{
     Checkpoint, Divergence, EventTap, Expected, ObservedError, Position, RecordedEnd, ReplayEnd,
     Replayer, StopHandler, Stopped,

@@ -20,6 +20,10 @@ use crate::clock::RecorderClock;
 use crate::exit_event;
 use crate::state_check;
 
+/// The flag of a recorder that Ctrl-C never ends (a pinned run's, a
+/// fork's): there Ctrl-C ends provm at once.
+pub static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 pub struct Recorder {
     clock: RecorderClock,
     log: Mutex<Log>,

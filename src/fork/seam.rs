@@ -7,19 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use provm_seams::{exit_event, Recorder, Replayer};
+use provm_seams::{exit_event, Recorder, Replayer, NEVER_INTERRUPTED};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
 use provm_vmm::clock::{Clock, PinnedClock, PINNED_EXIT_STEP_NS};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
+use provm_vmm::state_digest::StateDigest;
 
 /// Why the VM stops once, right after the fork point: the host may have
 /// input to send there (see `fork::run_fork`).
 pub const AT_FORK_POINT: &str = "the fork point";
-
-/// A fork never takes Ctrl-C as the end of a recording.
-static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Where the live part starts.
 #[derive(Clone, Copy, Debug)]
@@ -321,6 +319,18 @@ impl Seam for ForkSeam {
             |seam| seam.memory_checked(digest),
             || Event::StateCheck { memory: digest },
         );
+    }
+
+    // A fork's own trace keeps no final check; a fork that never went live
+    // replayed the recording to its power-off, and checks the recording's.
+    fn final_check_due(&self) -> bool {
+        self.recorder().is_none() && self.replayer.final_check_due()
+    }
+
+    fn final_state(&self, digest: &StateDigest) {
+        if self.recorder().is_none() {
+            self.replayer.final_state(digest);
+        }
     }
 
     fn disk_access_fails(&self, write: bool) -> bool {

@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
+use provm_engine::machine::Prepared;
 use provm_engine::run::RunOptions;
+use provm_engine::session::GuestSession;
 use provm_guest_agent::Job;
 
 pub const MARKER: &str = "provm test image";
@@ -109,6 +111,15 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     provm(&args)
 }
 
+/// The guest `options` run in, on the image `prepared` checked, started
+/// from the booted guest's snapshot with nothing observing it.
+pub fn start_guest(options: &RunOptions, prepared: &Prepared) -> GuestSession {
+    let deadline = std::time::Instant::now() + options.timeout;
+    provm_engine::run::start(options, prepared, deadline, &mut [])
+        .unwrap()
+        .session
+}
+
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -179,6 +190,42 @@ pub fn log_events(trace: &Path) -> u64 {
 /// Where a test keeps the trace it calls `name`.
 pub fn trace_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{}.provm", name.replace(['/', ' '], "-")))
+}
+
+/// Replays `trace`, asserts that every output matched to the guest's
+/// power-off, and returns what replay printed. The state then matched too,
+/// unless the recording host left inputs unlogged (the manifest's holes:
+/// on PVM, user-mode RDTSC, CPUID and RDRAND, and AVX state the guest
+/// kernel cannot save): then the final state check may find memory that
+/// differs, and says so.
+pub fn assert_outputs_replay(trace: &Path) -> String {
+    let replay = provm(&["replay", path(trace)]);
+    if replay.status == 0 {
+        assert!(
+            replay.stdout.starts_with("replay matched: "),
+            "{}",
+            replay.stdout
+        );
+        return replay.stdout;
+    }
+    let holes = provm_trace::reader::Trace::open(trace)
+        .unwrap()
+        .manifest
+        .holes
+        .unwrap_or_default();
+    assert!(
+        replay.status == 1
+            && !holes.is_empty()
+            && replay
+                .stdout
+                .contains("expected: the recorded machine state at the guest's power-off")
+            && replay.stdout.contains("memory differs"),
+        "{}: holes {holes:?}: {}{}",
+        trace.display(),
+        replay.stdout,
+        replay.stderr
+    );
+    replay.stdout
 }
 
 /// Replays `trace`, asserts it matched to its end, and returns what replay
@@ -412,6 +459,7 @@ fn populate_busybox_root(root: &Path) {
     for program in [
         "vector_copy",
         "ymm_hold",
+        "ymm_signal",
         "host_tsc",
         "sysv_shm",
         "tcp_echo",
