@@ -292,8 +292,9 @@ fn lossy(args: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// What the trace says about the recording host (informational).
-fn host_description() -> HostDescription {
+/// What the trace says about the recording host: informational, and what
+/// a replay compares to know whether it runs on the recording's KVM.
+pub(crate) fn host_description() -> HostDescription {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()

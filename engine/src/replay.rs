@@ -25,6 +25,7 @@ use crate::holes;
 use crate::machine::{Machine, MachineError};
 use crate::notice;
 use crate::observer::{self, GuestKernel, Observer, ObserverError};
+use crate::record;
 use crate::seen_images;
 use crate::snapshot;
 
@@ -229,6 +230,7 @@ pub fn replay_observed(
         let kernel = kernel.info().map_err(ReplayError::Observer)?.clone();
         let mut instrument = Instrument::new(kernel, analyses);
         vm.set_guest_debug(&instrument.guest_debug())?;
+        replayer.skip_register_check();
         replayer.set_tap(instrument.event_tap());
         let end = replayer.replay_observed(&mut vm, deadline, &mut instrument)?;
         if instrument.stops == 0 {
@@ -318,6 +320,11 @@ impl Opened {
         .delivering(delivery::replayed(self.trace.manifest.interrupt_delivery));
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
+        }
+        let here = record::host_description();
+        let recorded = &self.trace.manifest.host;
+        if (&recorded.kernel, &recorded.hypervisor) != (&here.kernel, &here.hypervisor) {
+            replayer.skip_register_check();
         }
         Ok(replayer)
     }

@@ -207,6 +207,8 @@ struct State {
     state_checks: u64,
     /// The replayed machine's state at its power-off, once it powered off.
     final_check: Option<FinalStateCheck>,
+    /// See `Replayer::skip_register_check`.
+    registers_unchecked: bool,
 }
 
 impl Replayer {
@@ -231,6 +233,7 @@ impl Replayer {
                 pause_place: 0,
                 state_checks: 0,
                 final_check: None,
+                registers_unchecked: false,
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -243,6 +246,17 @@ impl Replayer {
     pub fn delivering(mut self, delivery: Delivery) -> Self {
         self.delivery = delivery;
         self
+    }
+
+    /// The final check leaves the vCPU's registers out, comparing memory
+    /// and devices only: where a debugger or an analysis sets breakpoints
+    /// and steps in this replay (they leave marks in the debug registers
+    /// and flags that the recording never had: measured on the SVM test
+    /// bed, Linux 6.1), or where this host's KVM is not the recording's
+    /// (another kernel reads other MSRs and state: a trace recorded on
+    /// Linux 6.12 differed on 6.1, its outputs and memory matching).
+    pub fn skip_register_check(&self) {
+        self.state.lock().unwrap().registers_unchecked = true;
     }
 
     /// Fails the `access`th disk access, counted from 1 (a fork's trace:
@@ -633,7 +647,11 @@ impl State {
         let Some(replayed) = &self.final_check else {
             return Some("the machine state (not taken at the replay's power-off) differs".into());
         };
-        let differs = recorded.first_difference(replayed);
+        let mut replayed = replayed.clone();
+        if self.registers_unchecked {
+            replayed.registers.clone_from(&recorded.registers);
+        }
+        let differs = recorded.first_difference(&replayed);
         self.state_checks += u64::from(differs.is_none());
         differs
     }

@@ -165,6 +165,7 @@ impl Debuggee {
                 .map_err(ReplayError::from)?,
         ));
         let replayer = Arc::new(opened.replayer()?);
+        replayer.skip_register_check();
         let first = Saved {
             replay: replayer.checkpoint(),
             vm: trace.snapshot.clone(),
