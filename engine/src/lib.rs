@@ -16,6 +16,7 @@ pub mod digest;
 pub mod disk;
 pub mod fast_start;
 pub mod holes;
+pub mod host;
 pub mod host_paths;
 pub mod initramfs;
 pub mod kernel;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_seams::{delivery, Recorder};
 use provm_trace::format::{FormatError, SectionKind};
-use provm_trace::manifest::{HostDescription, InterruptDelivery, Manifest, Outcome};
+use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::cpuid::Platform;
 use provm_vmm::machine_version;
@@ -27,6 +27,7 @@ use crate::digest;
 use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};
 use crate::holes;
+use crate::host;
 use crate::kernel;
 use crate::machine::Prepared;
 use crate::observer::{self, Observer};
@@ -249,7 +250,7 @@ fn manifest(
             prepared.boot.cpu,
             Platform::detect(),
         ),
-        host: host_description(),
+        host: host::description(),
         exitless_limit_seconds: options.exitless_limit.map(|d| d.as_secs()),
         // Filled in by `record`, from this host's probe.
         interrupt_delivery: InterruptDelivery::default(),
@@ -290,26 +291,6 @@ fn lossy(args: &[OsString]) -> Vec<String> {
     args.iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect()
-}
-
-/// What the trace says about the recording host: informational, and what
-/// a replay compares to know whether it runs on the recording's KVM.
-pub(crate) fn host_description() -> HostDescription {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|line| line.strip_prefix("model name"))
-        .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
-        .unwrap_or_default();
-    HostDescription {
-        kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
-        cpu,
-        hypervisor: match Platform::detect() {
-            Platform::Pvm => cpu_model::PVM_HYPERVISOR,
-            Platform::Hardware => "KVM",
-        }
-        .into(),
-    }
 }
 
 extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {

@@ -22,10 +22,10 @@ use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::holes;
+use crate::host;
 use crate::machine::{Machine, MachineError};
 use crate::notice;
 use crate::observer::{self, GuestKernel, Observer, ObserverError};
-use crate::record;
 use crate::seen_images;
 use crate::snapshot;
 
@@ -321,9 +321,7 @@ impl Opened {
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
         }
-        let here = record::host_description();
-        let recorded = &self.trace.manifest.host;
-        if (&recorded.kernel, &recorded.hypervisor) != (&here.kernel, &here.hypervisor) {
+        if !host::same_kvm(&self.trace.manifest.host) {
             replayer.skip_register_check();
         }
         Ok(replayer)
