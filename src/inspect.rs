@@ -108,6 +108,26 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         }
         writeln!(out, "command    {:?}", m.argv)?;
         writeln!(out, "cwd        {}", m.cwd)?;
+        for input in &m.inputs {
+            writeln!(
+                out,
+                "input      {} -> {} ({} files, {} bytes, sha256 {})",
+                input.host, input.guest, input.files, input.bytes, input.sha256
+            )?;
+        }
+        if let Some(stdin) = &m.stdin {
+            writeln!(
+                out,
+                "stdin      {} bytes, sha256 {}",
+                stdin.bytes, stdin.sha256
+            )?;
+        }
+        for output in &m.outputs {
+            writeln!(
+                out,
+                "output     {output} (`provm export files` gets it back)"
+            )?;
+        }
         writeln!(
             out,
             "recorded   {} by provm {}{} on {} ({}, Linux {})",

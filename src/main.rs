@@ -113,7 +113,15 @@ struct RunArgs {
     /// recording also keeps it in its trace (`provm graph TRACE`).
     #[arg(long = "prov", value_name = "FILE")]
     provenance: Option<PathBuf>,
-    /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
+    /// After the command, copy what it left at GUEST_PATH in the guest (a
+    /// directory, made empty beforehand if the image lacks it, or a file) to
+    /// HOST_PATH, whole or not at all (repeatable). A recording keeps it in
+    /// the trace too: `provm export files` gets it back.
+    #[arg(long = "output", value_name = "GUEST_PATH:HOST_PATH",
+          value_parser = provm_engine::transfer::Output::parse)]
+    outputs: Vec<provm_engine::transfer::Output>,
+    /// Overwrite output files that exist (the trace, --output, --prov,
+    /// --keep-overlay).
     #[arg(long)]
     force: bool,
     #[command(flatten)]
@@ -140,6 +148,13 @@ struct GuestArgs {
     /// Working directory of CMD inside the image.
     #[arg(long, default_value = "/")]
     cwd: String,
+    /// Give CMD the host's file or folder HOST_PATH at GUEST_PATH, read-only
+    /// (repeatable). It is copied into guest memory before CMD starts (see
+    /// --memory) and hides what the image has there; a recording keeps it
+    /// in the trace, so a replay needs nothing from the host.
+    #[arg(long = "input", value_name = "HOST_PATH:GUEST_PATH",
+          value_parser = provm_engine::transfer::Input::parse)]
+    inputs: Vec<provm_engine::transfer::Input>,
     /// The root file system's device: /dev/vdaN, vdaN or N. By default the
     /// whole disk if it holds a file system, else the Linux root partition.
     #[arg(long)]
@@ -197,7 +212,7 @@ impl PinningArgs {
 #[derive(clap::Args)]
 struct RecordArgs {
     /// Where to write the trace (default: IMAGE's name and the time, here).
-    #[arg(short, long, value_name = "TRACE")]
+    #[arg(short = 'o', long = "trace", value_name = "TRACE")]
     output: Option<PathBuf>,
     /// Embed the base image too (compressed): the trace alone replays.
     #[arg(long)]
@@ -459,6 +474,17 @@ enum ExportCommand {
         #[command(flatten)]
         output: ExportOutput,
     },
+    /// What a run recorded with `--output GUEST_PATH:HOST_PATH` copied back
+    /// from GUEST_PATH, out of its trace (no replay): written to DIR, a
+    /// directory or a file as it was in the guest.
+    Files {
+        /// The trace (.provm).
+        run: PathBuf,
+        /// The guest path, as --output named it.
+        guest_path: String,
+        #[command(flatten)]
+        output: ExportOutput,
+    },
     /// The artifact a paper deposits: a directory holding the trace, a
     /// README saying how to check it (`provm inspect`, `provm replay`) and
     /// ro-crate-metadata.json, a Workflow Run RO-Crate (Process Run Crate)
@@ -570,7 +596,7 @@ fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Err
     )?;
     let timing = args.timing.options(false);
     let provenance = args.provenance.clone();
-    let options = run_options(args, verbose);
+    let options = run_options(args, verbose)?;
     let mut observers = RunObservers::new(&options, "run", &timing, provenance);
     let ran = provm_engine::run::run(
         &options,
@@ -601,7 +627,7 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
     )?;
     let timing = args.run.timing.options(!args.no_timing);
     let provenance = args.run.provenance.clone();
-    let mut run = run_options(args.run, verbose);
+    let mut run = run_options(args.run, verbose)?;
     run.cpu = args.cpu;
     if args.keep_host_paths {
         run.host_paths = HostPaths::Kept;
@@ -685,15 +711,17 @@ fn replay_verdict(report: ReplayReport) -> ExitCode {
     }
 }
 
-fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
-    RunOptions {
+fn run_options(args: RunArgs, verbose: bool) -> std::io::Result<RunOptions> {
+    Ok(RunOptions {
         keep_overlay: args.keep_overlay,
-        ..guest_options(args.guest, verbose)
-    }
+        outputs: args.outputs,
+        force_outputs: args.force,
+        ..guest_options(args.guest, verbose)?
+    })
 }
 
-fn guest_options(args: GuestArgs, verbose: bool) -> RunOptions {
-    RunOptions {
+fn guest_options(args: GuestArgs, verbose: bool) -> std::io::Result<RunOptions> {
+    Ok(RunOptions {
         pinned: args.pinning.pinning(),
         env: args.env,
         cwd: args.cwd,
@@ -702,8 +730,24 @@ fn guest_options(args: GuestArgs, verbose: bool) -> RunOptions {
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
+        inputs: args.inputs,
+        stdin: host_stdin()?,
         ..RunOptions::new(args.image, args.command)
+    })
+}
+
+/// provm's standard input, for the command: read to its end (like `docker
+/// run -i`), unless it is a terminal, which would wait for a user who
+/// meant no input; `None` for a terminal or nothing.
+fn host_stdin() -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{IsTerminal, Read};
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
     }
+    let mut bytes = Vec::new();
+    stdin.lock().read_to_end(&mut bytes)?;
+    Ok((!bytes.is_empty()).then_some(bytes))
 }
 
 /// `--runs N`: a comparison needs two runs at least.
@@ -716,7 +760,7 @@ fn parse_runs(text: &str) -> Result<usize, String> {
 
 fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let options = ReproOptions {
-        run: guest_options(args.guest, verbose),
+        run: guest_options(args.guest, verbose)?,
         runs: args.runs,
     };
     let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
@@ -818,6 +862,20 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 output.output.display(),
                 provm::export::OCI_TAG,
                 written
+            );
+        }
+        ExportCommand::Files {
+            run,
+            guest_path,
+            output,
+        } => {
+            refuse_existing(output.force, [Some(output.output.as_path())])?;
+            let delivered = provm::export::files(&run, &guest_path, &output.output, output.force)?;
+            eprintln!(
+                "provm: wrote {} ({} files, {} bytes)",
+                output.output.display(),
+                delivered.files,
+                delivered.bytes
             );
         }
         ExportCommand::RoCrate {

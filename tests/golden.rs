@@ -200,6 +200,11 @@ fn sample_manifest() -> Manifest {
             at: "event:10".into(),
             fault: "disk-error".into(),
         }),
+        // Left out when empty, as in the format-6 sample written before
+        // they were added.
+        inputs: Vec::new(),
+        stdin: None,
+        outputs: Vec::new(),
     }
 }
 

@@ -29,6 +29,7 @@ pub mod run;
 pub mod seen_images;
 pub mod session;
 pub mod snapshot;
+pub mod transfer;
 pub mod utc;
 
 /// The `tracing` target of what the user should hear of a long step (a

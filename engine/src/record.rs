@@ -34,6 +34,7 @@ use crate::observer::{self, Observer};
 use crate::run::{self, overlay_location, RunError, RunOptions};
 use crate::seen_images;
 use crate::session::{GuestSession, SessionError};
+use crate::transfer::{self, JobData};
 use crate::utc;
 
 /// zstd level for the embedded kernel, initramfs and image: archival, so
@@ -93,6 +94,7 @@ pub fn record(
     let deadline = start + options.run.timeout;
     let prepared = run::prepare(&options.run)?;
     let job = run::job(&options.run, &prepared.root_device)?;
+    let mut data = options.run.job_data().map_err(RunError::from)?;
     let identity = Identity::of(&prepared).map_err(RunError::from)?;
     let booted = fast_start::booted(&prepared, &identity, deadline).map_err(RunError::from)?;
     let snapshot = booted.decode(prepared.memory_mib).map_err(RunError::from)?;
@@ -112,6 +114,7 @@ pub fn record(
         &booted.sha256,
         &snapshot,
         &job,
+        &data,
     );
     manifest.interrupt_delivery = delivery::recorded(delivery);
     manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
@@ -150,12 +153,18 @@ pub fn record(
     if let Some(pinning) = pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }
-    let result = run::run_job(&mut session, job, &prepared, observers, (stdout, stderr)).and_then(
-        |outcome| {
-            session.power_off()?;
-            Ok(outcome)
-        },
-    );
+    let result = run::run_job(
+        &mut session,
+        job,
+        &mut data,
+        &prepared,
+        observers,
+        (stdout, stderr),
+    )
+    .and_then(|outcome| {
+        session.power_off()?;
+        Ok(outcome)
+    });
     let console_tail = session.console_tail();
     drop(session);
 
@@ -197,11 +206,14 @@ pub fn record(
     };
     let path = TraceWriter::finish(trace, outcome, &after).map_err(trace_error)?;
     match result {
-        Ok(outcome) => Ok(Recorded {
-            outcome,
-            trace: path,
-            events_sha256: totals.events_sha256,
-        }),
+        Ok(outcome) => {
+            transfer::deliver(data.outputs).map_err(RunError::from)?;
+            Ok(Recorded {
+                outcome,
+                trace: path,
+                events_sha256: totals.events_sha256,
+            })
+        }
         Err(error) => Err(RecordError::CutShort { error, trace: path }),
     }
 }
@@ -214,6 +226,7 @@ fn manifest(
     snapshot_sha256: &str,
     snapshot: &VmSnapshot,
     job: &Job,
+    data: &JobData,
 ) -> Manifest {
     Manifest {
         provm_version: env!("CARGO_PKG_VERSION").into(),
@@ -265,6 +278,14 @@ fn manifest(
             .collect(),
         ),
         fork: None,
+        inputs: data.inputs.records(options.run.host_paths),
+        stdin: data.inputs.stdin_digest(),
+        outputs: options
+            .run
+            .outputs
+            .iter()
+            .map(|o| o.guest.clone())
+            .collect(),
     }
 }
 

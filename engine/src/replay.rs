@@ -108,6 +108,9 @@ pub enum ReplayReport {
         unchecked: Vec<String>,
         /// The state checks that matched (0: the trace has none).
         state_checks: u64,
+        /// The guest paths whose files the command sent back (`--output`):
+        /// re-created by the replay and matched byte for byte.
+        outputs: Vec<String>,
     },
     /// The recording was cut short (`why`); the replay matched it up to there.
     CutShort {
@@ -131,7 +134,8 @@ impl ReplayReport {
                 guest_seconds,
                 unchecked,
                 state_checks,
-            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status and the disk writes, {}{}", state_checked(*state_checks), unchecked_inputs(unchecked)),
+                outputs,
+            } => format!("replay matched: {events} events, {guest_seconds:.3} guest-seconds, the exit status{} and the disk writes, {}{}", output_files(outputs), state_checked(*state_checks), unchecked_inputs(unchecked)),
             ReplayReport::CutShort {
                 events,
                 guest_seconds,
@@ -156,6 +160,14 @@ impl ReplayReport {
             ReplayReport::Diverged { report } => Err(report.clone()),
         }
     }
+}
+
+/// The verdict's words for the output files it re-created, if any.
+fn output_files(outputs: &[String]) -> String {
+    if outputs.is_empty() {
+        return String::new();
+    }
+    format!(", the files left at {}", outputs.join(" and "))
 }
 
 /// The verdict's words for its state checks (see `provm_seams::state_check`).
@@ -353,6 +365,7 @@ impl Opened {
                 guest_seconds: guest_seconds(guest_ns),
                 unchecked: self.unchecked(),
                 state_checks,
+                outputs: self.trace.manifest.outputs.clone(),
             },
             ReplayEnd::CutShort {
                 events,

@@ -28,6 +28,7 @@ use crate::machine::{MachineError, Prepared};
 use crate::observer::{self, GuestKernel, JobOutput, Observer, ObserverError};
 use crate::pinning::Pinning;
 use crate::session::{GuestSession, SessionError};
+use crate::transfer::{self, DataError, Input, JobData, Output};
 
 /// The guest kernel's command line (the VM adds its devices).
 /// - console=ttyS0: boot messages and panics on the serial port.
@@ -79,6 +80,14 @@ pub struct RunOptions {
     pub cpu: Baseline,
     /// How the trace and the provenance name the host's files.
     pub host_paths: HostPaths,
+    /// The host's files and folders the command gets (`--input`).
+    pub inputs: Vec<Input>,
+    /// The command's standard input; `None`: /dev/null.
+    pub stdin: Option<Vec<u8>>,
+    /// What comes back to the host after the command (`--output`).
+    pub outputs: Vec<Output>,
+    /// Replace outputs that exist on the host.
+    pub force_outputs: bool,
 }
 
 impl RunOptions {
@@ -99,7 +108,22 @@ impl RunOptions {
             pinned: None,
             cpu: Baseline::Host,
             host_paths: HostPaths::default(),
+            inputs: Vec::new(),
+            stdin: None,
+            outputs: Vec::new(),
+            force_outputs: false,
         }
+    }
+
+    /// The job's data, checked: nothing has been written yet.
+    pub fn job_data(&self) -> Result<JobData, DataError> {
+        JobData::prepare(
+            &self.inputs,
+            self.stdin.clone(),
+            &self.outputs,
+            self.force_outputs,
+            self.memory_mib,
+        )
     }
 }
 
@@ -115,6 +139,8 @@ pub enum RunError {
     KernelPath { path: PathBuf },
     #[error("--env {0:?} is not of the form KEY=VALUE")]
     BadEnv(String),
+    #[error(transparent)]
+    Data(#[from] DataError),
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error(transparent)]
@@ -203,6 +229,8 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         wall_clock_ns: 0,
         // Asked for by an observer that captures it (`Observer::job_starting`).
         provenance: false,
+        // Filled in from the job's data (`JobData::describe`).
+        ..Job::default()
     })
 }
 
@@ -304,13 +332,22 @@ pub fn run_prepared(
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<Ran, RunError> {
     let job = job(options, &prepared.root_device)?;
+    let mut data = options.job_data()?;
     let Started {
         mut session,
         recorder,
     } = start(options, prepared, deadline, observers)?;
-    let outcome = run_job(&mut session, job, prepared, observers, (stdout, stderr))?;
+    let outcome = run_job(
+        &mut session,
+        job,
+        &mut data,
+        prepared,
+        observers,
+        (stdout, stderr),
+    )?;
     session.power_off()?;
     drop(session);
+    transfer::deliver(data.outputs)?;
     // Without a trace the log writes nothing, so it cannot fail.
     let events_sha256 = recorder.map(|recorder| {
         let (_, totals) = recorder.finish().expect("a digest-only log has no writes");
@@ -322,11 +359,12 @@ pub fn run_prepared(
     })
 }
 
-/// Runs `job` in `session`, on the machine `prepared`, watched by
-/// `observers`.
+/// Runs `job` with `data` in `session`, on the machine `prepared`, watched
+/// by `observers`.
 pub fn run_job(
     session: &mut GuestSession,
     mut job: Job,
+    data: &mut JobData,
     prepared: &Prepared,
     observers: &mut [&mut dyn Observer],
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
@@ -336,7 +374,7 @@ pub fn run_job(
     })
     .map_err(RunError::Observer)?;
     let (mut out, mut err) = (HashingWriter::new(stdout), HashingWriter::new(stderr));
-    let outcome = session.run(job, &mut out, &mut err)?;
+    let outcome = session.run_with_data(job, data, &mut out, &mut err)?;
     let output = JobOutput {
         stdout: out.digested(),
         stderr: err.digested(),

@@ -11,8 +11,15 @@ use provm_guest_agent::{
 };
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmEvent, VmSnapshot};
 
+use crate::transfer::{DataError, JobData};
+
 /// How many console lines an error report shows.
 const CONSOLE_LINES: usize = 25;
+
+/// How many data messages (inputs, standard input) may be on their way to
+/// the agent before it acknowledges them: enough to keep the channel busy,
+/// few enough that the host and the VMM's queue hold little of the data.
+const DATA_WINDOW: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -22,6 +29,8 @@ pub enum SessionError {
     Vm(#[from] VmError),
     #[error("cannot write the command's output: {0}")]
     Output(std::io::Error),
+    #[error(transparent)]
+    Data(#[from] DataError),
 }
 
 /// What went wrong inside the guest.
@@ -105,13 +114,26 @@ impl GuestSession {
         self.vm.console_tail(CONSOLE_LINES)
     }
 
-    /// Runs one command, streaming its output, and returns how it ended.
+    /// Runs one command with no data in or out (but its output streams).
     pub fn run(
         &mut self,
-        mut job: Job,
+        job: Job,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<Outcome, SessionError> {
+        self.run_with_data(job, &mut JobData::none(), stdout, stderr)
+    }
+
+    /// Runs one command: sends it `data`'s inputs, streams its output, takes
+    /// the outputs it sends back into `data`, and returns how it ended.
+    pub fn run_with_data(
+        &mut self,
+        mut job: Job,
+        data: &mut JobData,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<Outcome, SessionError> {
+        data.describe(&mut job);
         // The host's time as the job leaves: part of the job's bytes, so a
         // recording logs it and a replay sends the same.
         job.wall_clock_ns = self.pinned_wall_clock_ns.unwrap_or_else(|| {
@@ -120,8 +142,25 @@ impl GuestSession {
                 .map_or(0, |since| since.as_nanos() as u64)
         });
         self.vm.send_to_agent(&HostMessage::Run(job).encode());
+        let mut sending = (!data.inputs.is_empty()).then(|| data.inputs.messages());
+        let mut in_flight = 0;
         loop {
+            // Keep the window full; after the last message, DataEnd.
+            while let Some(messages) = sending.as_mut().filter(|_| in_flight < DATA_WINDOW) {
+                match messages.next().transpose()? {
+                    Some(message) => {
+                        self.vm.send_to_agent(&message.encode());
+                        in_flight += 1;
+                    }
+                    None => {
+                        self.vm.send_to_agent(&HostMessage::DataEnd.encode());
+                        sending = None;
+                    }
+                }
+            }
             match self.next_message()? {
+                GuestMessage::Received if in_flight > 0 => in_flight -= 1,
+                GuestMessage::Entry(entry) => data.outputs.take(entry)?,
                 GuestMessage::Stdout(bytes) => write_now(stdout, &bytes)?,
                 GuestMessage::Stderr(bytes) => write_now(stderr, &bytes)?,
                 GuestMessage::Provenance(records) => self.provenance.extend(records),
@@ -130,7 +169,7 @@ impl GuestSession {
                     let reason = String::from_utf8_lossy(&reason).into_owned();
                     return Err(self.guest_error(GuestError::AgentFailed(reason)));
                 }
-                other @ GuestMessage::Ready => {
+                other @ (GuestMessage::Ready | GuestMessage::Received) => {
                     return Err(self.guest_error(GuestError::OutOfTurn(other)))
                 }
             }

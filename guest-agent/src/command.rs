@@ -36,7 +36,7 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
     })?;
     let stdin = stdin
         .try_clone()
-        .map_err(|error| format!("cannot duplicate /dev/null: {error}"))?;
+        .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
     let mut command = command(program, args, &job.env)?;
     command.stdin(stdin);
     let not_started = |error: io::Error| {
@@ -257,10 +257,7 @@ mod tests {
             argv: bytes(argv),
             env: bytes(env),
             cwd: cwd.as_bytes().to_vec(),
-            root_device: Vec::new(),
-            entropy: Vec::new(),
-            wall_clock_ns: 0,
-            provenance: false,
+            ..Job::default()
         }
     }
 

@@ -18,7 +18,9 @@
 mod command;
 mod cpu;
 mod entropy;
+mod inputs;
 mod network;
+mod outputs;
 mod provenance;
 mod root;
 
@@ -28,6 +30,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::{mem, panic, ptr};
 
+use inputs::Inputs;
 use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
 use root::Root;
 
@@ -56,6 +59,8 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
 
 struct Agent {
     channel: File,
+    /// What has arrived on the channel and is not yet a whole message.
+    frames: FrameReader,
     /// The initramfs's /dev/null: every command's stdin, whether or not the
     /// image has a /dev.
     null: File,
@@ -88,6 +93,7 @@ impl Agent {
         });
         let agent = Agent {
             channel,
+            frames: FrameReader::default(),
             null,
             root: None,
             library_switches: library_switches(),
@@ -99,24 +105,34 @@ impl Agent {
     /// Answers the host's messages until it asks for power-off or the
     /// channel closes.
     fn serve(&mut self) {
-        let mut frames = FrameReader::default();
+        loop {
+            match self.next_message() {
+                Some(Ok(HostMessage::Run(job))) => self.run(&job),
+                Some(Ok(HostMessage::PowerOff)) | None => return,
+                // The rest of the data of a job that failed while it came.
+                Some(Ok(HostMessage::Entry(_) | HostMessage::Stdin(_) | HostMessage::DataEnd)) => {}
+                Some(Err(error)) => self.fail(format!("cannot decode the host's message: {error}")),
+            }
+        }
+    }
+
+    /// The host's next message, read from the channel until it has come
+    /// whole; `None` when the channel closed or failed (said on the
+    /// console). A corrupt stream ends the agent.
+    fn next_message(&mut self) -> Option<Result<HostMessage, provm_guest_agent::DecodeError>> {
         let mut buffer = vec![0; READ_SIZE];
         loop {
-            match frames.next_frame() {
-                Ok(Some((kind, payload))) => match HostMessage::decode(kind, &payload) {
-                    Ok(HostMessage::Run(job)) => self.run(&job),
-                    Ok(HostMessage::PowerOff) => return,
-                    Err(error) => self.fail(format!("cannot decode the host's message: {error}")),
-                },
+            match self.frames.next_frame() {
+                Ok(Some((kind, payload))) => return Some(HostMessage::decode(kind, &payload)),
                 Ok(None) => match self.channel.read(&mut buffer) {
                     Ok(0) => {
                         log(&format!("{CHANNEL} closed"));
-                        return;
+                        return None;
                     }
-                    Ok(len) => frames.push(&buffer[..len]),
+                    Ok(len) => self.frames.push(&buffer[..len]),
                     Err(error) => {
                         log(&format!("cannot read {CHANNEL}: {error}"));
-                        return;
+                        return None;
                     }
                 },
                 // The frame boundaries are lost: nothing more can be understood.
@@ -125,6 +141,26 @@ impl Agent {
                     self.fail(reason.clone());
                     self.fatal(&reason);
                 }
+            }
+        }
+    }
+
+    /// Takes the job's inputs and standard input as they come, each data
+    /// message acknowledged, until DataEnd; gives the standard input.
+    fn receive_data(&mut self, job: &Job) -> Result<Option<File>, String> {
+        if job.inputs.is_empty() && !job.stdin {
+            return Ok(None);
+        }
+        let mut inputs = Inputs::begin(job)?;
+        loop {
+            match self.next_message() {
+                Some(Ok(HostMessage::DataEnd)) => return inputs.finish(),
+                Some(Ok(message)) => {
+                    inputs.take(message)?;
+                    self.send(&GuestMessage::Received);
+                }
+                Some(Err(error)) => return Err(format!("cannot decode the host's data: {error}")),
+                None => return Err("the channel closed while the job's data came".into()),
             }
         }
     }
@@ -143,7 +179,14 @@ impl Agent {
         let outcome = entropy::seed(&job.entropy)
             .and_then(|()| set_wall_clock(job.wall_clock_ns))
             .and_then(|()| self.enter_root(&job.root_device))
-            .and_then(|()| command::run(job, &self.null, |message| self.send(&message)));
+            .and_then(|()| self.receive_data(job))
+            .and_then(|stdin| {
+                outputs::prepare(&job.outputs)?;
+                let stdin = stdin.as_ref().unwrap_or(&self.null);
+                let outcome = command::run(job, stdin, |message| self.send(&message))?;
+                outputs::send(&job.outputs, &mut |message| self.send(&message))?;
+                Ok(outcome)
+            });
         match outcome {
             Ok(outcome) => self.send(&GuestMessage::Finished(outcome)),
             Err(reason) => self.fail(reason),

@@ -12,6 +12,9 @@
 
 pub mod paths;
 pub mod records;
+pub mod tree;
+
+pub use tree::{Entry, EntryContent};
 
 /// Largest payload either side accepts; a longer frame means a corrupt stream.
 pub const MAX_PAYLOAD: usize = 1 << 20;
@@ -41,6 +44,17 @@ pub struct Job {
     /// Capture the command's provenance: the agent traces its processes and
     /// file accesses and sends [`GuestMessage::Provenance`] before Finished.
     pub provenance: bool,
+    /// Where the host's inputs appear, read-only (absolute guest paths;
+    /// index = [`Entry::tree`]). Their content follows the job as
+    /// [`HostMessage::Entry`] messages.
+    pub inputs: Vec<Vec<u8>>,
+    /// The command's standard input follows the job as
+    /// [`HostMessage::Stdin`] messages; without it, /dev/null.
+    pub stdin: bool,
+    /// What comes back after the command: each of these guest paths (a
+    /// directory made empty beforehand when missing) is sent as
+    /// [`GuestMessage::Entry`] messages before Finished.
+    pub outputs: Vec<Vec<u8>>,
 }
 
 /// How the command ended, as the agent saw it.
@@ -87,6 +101,14 @@ pub enum HostMessage {
     Run(Job),
     /// Sync the disks and power the guest off.
     PowerOff,
+    /// Part of an input (see [`Job::inputs`]); the agent answers each data
+    /// message with [`GuestMessage::Received`].
+    Entry(Entry),
+    /// Part of the command's standard input (see [`Job::stdin`]).
+    Stdin(Vec<u8>),
+    /// Every input and all of standard input has been sent: the command
+    /// may start.
+    DataEnd,
 }
 
 /// Messages from the agent to the host.
@@ -105,6 +127,12 @@ pub enum GuestMessage {
     Finished(Outcome),
     /// The agent could not run the job (the root would not mount, ...).
     Failed(Vec<u8>),
+    /// The agent has stored one data message (an input's [`HostMessage::Entry`]
+    /// or a [`HostMessage::Stdin`]): the host's flow control, which keeps a
+    /// bounded number of them in flight.
+    Received,
+    /// Part of an output (see [`Job::outputs`]), after the command ended.
+    Entry(Entry),
 }
 
 /// One fact of a job's provenance as the agent observed it. Ids are
@@ -209,12 +237,17 @@ impl std::error::Error for DecodeError {}
 mod kind {
     pub const RUN: u8 = 1;
     pub const POWER_OFF: u8 = 2;
+    pub const ENTRY: u8 = 3;
+    pub const STDIN: u8 = 4;
+    pub const DATA_END: u8 = 5;
     pub const READY: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
     pub const STDERR: u8 = 0x83;
     pub const FINISHED: u8 = 0x84;
     pub const FAILED: u8 = 0x85;
     pub const PROVENANCE: u8 = 0x86;
+    pub const RECEIVED: u8 = 0x87;
+    pub const OUTPUT_ENTRY: u8 = 0x88;
 }
 
 mod record_tag {
@@ -247,26 +280,69 @@ impl HostMessage {
                 put_bytes(&mut payload, &job.entropy);
                 put_u64(&mut payload, job.wall_clock_ns);
                 payload.push(job.provenance.into());
+                put_list(&mut payload, &job.inputs);
+                payload.push(job.stdin.into());
+                put_list(&mut payload, &job.outputs);
                 kind::RUN
             }
             HostMessage::PowerOff => kind::POWER_OFF,
+            HostMessage::Entry(entry) => {
+                entry.encode(&mut payload);
+                kind::ENTRY
+            }
+            HostMessage::Stdin(bytes) => {
+                payload.extend_from_slice(bytes);
+                kind::STDIN
+            }
+            HostMessage::DataEnd => kind::DATA_END,
         };
         frame(kind, &payload)
+    }
+
+    /// The message whose frame starts `bytes` (one send of the host's, as a
+    /// trace logs it), if it decodes.
+    pub fn of_frame(bytes: &[u8]) -> Option<HostMessage> {
+        let mut frames = FrameReader::default();
+        frames.push(bytes);
+        let (kind, payload) = frames.next_frame().ok()??;
+        HostMessage::decode(kind, &payload).ok()
+    }
+
+    /// Whether this is part of a job's data (see [`Job::inputs`]).
+    pub fn is_data(&self) -> bool {
+        matches!(
+            self,
+            HostMessage::Entry(_) | HostMessage::Stdin(_) | HostMessage::DataEnd
+        )
     }
 
     pub fn decode(kind: u8, payload: &[u8]) -> Result<Self, DecodeError> {
         let mut reader = Reader(payload);
         let message = match kind {
-            kind::RUN => HostMessage::Run(Job {
-                argv: reader.list()?,
-                env: reader.list()?,
-                cwd: reader.bytes()?,
-                root_device: reader.bytes()?,
-                entropy: reader.bytes()?,
-                wall_clock_ns: reader.u64()?,
-                provenance: reader.u8()? != 0,
-            }),
+            kind::RUN => {
+                let mut job = Job {
+                    argv: reader.list()?,
+                    env: reader.list()?,
+                    cwd: reader.bytes()?,
+                    root_device: reader.bytes()?,
+                    entropy: reader.bytes()?,
+                    wall_clock_ns: reader.u64()?,
+                    provenance: reader.u8()? != 0,
+                    ..Job::default()
+                };
+                // Jobs logged by provm before inputs, stdin and outputs end
+                // here: those traces keep their meaning.
+                if !reader.0.is_empty() {
+                    job.inputs = reader.list()?;
+                    job.stdin = reader.bool()?;
+                    job.outputs = reader.list()?;
+                }
+                HostMessage::Run(job)
+            }
             kind::POWER_OFF => HostMessage::PowerOff,
+            kind::ENTRY => HostMessage::Entry(Entry::decode(&mut reader)?),
+            kind::STDIN => return Ok(HostMessage::Stdin(payload.to_vec())),
+            kind::DATA_END => HostMessage::DataEnd,
             other => return Err(DecodeError::UnknownKind(other)),
         };
         reader.finish(message)
@@ -300,6 +376,11 @@ impl GuestMessage {
                 payload.extend_from_slice(reason);
                 kind::FAILED
             }
+            GuestMessage::Received => kind::RECEIVED,
+            GuestMessage::Entry(entry) => {
+                entry.encode(&mut payload);
+                kind::OUTPUT_ENTRY
+            }
         };
         frame(kind, &payload)
     }
@@ -322,6 +403,12 @@ impl GuestMessage {
                 let mut reader = Reader(payload);
                 let outcome = reader.outcome()?;
                 return reader.finish(GuestMessage::Finished(outcome));
+            }
+            kind::RECEIVED => GuestMessage::Received,
+            kind::OUTPUT_ENTRY => {
+                let mut reader = Reader(payload);
+                let entry = Entry::decode(&mut reader)?;
+                return reader.finish(GuestMessage::Entry(entry));
             }
             other => return Err(DecodeError::UnknownKind(other)),
         };
@@ -407,7 +494,7 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(bytes);
 }
@@ -419,7 +506,7 @@ fn put_list(out: &mut Vec<u8>, items: &[Vec<u8>]) {
     }
 }
 
-fn put_u32(out: &mut Vec<u8>, value: u32) {
+pub(crate) fn put_u32(out: &mut Vec<u8>, value: u32) {
     out.extend_from_slice(&value.to_le_bytes());
 }
 
@@ -516,10 +603,11 @@ fn put_record(out: &mut Vec<u8>, record: &ProvRecord) {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads a payload's fields in order.
+pub(crate) struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
-    fn take(&mut self, len: usize) -> Result<&[u8], DecodeError> {
+    pub(crate) fn take(&mut self, len: usize) -> Result<&[u8], DecodeError> {
         if self.0.len() < len {
             return Err(DecodeError::Truncated);
         }
@@ -528,11 +616,11 @@ impl Reader<'_> {
         Ok(head)
     }
 
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
 
@@ -544,7 +632,7 @@ impl Reader<'_> {
         Ok(self.u8()? != 0)
     }
 
-    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+    pub(crate) fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
         let len = self.u32()? as usize;
         Ok(self.take(len)?.to_vec())
     }
@@ -762,11 +850,55 @@ mod tests {
             entropy: vec![7; 32],
             wall_clock_ns: 1_700_000_000_123_456_789,
             provenance: true,
+            inputs: vec![b"/data".to_vec()],
+            stdin: true,
+            outputs: vec![b"/out".to_vec(), b"/tmp/result.csv".to_vec()],
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());
         let (kind, payload) = reader.next_frame().unwrap().unwrap();
         assert_eq!(HostMessage::decode(kind, &payload).unwrap(), job);
+    }
+
+    /// A job as provm logged it before inputs, stdin and outputs: it still
+    /// decodes, with none of them.
+    #[test]
+    fn a_job_without_data_fields_decodes() {
+        let job = Job {
+            argv: vec![b"true".to_vec()],
+            ..Job::default()
+        };
+        let encoded = HostMessage::Run(job.clone()).encode();
+        // Drop the three fields: two empty lists (4 bytes each) and a flag.
+        let old = &encoded[HEADER_LEN..encoded.len() - 9];
+        assert_eq!(
+            HostMessage::decode(kind::RUN, old).unwrap(),
+            HostMessage::Run(job)
+        );
+    }
+
+    #[test]
+    fn data_messages_round_trip() {
+        for message in [
+            HostMessage::Stdin(b"a,b\n1,2\n".to_vec()),
+            HostMessage::DataEnd,
+            HostMessage::Entry(Entry {
+                tree: 1,
+                path: b"sub/x.csv".to_vec(),
+                content: EntryContent::File { mode: 0o644 },
+            }),
+        ] {
+            let mut reader = FrameReader::default();
+            reader.push(&message.encode());
+            let (kind, payload) = reader.next_frame().unwrap().unwrap();
+            assert_eq!(HostMessage::decode(kind, &payload).unwrap(), message);
+        }
+        round_trip_guest(GuestMessage::Received);
+        round_trip_guest(GuestMessage::Entry(Entry {
+            tree: 0,
+            path: Vec::new(),
+            content: EntryContent::Data(vec![1, 2, 3]),
+        }));
     }
 
     #[test]

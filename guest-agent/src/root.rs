@@ -63,7 +63,7 @@ pub fn mount_api_filesystems(under: &str, create_all: bool) -> Result<(), String
         let ApiFilesystem {
             fstype, options, ..
         } = filesystem;
-        match mount(fstype.as_bytes(), &target, fstype, options) {
+        match mount(fstype.as_bytes(), &target, fstype, 0, options) {
             Err(error) if matches!(error.raw_os_error(), Some(libc::ENOENT | libc::EBUSY)) => {}
             result => {
                 result.map_err(|error| format!("cannot mount {fstype} on {target}: {error}"))?
@@ -89,7 +89,7 @@ impl Root {
             File::open("/").map_err(|error| format!("cannot open the initramfs root: {error}"))?;
         fs::create_dir_all(MOUNT_POINT)
             .map_err(|error| format!("cannot create {MOUNT_POINT}: {error}"))?;
-        mount(device, MOUNT_POINT, "ext4", "").map_err(|error| {
+        mount(device, MOUNT_POINT, "ext4", 0, "").map_err(|error| {
             let device = String::from_utf8_lossy(device);
             format!("cannot mount {device} (ext4) on {MOUNT_POINT}: {error}")
         })?;
@@ -127,14 +127,21 @@ impl Root {
     }
 }
 
-fn mount(source: &[u8], target: &str, fstype: &str, options: &str) -> io::Result<()> {
+/// mount(2) of `source` on `target`, with `flags` (MS_*) and `options` as
+/// mount(8)'s -o takes them.
+pub(crate) fn mount(
+    source: &[u8],
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    options: &str,
+) -> io::Result<()> {
     let (source, target, fstype, options) = (
         CString::new(source)?,
         CString::new(target)?,
         CString::new(fstype)?,
         CString::new(options)?,
     );
-    let flags = 0;
     let data = if options.is_empty() {
         ptr::null()
     } else {
@@ -160,7 +167,7 @@ fn mount(source: &[u8], target: &str, fstype: &str, options: &str) -> io::Result
 }
 
 /// Lazily unmounts `target` and everything mounted below it.
-fn detach(target: &str) -> io::Result<()> {
+pub(crate) fn detach(target: &str) -> io::Result<()> {
     let target = CString::new(target)?;
     // SAFETY: `target` is a NUL-terminated CString alive for the call,
     // which only reads it.

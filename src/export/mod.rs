@@ -2,6 +2,7 @@
 //! already use, and as the RO-Crate a paper deposits. Every output is
 //! written through `output::AtomicFile`.
 
+mod files;
 mod makefile;
 mod oci;
 pub mod ro_crate;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 
 use crate::output::OutputError;
 
+pub use files::files;
 pub use makefile::makefile;
 pub use oci::{oci_archive, TAG as OCI_TAG};
 pub use sqlite::sqlite;
@@ -32,6 +34,8 @@ pub enum ExportError {
     Query(#[from] crate::query::QueryError),
     #[error(transparent)]
     Trace(#[from] provm_trace::format::FormatError),
+    #[error("export files: {0}")]
+    Files(String),
     #[error("export oci: {0}")]
     Oci(String),
     #[error("cannot replay the run for the export: {0}")]

@@ -37,7 +37,12 @@ impl AgentOutputs {
                 Ok(GuestMessage::Stdout(bytes)) => self.stdout.extend(bytes),
                 Ok(GuestMessage::Stderr(bytes)) => self.stderr.extend(bytes),
                 Ok(GuestMessage::Finished(outcome)) => self.finished = Some(outcome),
-                Ok(GuestMessage::Provenance(_) | GuestMessage::Ready) => {}
+                Ok(
+                    GuestMessage::Provenance(_)
+                    | GuestMessage::Ready
+                    | GuestMessage::Received
+                    | GuestMessage::Entry(_),
+                ) => {}
                 Ok(GuestMessage::Failed(reason)) => {
                     self.failed = Some(String::from_utf8_lossy(&reason).into_owned())
                 }
@@ -47,19 +52,13 @@ impl AgentOutputs {
     }
 }
 
-/// A message the host sent to the agent, decoded from an agent input.
-pub fn host_message(bytes: &[u8]) -> Option<HostMessage> {
-    let mut frames = FrameReader::default();
-    frames.push(bytes);
-    let (kind, payload) = frames.next_frame().ok()??;
-    HostMessage::decode(kind, &payload).ok()
-}
-
 /// The recording's log, read once.
 pub struct LogSummary {
     pub events: u64,
     /// The job the host sent, and the index of its event.
     pub job: Option<(u64, Job)>,
+    /// The job's data messages (inputs, standard input), as logged.
+    pub data: Vec<Vec<u8>>,
     /// For each disk write, the index of the VM exit that submitted it.
     pub disk_write_exits: Vec<u64>,
     /// What the recorded command printed, and how it ended.
@@ -72,6 +71,7 @@ impl LogSummary {
         let mut summary = LogSummary {
             events: 0,
             job: None,
+            data: Vec::new(),
             disk_write_exits: Vec::new(),
             outputs: AgentOutputs::default(),
         };
@@ -83,11 +83,13 @@ impl LogSummary {
                 _ if event.is_exit() => last_exit = index,
                 Event::DiskWrite { .. } => summary.disk_write_exits.push(last_exit),
                 Event::AgentOutput(bytes) => summary.outputs.push(&bytes),
-                Event::AgentInput(bytes) if summary.job.is_none() => {
-                    if let Some(HostMessage::Run(job)) = host_message(&bytes) {
-                        summary.job = Some((index, job));
+                Event::AgentInput(bytes) => match HostMessage::of_frame(&bytes) {
+                    Some(HostMessage::Run(job)) if summary.job.is_none() => {
+                        summary.job = Some((index, job))
                     }
-                }
+                    Some(message) if message.is_data() => summary.data.push(bytes),
+                    _ => {}
+                },
                 _ => {}
             }
         }

@@ -31,7 +31,7 @@ use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 pub use compare::{Comparison, Verdict};
 pub use fault::{Fault, FaultError, ForkPoint};
-use log::{host_message, AgentOutputs, LogSummary};
+use log::{AgentOutputs, LogSummary};
 use seam::{ForkSeam, LiveClock, Trigger, AT_FORK_POINT};
 
 use provm_engine::host_paths;
@@ -179,7 +179,7 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
     let started = Instant::now();
     let deadline = started + options.replay.timeout;
     let mut outputs = AgentOutputs::default();
-    let end = drive(&mut vm, &seam, &job, &mut outputs, deadline)
+    let end = drive(&mut vm, &seam, &job, &summary.data, &mut outputs, deadline)
         .map_err(|error| fork_failure(error, seam.log_error(), &options.output));
     let console_tail = vm.console_tail(25);
     drop(vm);
@@ -288,11 +288,13 @@ fn drive(
     vm: &mut Vm,
     seam: &Arc<ForkSeam>,
     job: &Job,
+    data: &[Vec<u8>],
     outputs: &mut AgentOutputs,
     deadline: Instant,
 ) -> Result<LiveEnd, ForkError> {
     let replayer = seam.replayer();
     let (mut job_sent, mut power_off_sent) = (false, false);
+    let mut data_sent = 0;
     let started = Instant::now();
     let mut announced = false;
     // Said once, where the driver first sees the fork live.
@@ -312,16 +314,23 @@ fn drive(
             if !job_sent {
                 vm.send_to_agent(&HostMessage::Run(job.clone()).encode());
                 job_sent = true;
-            } else if outputs.finished.is_some() && !power_off_sent {
+            }
+            // The job's data the replayed part had not sent, all at once.
+            for bytes in &data[data_sent..] {
+                vm.send_to_agent(bytes);
+            }
+            data_sent = data.len();
+            if outputs.finished.is_some() && !power_off_sent {
                 vm.send_to_agent(&HostMessage::PowerOff.encode());
                 power_off_sent = true;
             }
         } else {
             while let Some(bytes) = replayer.pending_agent_input() {
-                match host_message(&bytes) {
+                match HostMessage::of_frame(&bytes) {
                     Some(HostMessage::Run(_)) => job_sent = true,
                     Some(HostMessage::PowerOff) => power_off_sent = true,
-                    None => {}
+                    Some(message) if message.is_data() => data_sent += 1,
+                    _ => {}
                 }
                 vm.send_to_agent(&bytes);
             }

@@ -49,6 +49,38 @@ pub struct Manifest {
     /// is the recording's up to the fork point, then the fork's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+    /// The host's files and folders the command got (`--input`). What the
+    /// guest received of them is in the log, like every input; these are
+    /// their digests as sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<InputRecord>,
+    /// The command's standard input, when it had one (it is in the log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<DataDigest>,
+    /// The guest paths whose files came back after the command
+    /// (`--output`); their content is in the log, as the guest sent it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+}
+
+/// One `--input`: where it came from and where the guest saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRecord {
+    /// As the trace names the host's files (see `--keep-host-paths`).
+    pub host: String,
+    pub guest: String,
+    /// Of the tree as sent: every entry's message, in order.
+    pub sha256: String,
+    /// Regular files in it, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// A byte stream's digest and length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataDigest {
+    pub sha256: String,
+    pub bytes: u64,
 }
 
 /// Traces of format 4 do not name their machine: every provm that wrote

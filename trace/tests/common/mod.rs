@@ -146,6 +146,9 @@ pub fn sample_sections() -> Sections {
         interrupt_delivery: Default::default(),
         holes: None,
         fork: None,
+        inputs: Vec::new(),
+        stdin: None,
+        outputs: Vec::new(),
     };
     let outcome = Outcome {
         complete: true,

@@ -1,0 +1,506 @@
+//! The host's side of `--input` and standard input: each input surveyed
+//! before the guest starts (so that a bad one is refused before anything is
+//! written, and its digest goes in the trace's manifest), then sent as tree
+//! entries, its content read again and checked against the survey.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use provm_guest_agent::tree::DATA_CHUNK;
+use provm_guest_agent::{Entry, EntryContent, HostMessage};
+use provm_trace::manifest::{DataDigest, InputRecord};
+use sha2::{Digest, Sha256};
+
+use super::{guest_path, split_spec, DataError};
+use crate::host_paths::HostPaths;
+
+const MIB: u64 = 1 << 20;
+
+/// One `--input HOST_PATH:GUEST_PATH`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    pub host: PathBuf,
+    pub guest: String,
+}
+
+impl Input {
+    /// Parses `HOST_PATH:GUEST_PATH` (split at the last ':', as a guest path
+    /// seldom holds one).
+    pub fn parse(spec: &str) -> Result<Input, DataError> {
+        let (host, guest) =
+            split_spec(spec, false).ok_or_else(|| DataError::InputSpec(spec.to_owned()))?;
+        Ok(Input {
+            host: PathBuf::from(host),
+            guest: guest_path("--input", spec, guest)?,
+        })
+    }
+}
+
+/// What an input holds, in the order it is sent.
+enum Planned {
+    Dir {
+        path: Vec<u8>,
+        mode: u32,
+    },
+    File {
+        path: Vec<u8>,
+        mode: u32,
+        source: PathBuf,
+    },
+    Symlink {
+        path: Vec<u8>,
+        target: Vec<u8>,
+    },
+}
+
+struct Tree {
+    input: Input,
+    entries: Vec<Planned>,
+    digest: DataDigest,
+    files: u64,
+}
+
+/// Every input, surveyed, and the command's standard input: what follows
+/// the job on the channel.
+pub struct InputPlan {
+    trees: Vec<Tree>,
+    stdin: Option<Vec<u8>>,
+}
+
+impl InputPlan {
+    /// Surveys `inputs` (every file read once, for its digest) and checks
+    /// that they and `stdin` fit the guest's `memory_mib`.
+    pub fn survey(
+        inputs: &[Input],
+        stdin: Option<Vec<u8>>,
+        memory_mib: u64,
+    ) -> Result<InputPlan, DataError> {
+        let mut trees = Vec::new();
+        for input in inputs {
+            let entries = plan(&input.host)?;
+            let files = entries
+                .iter()
+                .filter(|entry| matches!(entry, Planned::File { .. }))
+                .count() as u64;
+            let digest = digest(TreeMessages::new(0, &entries))?;
+            trees.push(Tree {
+                input: input.clone(),
+                entries,
+                digest,
+                files,
+            });
+        }
+        let plan = InputPlan { trees, stdin };
+        let bytes = plan.trees.iter().map(|tree| tree.digest.bytes).sum::<u64>()
+            + plan.stdin.as_ref().map_or(0, |stdin| stdin.len() as u64);
+        // Each input is a tmpfs, and standard input a memory file: the guest
+        // kernel lets a tmpfs grow to half its memory, and the command needs
+        // the rest.
+        if bytes > memory_mib * MIB / 2 {
+            let bytes_mib = bytes.div_ceil(MIB);
+            return Err(DataError::TooBigForMemory {
+                bytes_mib,
+                needed_mib: 2 * bytes_mib + memory_mib,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Whether the job sends nothing after itself.
+    pub fn is_empty(&self) -> bool {
+        self.trees.is_empty() && self.stdin.is_none()
+    }
+
+    /// The job's input paths, in the guest.
+    pub fn guest_paths(&self) -> Vec<Vec<u8>> {
+        let guest = |tree: &Tree| tree.input.guest.clone().into_bytes();
+        self.trees.iter().map(guest).collect()
+    }
+
+    pub fn has_stdin(&self) -> bool {
+        self.stdin.is_some()
+    }
+
+    /// The inputs as the manifest records them.
+    pub fn records(&self, host_paths: HostPaths) -> Vec<InputRecord> {
+        let record = |tree: &Tree| InputRecord {
+            host: host_paths.name(&tree.input.host),
+            guest: tree.input.guest.clone(),
+            sha256: tree.digest.sha256.clone(),
+            files: tree.files,
+            bytes: tree.digest.bytes,
+        };
+        self.trees.iter().map(record).collect()
+    }
+
+    /// The standard input's digest, if the command has one.
+    pub fn stdin_digest(&self) -> Option<DataDigest> {
+        self.stdin.as_ref().map(|stdin| DataDigest {
+            sha256: crate::digest::bytes_sha256(stdin),
+            bytes: stdin.len() as u64,
+        })
+    }
+
+    /// The messages that follow the job: every input's entries, each input
+    /// checked against its survey once sent, then standard input.
+    pub fn messages(&self) -> impl Iterator<Item = Result<HostMessage, DataError>> + '_ {
+        let trees = self
+            .trees
+            .iter()
+            .enumerate()
+            .flat_map(|(index, tree)| Checked {
+                messages: TreeMessages::new(index as u32, &tree.entries),
+                tree,
+                hasher: Sha256::new(),
+                ended: false,
+            });
+        let stdin = self.stdin.iter().flat_map(|stdin| {
+            stdin
+                .chunks(DATA_CHUNK)
+                .map(|chunk| Ok(HostMessage::Stdin(chunk.to_vec())))
+        });
+        trees.chain(stdin)
+    }
+}
+
+/// The entries of the file or folder at `host`, in the order they are sent
+/// (a directory's names in byte order).
+fn plan(host: &Path) -> Result<Vec<Planned>, DataError> {
+    let unreadable = |path: &Path| {
+        let path = path.to_owned();
+        move |source: io::Error| DataError::InputUnreadable { path, source }
+    };
+    // The input itself is followed if it is a link: the user named it.
+    let metadata = fs::metadata(host).map_err(|error| match error.kind() {
+        io::ErrorKind::NotFound => DataError::InputMissing(host.to_owned()),
+        _ => unreadable(host)(error),
+    })?;
+    let mut entries = Vec::new();
+    let mut pending = vec![(host.to_owned(), Vec::new(), metadata)];
+    while let Some((at, path, metadata)) = pending.pop() {
+        let mode = metadata.permissions().mode() & 0o7777;
+        let kind = metadata.file_type();
+        if kind.is_symlink() {
+            let target = fs::read_link(&at).map_err(unreadable(&at))?;
+            let target = target.as_os_str().as_bytes().to_vec();
+            entries.push(Planned::Symlink { path, target });
+        } else if kind.is_file() {
+            entries.push(Planned::File {
+                path,
+                mode,
+                source: at,
+            });
+        } else if kind.is_dir() {
+            let mut children = Vec::new();
+            for child in fs::read_dir(&at).map_err(unreadable(&at))? {
+                let child = child.map_err(unreadable(&at))?;
+                let metadata = child.metadata().map_err(unreadable(&child.path()))?;
+                children.push((child.file_name(), metadata));
+            }
+            // Popped in byte order: pushed in reverse.
+            children.sort_by(|(a, _), (b, _)| b.as_bytes().cmp(a.as_bytes()));
+            for (name, metadata) in children {
+                let mut child = path.clone();
+                if !child.is_empty() {
+                    child.push(b'/');
+                }
+                child.extend_from_slice(name.as_bytes());
+                pending.push((at.join(&name), child, metadata));
+            }
+            entries.push(Planned::Dir { path, mode });
+        } else {
+            return Err(DataError::InputSpecial(at));
+        }
+    }
+    Ok(entries)
+}
+
+/// The SHA-256 of `messages` as encoded, and how many content bytes they
+/// carry.
+fn digest(
+    messages: impl Iterator<Item = Result<HostMessage, DataError>>,
+) -> Result<DataDigest, DataError> {
+    let mut hasher = Sha256::new();
+    let mut bytes = 0;
+    for message in messages {
+        let message = message?;
+        bytes += content_len(&message);
+        hasher.update(message.encode());
+    }
+    Ok(DataDigest {
+        sha256: provm_trace::hex(&hasher.finalize()),
+        bytes,
+    })
+}
+
+fn content_len(message: &HostMessage) -> u64 {
+    match message {
+        HostMessage::Entry(Entry {
+            content: EntryContent::Data(data),
+            ..
+        }) => data.len() as u64,
+        _ => 0,
+    }
+}
+
+/// One tree's messages, its files read as they go.
+struct TreeMessages<'a> {
+    tree: u32,
+    entries: std::slice::Iter<'a, Planned>,
+    /// The file being sent, its entry path and its location.
+    open: Option<(File, &'a [u8], &'a Path)>,
+}
+
+impl<'a> TreeMessages<'a> {
+    fn new(tree: u32, entries: &'a [Planned]) -> Self {
+        TreeMessages {
+            tree,
+            entries: entries.iter(),
+            open: None,
+        }
+    }
+
+    fn entry(&self, path: &[u8], content: EntryContent) -> HostMessage {
+        HostMessage::Entry(Entry {
+            tree: self.tree,
+            path: path.to_vec(),
+            content,
+        })
+    }
+
+    /// The next chunk of the open file, if any is left.
+    fn next_chunk(&mut self) -> Option<Result<HostMessage, DataError>> {
+        let (file, path, source) = self.open.as_mut()?;
+        let mut chunk = vec![0; DATA_CHUNK];
+        let read = read_full(file, &mut chunk).map_err(|source_error| DataError::InputUnreadable {
+            path: source.to_path_buf(),
+            source: source_error,
+        });
+        let path: &[u8] = path;
+        match read {
+            Ok(0) => {
+                self.open = None;
+                None
+            }
+            Ok(len) => {
+                chunk.truncate(len);
+                Some(Ok(self.entry(path, EntryContent::Data(chunk))))
+            }
+            Err(error) => {
+                self.open = None;
+                Some(Err(error))
+            }
+        }
+    }
+}
+
+impl Iterator for TreeMessages<'_> {
+    type Item = Result<HostMessage, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(chunk) = self.next_chunk() {
+            return Some(chunk);
+        }
+        Some(Ok(match self.entries.next()? {
+            Planned::Dir { path, mode } => self.entry(path, EntryContent::Dir { mode: *mode }),
+            Planned::Symlink { path, target } => {
+                self.entry(path, EntryContent::Symlink(target.clone()))
+            }
+            Planned::File { path, mode, source } => {
+                match File::open(source) {
+                    Ok(file) => self.open = Some((file, path, source)),
+                    Err(error) => {
+                        return Some(Err(DataError::InputUnreadable {
+                            path: source.clone(),
+                            source: error,
+                        }))
+                    }
+                }
+                self.entry(path, EntryContent::File { mode: *mode })
+            }
+        }))
+    }
+}
+
+/// Reads until `buffer` is full or the file ends: chunks then fall at the
+/// same places whatever sizes the reads return.
+fn read_full(file: &mut File, buffer: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(len) => filled += len,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(filled)
+}
+
+/// A tree's messages as sent, digested on the way and compared with the
+/// survey at the end: a file that changed in between fails the run.
+struct Checked<'a> {
+    messages: TreeMessages<'a>,
+    tree: &'a Tree,
+    hasher: Sha256,
+    ended: bool,
+}
+
+impl Iterator for Checked<'_> {
+    type Item = Result<HostMessage, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        match self.messages.next() {
+            Some(Ok(message)) => {
+                // The survey digested the messages as tree 0.
+                let mut as_surveyed = message.clone();
+                if let HostMessage::Entry(entry) = &mut as_surveyed {
+                    entry.tree = 0;
+                }
+                self.hasher.update(as_surveyed.encode());
+                Some(Ok(message))
+            }
+            Some(Err(error)) => {
+                self.ended = true;
+                Some(Err(error))
+            }
+            None => {
+                self.ended = true;
+                let sent = provm_trace::hex(&std::mem::take(&mut self.hasher).finalize());
+                (sent != self.tree.digest.sha256)
+                    .then(|| Err(DataError::InputChanged(self.tree.input.host.clone())))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_split_into_host_and_guest() {
+        assert_eq!(
+            Input::parse("data/in:/data/").unwrap(),
+            Input {
+                host: "data/in".into(),
+                guest: "/data".into()
+            }
+        );
+        assert!(matches!(Input::parse("data"), Err(DataError::InputSpec(_))));
+        assert!(matches!(
+            Input::parse(":/data"),
+            Err(DataError::InputSpec(_))
+        ));
+        assert!(matches!(
+            Input::parse("data:relative"),
+            Err(DataError::GuestPath { .. })
+        ));
+        assert!(matches!(
+            Input::parse("data:/proc/x"),
+            Err(DataError::GuestPath { .. })
+        ));
+    }
+
+    fn folder() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("sub/b.csv"), "x,y\n1,2\n").unwrap();
+        fs::write(dir.path().join("a.csv"), vec![7u8; DATA_CHUNK + 10]).unwrap();
+        std::os::unix::fs::symlink("a.csv", dir.path().join("link")).unwrap();
+        dir
+    }
+
+    fn sent(plan: &InputPlan) -> Vec<HostMessage> {
+        plan.messages().collect::<Result<_, _>>().unwrap()
+    }
+
+    #[test]
+    fn a_folder_is_sent_in_byte_order_with_its_content_chunked() {
+        let dir = folder();
+        let input = Input {
+            host: dir.path().into(),
+            guest: "/data".into(),
+        };
+        let plan = InputPlan::survey(&[input], Some(b"stdin".to_vec()), 128).unwrap();
+        let paths: Vec<(String, &str)> = sent(&plan)
+            .iter()
+            .map(|message| match message {
+                HostMessage::Entry(entry) => (
+                    String::from_utf8_lossy(&entry.path).into_owned(),
+                    match entry.content {
+                        EntryContent::Dir { .. } => "dir",
+                        EntryContent::File { .. } => "file",
+                        EntryContent::Data(_) => "data",
+                        EntryContent::Symlink(_) => "link",
+                        EntryContent::Missing => "missing",
+                    },
+                ),
+                HostMessage::Stdin(_) => ("".into(), "stdin"),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected = [
+            ("", "dir"),
+            ("a.csv", "file"),
+            ("a.csv", "data"),
+            ("a.csv", "data"),
+            ("link", "link"),
+            ("sub", "dir"),
+            ("sub/b.csv", "file"),
+            ("sub/b.csv", "data"),
+            ("", "stdin"),
+        ];
+        let expected: Vec<(String, &str)> =
+            expected.iter().map(|(p, k)| (p.to_string(), *k)).collect();
+        assert_eq!(paths, expected);
+        let record = &plan.records(HostPaths::default())[0];
+        assert_eq!((record.files, record.bytes), (2, DATA_CHUNK as u64 + 18));
+        assert_eq!(plan.stdin_digest().unwrap().bytes, 5);
+    }
+
+    #[test]
+    fn an_input_changed_after_its_survey_fails() {
+        let dir = folder();
+        let input = Input {
+            host: dir.path().into(),
+            guest: "/data".into(),
+        };
+        let plan = InputPlan::survey(&[input], None, 128).unwrap();
+        fs::write(dir.path().join("sub/b.csv"), "x,y\n1,3\n").unwrap();
+        let result: Result<Vec<_>, _> = plan.messages().collect();
+        assert!(matches!(result, Err(DataError::InputChanged(_))));
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Input {
+            host: dir.path().join("nope"),
+            guest: "/data".into(),
+        };
+        assert!(matches!(
+            InputPlan::survey(&[missing], None, 128),
+            Err(DataError::InputMissing(_))
+        ));
+        let big = dir.path().join("big");
+        fs::write(&big, vec![0u8; 3 << 20]).unwrap();
+        let big = Input {
+            host: big,
+            guest: "/big".into(),
+        };
+        assert!(matches!(
+            InputPlan::survey(&[big], None, 4),
+            Err(DataError::TooBigForMemory {
+                bytes_mib: 3,
+                needed_mib: 10
+            })
+        ));
+    }
+}

@@ -1,0 +1,136 @@
+//! Data in and out of the guest: the host's files and folders the command
+//! reads (`--input HOST:GUEST`), its standard input, and what it leaves
+//! under a guest path, copied back to the host (`--output GUEST:HOST`).
+//!
+//! Everything travels over the agent channel, as tree entries
+//! (`provm_guest_agent::tree`): whatever the host sends the guest is logged
+//! in a recording's trace like every other input, and whatever the guest
+//! sends back is checked byte for byte by a replay, so the data needs no
+//! device of its own, and a trace replays with no host file at all. The
+//! channel was chosen over a second disk built from the folder: no new
+//! device, so the machine and its booted snapshot stay the same with or
+//! without data, and no file system image to make reproducibly. Its cost:
+//! inputs are copied whole into guest memory before the command starts.
+
+pub mod inputs;
+pub mod outputs;
+
+use std::path::PathBuf;
+
+pub use inputs::{Input, InputPlan};
+pub use outputs::{Delivered, Output, OutputSink};
+
+/// A job's data: the inputs and standard input that follow it, and where
+/// its outputs go.
+pub struct JobData {
+    pub inputs: InputPlan,
+    pub outputs: OutputSink,
+}
+
+impl JobData {
+    /// Checks and surveys the data, before anything starts: a bad input or
+    /// an output that exists is refused with nothing written.
+    pub fn prepare(
+        inputs: &[Input],
+        stdin: Option<Vec<u8>>,
+        outputs: &[Output],
+        force: bool,
+        memory_mib: u64,
+    ) -> Result<JobData, DataError> {
+        Ok(JobData {
+            inputs: InputPlan::survey(inputs, stdin, memory_mib)?,
+            outputs: OutputSink::new(outputs, force)?,
+        })
+    }
+
+    /// No data at all.
+    pub fn none() -> JobData {
+        Self::prepare(&[], None, &[], false, 0).expect("no data cannot be refused")
+    }
+
+    /// Tells the job what data follows it and what to send back.
+    pub fn describe(&self, job: &mut provm_guest_agent::Job) {
+        job.inputs = self.inputs.guest_paths();
+        job.stdin = self.inputs.has_stdin();
+        job.outputs = self.outputs.guest_paths();
+    }
+}
+
+/// Puts every output in place, and says what each held.
+pub fn deliver(outputs: OutputSink) -> Result<(), DataError> {
+    for (output, delivered) in outputs.commit()? {
+        let (guest, host) = (&output.guest, output.host.display());
+        if delivered.missing {
+            crate::notice!("the command left nothing at {guest}: nothing was copied to {host}");
+        } else {
+            crate::notice!(
+                "copied {guest} to {host} ({} files, {} bytes)",
+                delivered.files,
+                delivered.bytes
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("--input {0:?} is not of the form HOST_PATH:GUEST_PATH")]
+    InputSpec(String),
+    #[error("--output {0:?} is not of the form GUEST_PATH:HOST_PATH")]
+    OutputSpec(String),
+    #[error("{flag} {spec:?}: {problem}")]
+    GuestPath {
+        flag: &'static str,
+        spec: String,
+        problem: String,
+    },
+    #[error("the input {0} does not exist: check the host path before the ':'")]
+    InputMissing(PathBuf),
+    #[error("cannot read the input {path}: {source}; make it readable, or leave it out")]
+    InputUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the input {0} is not a regular file, a directory or a symbolic link (a pipe, socket or device has no content to copy): leave it out")]
+    InputSpecial(PathBuf),
+    #[error("the input {0} changed while it was being sent to the guest: run again when nothing writes to it")]
+    InputChanged(PathBuf),
+    #[error("the inputs and standard input hold {bytes_mib} MiB, and the guest keeps them in memory, of which it can give them half: pass --memory {needed_mib} (or more)")]
+    TooBigForMemory { bytes_mib: u64, needed_mib: u64 },
+    #[error("two outputs go to {0}: give each its own host path")]
+    OutputTwice(PathBuf),
+    #[error("{0} exists; pass --force to replace it, or choose another host path for --output")]
+    OutputExists(PathBuf),
+    #[error("cannot write the output {path}: {source}")]
+    OutputWrite {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the guest sent an output entry {0:?}, which is not part of any output: refusing to write it")]
+    OutputOutside(String),
+}
+
+/// Splits `spec` at its ':' into two non-empty halves (`first` at the
+/// first ':' when `at_first`, else at the last one).
+fn split_spec(spec: &str, at_first: bool) -> Option<(&str, &str)> {
+    let (a, b) = if at_first {
+        spec.split_once(':')?
+    } else {
+        spec.rsplit_once(':')?
+    };
+    (!a.is_empty() && !b.is_empty()).then_some((a, b))
+}
+
+/// `path` (a guest path from `--input` or `--output`) without a trailing
+/// '/', or the reason it cannot be one.
+fn guest_path(flag: &'static str, spec: &str, path: &str) -> Result<String, DataError> {
+    match provm_guest_agent::tree::guest_path_problem(path) {
+        Some(problem) => Err(DataError::GuestPath {
+            flag,
+            spec: spec.to_owned(),
+            problem,
+        }),
+        None => Ok(path.trim_end_matches('/').to_owned()),
+    }
+}

@@ -1,0 +1,208 @@
+//! A job's data in: the host's input trees, each filled into a tmpfs of its
+//! own and then mounted read-only at its guest path (hiding what the image
+//! has there, as `docker run -v` does), and the command's standard input,
+//! kept in a memory file.
+//!
+//! Memory, not the image's disk: the guest's disk writes are logged in the
+//! trace, and the input is in it already (every byte the host sends is);
+//! the host checks that the inputs fit the guest's memory.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Seek, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use provm_guest_agent::tree::stays_inside;
+use provm_guest_agent::{Entry, EntryContent, HostMessage, Job};
+
+use crate::root::{detach, mount};
+
+/// Where the inputs are filled before they are mounted in place: a
+/// directory on the image's root, removed again once they are.
+const STAGING: &str = "/.provm-inputs";
+
+/// The inputs and standard input of one job, as they arrive.
+pub struct Inputs {
+    /// Each input's guest path and its staging directory.
+    trees: Vec<(PathBuf, PathBuf)>,
+    stdin: Option<File>,
+    /// The regular file `Data` entries go to, and its path.
+    open_file: Option<(PathBuf, File)>,
+}
+
+impl Inputs {
+    /// Prepares for `job`'s data: a tmpfs per input, a memory file for its
+    /// standard input if it has one.
+    pub fn begin(job: &Job) -> Result<Inputs, String> {
+        let mut trees = Vec::new();
+        for (index, guest_path) in job.inputs.iter().enumerate() {
+            let staging = Path::new(STAGING).join(index.to_string());
+            let mounted = fs::create_dir_all(&staging).and_then(|()| {
+                let target = staging.to_string_lossy();
+                mount(b"tmpfs", &target, "tmpfs", 0, "mode=0755")
+            });
+            mounted.map_err(|error| {
+                format!(
+                    "cannot make room for an input at {}: {error}",
+                    staging.display()
+                )
+            })?;
+            trees.push((
+                PathBuf::from(std::ffi::OsStr::from_bytes(guest_path)),
+                staging,
+            ));
+        }
+        let stdin = job.stdin.then(memory_file).transpose()?;
+        Ok(Inputs {
+            trees,
+            stdin,
+            open_file: None,
+        })
+    }
+
+    /// Stores one data message.
+    pub fn take(&mut self, message: HostMessage) -> Result<(), String> {
+        match message {
+            HostMessage::Entry(entry) => self.store(entry),
+            HostMessage::Stdin(bytes) => self
+                .stdin
+                .as_mut()
+                .ok_or("standard input came for a job without it")?
+                .write_all(&bytes)
+                .map_err(|error| format!("cannot keep the command's standard input: {error}")),
+            other => Err(format!("{other:?} came among the job's data")),
+        }
+    }
+
+    fn store(&mut self, entry: Entry) -> Result<(), String> {
+        let (_, staging) = self
+            .trees
+            .get(entry.tree as usize)
+            .ok_or_else(|| format!("an entry for input {}, which the job lacks", entry.tree))?;
+        if !stays_inside(&entry.path) {
+            let path = String::from_utf8_lossy(&entry.path);
+            return Err(format!("an input entry {path:?} leaves its tree"));
+        }
+        let path = staged_path(staging, &entry.path);
+        let failed = |error: std::io::Error| {
+            format!("cannot store the input file {}: {error}", path.display())
+        };
+        match entry.content {
+            EntryContent::Dir { mode } => {
+                fs::create_dir_all(&path).map_err(failed)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(failed)?;
+            }
+            EntryContent::File { mode } => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(mode)
+                    .open(&path)
+                    .map_err(failed)?;
+                self.open_file = Some((path, file));
+            }
+            EntryContent::Data(bytes) => match &mut self.open_file {
+                Some((open, file)) if *open == path => file.write_all(&bytes).map_err(failed)?,
+                _ => return Err(format!("content for {} before the file", path.display())),
+            },
+            EntryContent::Symlink(target) => {
+                symlink(std::ffi::OsStr::from_bytes(&target), &path).map_err(failed)?
+            }
+            EntryContent::Missing => return Err("an input with nothing in it".into()),
+        }
+        Ok(())
+    }
+
+    /// Mounts every input, read-only, at its guest path and gives the
+    /// command's standard input, from its start.
+    pub fn finish(mut self) -> Result<Option<File>, String> {
+        self.open_file = None;
+        for (guest_path, staging) in &self.trees {
+            place(guest_path, staging)?;
+        }
+        if !self.trees.is_empty() {
+            // Empty now: each input's tmpfs went with its staging mount.
+            let _ = fs::remove_dir_all(STAGING);
+        }
+        if let Some(stdin) = &mut self.stdin {
+            stdin
+                .rewind()
+                .map_err(|error| format!("cannot rewind the standard input: {error}"))?;
+        }
+        Ok(self.stdin)
+    }
+}
+
+/// Where an entry with the relative `path` is staged: the tree's root is
+/// `root` in the staging directory, a file or a directory.
+fn staged_path(staging: &Path, path: &[u8]) -> PathBuf {
+    let root = staging.join("root");
+    if path.is_empty() {
+        root
+    } else {
+        root.join(std::ffi::OsStr::from_bytes(path))
+    }
+}
+
+/// Makes the staged tree read-only and binds it over `guest_path` (made
+/// first when missing, with its parents, of the tree root's kind).
+fn place(guest_path: &Path, staging: &Path) -> Result<(), String> {
+    let failed = |what: &str, error: std::io::Error| {
+        format!(
+            "cannot {what} the input at {}: {error}",
+            guest_path.display()
+        )
+    };
+    let staging_name = staging.to_string_lossy();
+    mount(
+        b"",
+        &staging_name,
+        "",
+        libc::MS_REMOUNT | libc::MS_RDONLY,
+        "",
+    )
+    .map_err(|error| failed("seal", error))?;
+    let root = staged_path(staging, b"");
+    let is_dir = root
+        .symlink_metadata()
+        .map_err(|error| failed("find", error))?
+        .is_dir();
+    make_mount_point(guest_path, is_dir).map_err(|error| failed("make room for", error))?;
+    let (root, target) = (root.to_string_lossy(), guest_path.to_string_lossy());
+    mount(root.as_bytes(), &target, "", libc::MS_BIND, "")
+        .map_err(|error| failed("mount", error))?;
+    // The bind keeps the tmpfs; its staging mount is no longer needed.
+    detach(&staging_name).map_err(|error| failed("unstage", error))
+}
+
+fn make_mount_point(path: &Path, dir: bool) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    // Followed: an image's symbolic link to a directory is a fine place.
+    match (path.metadata(), dir) {
+        (Ok(existing), _) if existing.is_dir() == dir => Ok(()),
+        (Ok(_), _) => Err(std::io::Error::other(if dir {
+            "the image has a file there, and the input is a directory"
+        } else {
+            "the image has a directory there, and the input is a file"
+        })),
+        (Err(_), true) => fs::create_dir(path),
+        (Err(_), false) => File::create(path).map(drop),
+    }
+}
+
+/// An anonymous file in memory, for the command's standard input.
+fn memory_file() -> Result<File, String> {
+    // SAFETY: memfd_create(2) reads the NUL-terminated literal, which is
+    // 'static; the descriptor it returns is owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"stdin".as_ptr(), 0) };
+    if fd < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(format!("cannot hold the standard input: {error}"));
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}

@@ -1,0 +1,259 @@
+//! Data in and out: a host folder as the command's input (`--input`), its
+//! standard input, its results copied back (`--output`), a replay with the
+//! host folder gone, the results out of the trace (`export files`), and
+//! bad data arguments refused before anything is written.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{images, path, provm, Finished};
+
+/// A CSV of 200 measurements, a note in a subfolder and a link to it.
+fn host_folder(at: &Path) -> String {
+    fs::create_dir_all(at.join("notes")).unwrap();
+    let mut csv = String::from("station,value\n");
+    for i in 0..200 {
+        csv += &format!("s{},{}\n", i % 4, (i * 37) % 101);
+    }
+    fs::write(at.join("measurements.csv"), &csv).unwrap();
+    fs::write(at.join("notes/readme.txt"), "collected by hand\n").unwrap();
+    std::os::unix::fs::symlink("notes/readme.txt", at.join("readme")).unwrap();
+    csv
+}
+
+/// The per-station sums of values above `threshold`, as the guest's awk
+/// prints them (sorted by station).
+fn expected_summary(csv: &str, threshold: u32) -> String {
+    let mut sums = std::collections::BTreeMap::new();
+    for line in csv.lines().skip(1) {
+        let (station, value) = line.split_once(',').unwrap();
+        let value: u32 = value.parse().unwrap();
+        if value > threshold {
+            *sums.entry(station.to_owned()).or_insert(0) += value;
+        }
+    }
+    sums.iter().map(|(s, v)| format!("{s} {v}\n")).collect()
+}
+
+/// `provm ARGS` with `stdin` as its standard input.
+fn provm_with_stdin(args: &[&str], stdin: &[u8], cwd: &Path) -> Finished {
+    let stdin_file = cwd.join("stdin.txt");
+    fs::write(&stdin_file, stdin).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::from(fs::File::open(&stdin_file).unwrap()))
+        .output()
+        .unwrap();
+    Finished {
+        status: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The analysis: the threshold from stdin, the CSV from the input folder,
+/// the summary and a copy of the notes into the output folder; and a write
+/// into the input, which must fail.
+const ANALYSIS: &str = "read threshold; \
+    awk -F, -v t=$threshold 'NR > 1 && $2 > t { sum[$1] += $2 } END { for (s in sum) print s, sum[s] }' \
+        /data/measurements.csv | sort > /results/summary.txt; \
+    cp -r /data/notes /results/; cat /data/readme; \
+    touch /data/new 2>/dev/null && echo input-writable || echo input-read-only";
+
+#[test]
+fn a_host_folder_goes_in_its_results_come_back_and_the_trace_replays_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let csv = host_folder(&work.join("data"));
+    let image = path(&images().tiny_qcow2);
+
+    let recorded = provm_with_stdin(
+        &[
+            "record",
+            "-o",
+            "run.provm",
+            "--input",
+            "data:/data",
+            "--output",
+            "/results:results",
+            image,
+            "--",
+            "/bin/sh",
+            "-c",
+            ANALYSIS,
+        ],
+        b"50\n",
+        work,
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    assert_eq!(
+        recorded.stdout, "collected by hand\ninput-read-only\n",
+        "{}",
+        recorded.stderr
+    );
+    let summary = fs::read_to_string(work.join("results/summary.txt")).unwrap();
+    assert_eq!(summary, expected_summary(&csv, 50));
+    assert!(!summary.is_empty());
+    assert_eq!(
+        fs::read_to_string(work.join("results/notes/readme.txt")).unwrap(),
+        "collected by hand\n"
+    );
+    assert!(
+        recorded
+            .stderr
+            .contains("copied /results to results (2 files"),
+        "{}",
+        recorded.stderr
+    );
+
+    // The trace says what went in; the host folder is then gone.
+    let inspected = provm(&["inspect", path(&work.join("run.provm"))]);
+    assert!(
+        inspected
+            .stdout
+            .contains("input      data -> /data (2 files"),
+        "{}",
+        inspected.stdout
+    );
+    assert!(
+        inspected.stdout.contains("stdin      3 bytes"),
+        "{}",
+        inspected.stdout
+    );
+    fs::remove_dir_all(work.join("data")).unwrap();
+
+    let replayed = provm(&["replay", path(&work.join("run.provm"))]);
+    assert_eq!(replayed.status, 0, "{}{}", replayed.stdout, replayed.stderr);
+    assert!(
+        replayed
+            .stdout
+            .contains("the exit status, the files left at /results and the disk writes"),
+        "{}",
+        replayed.stdout
+    );
+
+    let exported = work.join("exported");
+    let export = provm(&[
+        "export",
+        "files",
+        path(&work.join("run.provm")),
+        "/results",
+        "-o",
+        path(&exported),
+    ]);
+    assert_eq!(export.status, 0, "{}", export.stderr);
+    assert_eq!(
+        fs::read_to_string(exported.join("summary.txt")).unwrap(),
+        summary
+    );
+    let again = provm(&[
+        "export",
+        "files",
+        path(&work.join("run.provm")),
+        "/results",
+        "-o",
+        path(&exported),
+    ]);
+    assert_ne!(again.status, 0, "an existing export must not be replaced");
+    assert!(again.stderr.contains("--force"), "{}", again.stderr);
+    let unknown = provm(&[
+        "export",
+        "files",
+        path(&work.join("run.provm")),
+        "/tmp",
+        "-o",
+        path(&work.join("t")),
+    ]);
+    assert!(
+        unknown
+            .stderr
+            .contains("did not copy /tmp back; it copied /results"),
+        "{}",
+        unknown.stderr
+    );
+}
+
+#[test]
+fn run_passes_stdin_and_a_file_input_and_replaces_outputs_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    fs::write(work.join("words.txt"), "pear\napple\nfig\n").unwrap();
+    let image = path(&images().tiny_qcow2);
+    let args = [
+        "run",
+        "--input",
+        "words.txt:/srv/words.txt",
+        "--output",
+        "/out:out",
+        image,
+        "--",
+        "/bin/sh",
+        "-c",
+        "sort /srv/words.txt > /out/sorted; wc -l > /out/stdin-lines",
+    ];
+    let ran = provm_with_stdin(&args, b"1\n2\n3\n4\n", work);
+    assert_eq!(ran.status, 0, "{}", ran.stderr);
+    assert_eq!(
+        fs::read_to_string(work.join("out/sorted")).unwrap(),
+        "apple\nfig\npear\n"
+    );
+    assert_eq!(
+        fs::read_to_string(work.join("out/stdin-lines"))
+            .unwrap()
+            .trim(),
+        "4"
+    );
+    let refused = provm_with_stdin(&args, b"", work);
+    assert_eq!(refused.status, common::PROVM_FAILED);
+    assert!(
+        refused.stderr.contains("out exists; pass --force"),
+        "{}",
+        refused.stderr
+    );
+    let forced: Vec<&str> = [&args[..1], &["--force"], &args[1..]].concat();
+    let replaced = provm_with_stdin(&forced, b"x\n", work);
+    assert_eq!(replaced.status, 0, "{}", replaced.stderr);
+    assert_eq!(
+        fs::read_to_string(work.join("out/stdin-lines"))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+}
+
+/// Each bad data argument is named with its fix, before the guest starts:
+/// no trace is left behind.
+#[test]
+fn bad_data_arguments_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    fs::create_dir(work.join("data")).unwrap();
+    fs::write(work.join("big"), vec![0u8; 40 << 20]).unwrap();
+    fs::create_dir(work.join("taken")).unwrap();
+    let image = path(&images().tiny_qcow2);
+    let cases: [(&[&str], &str); 6] = [
+        (&["--input", "nope:/data"], "the input nope does not exist"),
+        (&["--input", "data:data"], "is not an absolute guest path"),
+        (&["--input", "data:/proc/data"], "a kernel file system"),
+        (&["--output", "/out/../..:x"], "outside the guest's root"),
+        (&["--output", "/out:taken"], "taken exists; pass --force"),
+        (&["--memory", "64", "--input", "big:/big"], "pass --memory"),
+    ];
+    for (extra, message) in cases {
+        let mut args = vec!["record", "-o", "t.provm"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[image, "--", "true"]);
+        let refused = provm_with_stdin(&args, b"", work);
+        assert_ne!(refused.status, 0, "{extra:?}");
+        assert!(
+            refused.stderr.contains(message),
+            "{extra:?}: {}",
+            refused.stderr
+        );
+        assert!(!work.join("t.provm").exists(), "{extra:?} left a trace");
+    }
+}
