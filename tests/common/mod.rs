@@ -294,8 +294,12 @@ pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
 
 pub struct Images {
     _dir: tempfile::TempDir,
+    /// This test process's own scratch directory (traces, overlays).
     pub dir: PathBuf,
-    /// A bare ext4 file system as qcow2.
+    /// The busybox root the images hold (shared: read it only).
+    pub root: PathBuf,
+    /// A bare ext4 file system as qcow2 (shared: the tests never write it,
+    /// as provm never writes an image).
     pub tiny_qcow2: PathBuf,
     /// A GPT disk whose second partition holds the ext4 file system.
     pub partitioned_raw: PathBuf,
@@ -303,7 +307,72 @@ pub struct Images {
 
 pub fn images() -> &'static Images {
     static IMAGES: OnceLock<Images> = OnceLock::new();
-    IMAGES.get_or_init(build_images)
+    IMAGES.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let built = shared_images();
+        Images {
+            dir: dir.path().to_owned(),
+            _dir: dir,
+            root: built.join("root"),
+            tiny_qcow2: built.join("tiny.qcow2"),
+            partitioned_raw: built.join("partitioned.raw"),
+        }
+    })
+}
+
+/// Where the test images are, built once for every test process and
+/// benchmark (the images are the same bytes whenever their inputs are, so
+/// they are kept under a digest of those inputs in cargo's target/tmp).
+/// Building them takes seconds natively and about 20 s on the SVM test bed,
+/// where every test is a process of its own and target/ is read-only: there
+/// the host's copy is used, or, without one, a copy of the process's own.
+fn shared_images() -> PathBuf {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-images");
+    let built = cache.join(image_inputs_digest());
+    if built.join(BUILT_MARK).exists() {
+        return built;
+    }
+    let staging = match std::fs::create_dir_all(&cache).and_then(|()| tempfile::tempdir_in(&cache))
+    {
+        Ok(staging) => staging,
+        // A read-only target/ (the test bed): this process's own copy.
+        Err(_) => {
+            let own = tempfile::tempdir().unwrap().keep();
+            build_images(&own);
+            return own;
+        }
+    };
+    build_images(staging.path());
+    std::fs::write(staging.path().join(BUILT_MARK), "").unwrap();
+    // Another process may have put its copy in place first: the same bytes.
+    let _ = std::fs::rename(staging.keep(), &built);
+    built
+}
+
+/// Written last into a built image directory: the build finished.
+const BUILT_MARK: &str = "built";
+
+/// What the test images are made of: the build recipe (this file), busybox,
+/// the test programs' sources and the compiler that builds them.
+fn image_inputs_digest() -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(include_bytes!("mod.rs"));
+    hasher.update(
+        std::fs::read("/bin/busybox").expect("busybox-static is needed: run scripts/install-deps"),
+    );
+    for program in TEST_PROGRAMS {
+        hasher.update(std::fs::read(test_program_source(program)).unwrap());
+    }
+    let gcc = Command::new("gcc")
+        .arg("--version")
+        .output()
+        .expect("gcc is needed");
+    hasher.update(gcc.stdout);
+    hasher.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn run(command: &mut Command) {
@@ -326,9 +395,8 @@ const FIXED_UUID: &str = "6a0e5e4b-7b1e-4c6e-9d3a-70726f766d31";
 /// The time every inode and the superblock carry (seconds since 1970).
 const FIXED_TIME: &str = "1";
 
-pub fn build_images() -> Images {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_owned();
+/// Builds the test images into `path`.
+pub fn build_images(path: &Path) {
     let root = path.join("root");
     populate_busybox_root(&root);
 
@@ -367,13 +435,6 @@ pub fn build_images() -> Images {
     deterministic_ext4(&root, &root_partition, "27M");
     copy_into(&root_partition, &partitioned_raw, 4096 * 512);
     std::fs::remove_file(&root_partition).unwrap();
-
-    Images {
-        dir: path,
-        _dir: dir,
-        tiny_qcow2,
-        partitioned_raw,
-    }
 }
 
 fn with_last_digit(uuid: &str, digit: char) -> String {
@@ -440,7 +501,25 @@ fn copy_into(part: &Path, disk: &Path, offset: u64) {
 /// A test program as built for the test images (static), runnable on the
 /// host too.
 pub fn test_program(name: &str) -> PathBuf {
-    images().dir.join("root/bin").join(name)
+    images().root.join("bin").join(name)
+}
+
+/// The C programs the test images carry in /bin, from tests/data/NAME.c.
+const TEST_PROGRAMS: [&str; 10] = [
+    "vector_copy",
+    "ymm_hold",
+    "ymm_signal",
+    "host_tsc",
+    "sysv_shm",
+    "tcp_echo",
+    "timed_loop",
+    "alarm_progress",
+    "disk_write",
+    "free_large",
+];
+
+fn test_program_source(program: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"))
 }
 
 fn populate_busybox_root(root: &Path) {
@@ -456,23 +535,11 @@ fn populate_busybox_root(root: &Path) {
         }
     }
     std::fs::write(root.join("etc/marker"), format!("{MARKER}\n")).unwrap();
-    for program in [
-        "vector_copy",
-        "ymm_hold",
-        "ymm_signal",
-        "host_tsc",
-        "sysv_shm",
-        "tcp_echo",
-        "timed_loop",
-        "alarm_progress",
-        "disk_write",
-        "free_large",
-    ] {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"));
+    for program in TEST_PROGRAMS {
         run(Command::new("gcc")
             .args(["-O2", "-static", "-o"])
             .arg(root.join("bin").join(program))
-            .arg(source));
+            .arg(test_program_source(program)));
     }
     std::fs::write(root.join("data/in.txt"), "pear\napple\nfig\n").unwrap();
 }
