@@ -85,7 +85,7 @@ impl InputPlan {
                 .iter()
                 .filter(|entry| matches!(entry, Planned::File { .. }))
                 .count() as u64;
-            let digest = digest(TreeMessages::new(0, &entries))?;
+            let digest = digest(TreeMessages::new(&entries))?;
             trees.push(Tree {
                 input: input.clone(),
                 entries,
@@ -152,7 +152,8 @@ impl InputPlan {
             .iter()
             .enumerate()
             .flat_map(|(index, tree)| Checked {
-                messages: TreeMessages::new(index as u32, &tree.entries),
+                messages: TreeMessages::new(&tree.entries),
+                index: index as u32,
                 tree,
                 hasher: Sha256::new(),
                 ended: false,
@@ -246,18 +247,17 @@ fn content_len(message: &HostMessage) -> u64 {
     }
 }
 
-/// One tree's messages, its files read as they go.
+/// One tree's messages, as tree 0 (`Checked` gives them their index), its
+/// files read as they go.
 struct TreeMessages<'a> {
-    tree: u32,
     entries: std::slice::Iter<'a, Planned>,
     /// The file being sent, its entry path and its location.
     open: Option<(File, &'a [u8], &'a Path)>,
 }
 
 impl<'a> TreeMessages<'a> {
-    fn new(tree: u32, entries: &'a [Planned]) -> Self {
+    fn new(entries: &'a [Planned]) -> Self {
         TreeMessages {
-            tree,
             entries: entries.iter(),
             open: None,
         }
@@ -265,7 +265,7 @@ impl<'a> TreeMessages<'a> {
 
     fn entry(&self, path: &[u8], content: EntryContent) -> HostMessage {
         HostMessage::Entry(Entry {
-            tree: self.tree,
+            tree: 0,
             path: path.to_vec(),
             content,
         })
@@ -340,10 +340,13 @@ fn read_full(file: &mut File, buffer: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
-/// A tree's messages as sent, digested on the way and compared with the
-/// survey at the end: a file that changed in between fails the run.
+/// A tree's messages as sent, digested on the way (as tree 0, as the
+/// survey digested them) and compared with the survey at the end: a file
+/// that changed in between fails the run.
 struct Checked<'a> {
     messages: TreeMessages<'a>,
+    /// The tree's index among the job's inputs.
+    index: u32,
     tree: &'a Tree,
     hasher: Sha256,
     ended: bool,
@@ -357,13 +360,11 @@ impl Iterator for Checked<'_> {
             return None;
         }
         match self.messages.next() {
-            Some(Ok(message)) => {
-                // The survey digested the messages as tree 0.
-                let mut as_surveyed = message.clone();
-                if let HostMessage::Entry(entry) = &mut as_surveyed {
-                    entry.tree = 0;
+            Some(Ok(mut message)) => {
+                self.hasher.update(message.encode());
+                if let HostMessage::Entry(entry) = &mut message {
+                    entry.tree = self.index;
                 }
-                self.hasher.update(as_surveyed.encode());
                 Some(Ok(message))
             }
             Some(Err(error)) => {
@@ -463,6 +464,27 @@ mod tests {
         let record = &plan.records(HostPaths::default())[0];
         assert_eq!((record.files, record.bytes), (2, DATA_CHUNK as u64 + 18));
         assert_eq!(plan.stdin_digest().unwrap().bytes, 5);
+    }
+
+    #[test]
+    fn each_input_is_sent_as_its_own_tree_with_the_digest_of_its_survey() {
+        let (one, two) = (folder(), folder());
+        let inputs = [one.path(), two.path()].map(|host| Input {
+            host: host.into(),
+            guest: "/data".into(),
+        });
+        let plan = InputPlan::survey(&inputs, None, 128).unwrap();
+        let trees: Vec<u32> = sent(&plan)
+            .iter()
+            .map(|message| match message {
+                HostMessage::Entry(entry) => entry.tree,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(trees, [[0; 8], [1; 8]].concat());
+        // The same content, wherever it is sent: the same digest.
+        let records = plan.records(HostPaths::default());
+        assert_eq!(records[0].sha256, records[1].sha256);
     }
 
     #[test]
