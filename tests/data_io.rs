@@ -137,37 +137,26 @@ fn a_host_folder_goes_in_its_results_come_back_and_the_trace_replays_without_it(
     );
 
     let exported = work.join("exported");
-    let export = provm(&[
-        "export",
-        "files",
-        path(&work.join("run.provm")),
-        "/results",
-        "-o",
-        path(&exported),
-    ]);
+    let export_files = |guest: &str, to: &Path| {
+        provm(&[
+            "export",
+            "files",
+            path(&work.join("run.provm")),
+            guest,
+            "-o",
+            path(to),
+        ])
+    };
+    let export = export_files("/results", &exported);
     assert_eq!(export.status, 0, "{}", export.stderr);
     assert_eq!(
         fs::read_to_string(exported.join("summary.txt")).unwrap(),
         summary
     );
-    let again = provm(&[
-        "export",
-        "files",
-        path(&work.join("run.provm")),
-        "/results",
-        "-o",
-        path(&exported),
-    ]);
+    let again = export_files("/results", &exported);
     assert_ne!(again.status, 0, "an existing export must not be replaced");
     assert!(again.stderr.contains("--force"), "{}", again.stderr);
-    let unknown = provm(&[
-        "export",
-        "files",
-        path(&work.join("run.provm")),
-        "/tmp",
-        "-o",
-        path(&work.join("t")),
-    ]);
+    let unknown = export_files("/tmp", &work.join("t"));
     assert!(
         unknown
             .stderr

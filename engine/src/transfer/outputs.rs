@@ -221,6 +221,18 @@ fn remove(path: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// A sink for one output, to `results` in a new directory.
+    fn sink() -> (tempfile::TempDir, PathBuf, OutputSink) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("results");
+        let outputs = [Output {
+            guest: "/out".into(),
+            host: host.clone(),
+        }];
+        let sink = OutputSink::new(&outputs, false).unwrap();
+        (dir, host, sink)
+    }
+
     fn entry(tree: u32, path: &str, content: EntryContent) -> Entry {
         Entry {
             tree,
@@ -250,13 +262,7 @@ mod tests {
 
     #[test]
     fn outputs_appear_whole_at_commit_and_never_replace_without_force() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = dir.path().join("results");
-        let outputs = [Output {
-            guest: "/out".into(),
-            host: host.clone(),
-        }];
-        let mut sink = OutputSink::new(&outputs, false).unwrap();
+        let (dir, host, mut sink) = sink();
         sink.take(entry(0, "", EntryContent::Dir { mode: 0o755 }))
             .unwrap();
         sink.take(entry(0, "r.csv", EntryContent::File { mode: 0o644 }))
@@ -274,6 +280,10 @@ mod tests {
             }
         );
         assert_eq!(fs::read(host.join("r.csv")).unwrap(), b"a,1\n");
+        let outputs = [Output {
+            guest: "/out".into(),
+            host,
+        }];
         assert!(matches!(
             OutputSink::new(&outputs, false),
             Err(DataError::OutputExists(_))
@@ -284,12 +294,7 @@ mod tests {
 
     #[test]
     fn entries_that_leave_their_output_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let outputs = [Output {
-            guest: "/out".into(),
-            host: dir.path().join("results"),
-        }];
-        let mut sink = OutputSink::new(&outputs, false).unwrap();
+        let (dir, _, mut sink) = sink();
         sink.take(entry(0, "", EntryContent::Dir { mode: 0o755 }))
             .unwrap();
         for bad in [
@@ -308,13 +313,7 @@ mod tests {
 
     #[test]
     fn a_missing_output_puts_nothing_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = dir.path().join("results");
-        let outputs = [Output {
-            guest: "/out".into(),
-            host: host.clone(),
-        }];
-        let mut sink = OutputSink::new(&outputs, false).unwrap();
+        let (_dir, host, mut sink) = sink();
         sink.take(entry(0, "", EntryContent::Missing)).unwrap();
         assert!(sink.commit().unwrap()[0].1.missing);
         assert!(!host.exists());
