@@ -116,6 +116,12 @@ struct RunArgs {
     /// Overwrite output files that exist (the trace, --prov, --keep-overlay).
     #[arg(long)]
     force: bool,
+    /// Give the guest a network card behind provm's NAT: the guest is
+    /// 10.0.2.15 and reaches the host's 127.0.0.1 as 10.0.2.2 (outbound
+    /// TCP only, no DNS). A recording logs every frame the guest receives,
+    /// so its replay needs no network.
+    #[arg(long)]
+    net: bool,
     #[command(flatten)]
     timing: TimingArgs,
     #[command(flatten)]
@@ -688,6 +694,7 @@ fn replay_verdict(report: ReplayReport) -> ExitCode {
 fn run_options(args: RunArgs, verbose: bool) -> RunOptions {
     RunOptions {
         keep_overlay: args.keep_overlay,
+        net: args.net,
         ..guest_options(args.guest, verbose)
     }
 }
