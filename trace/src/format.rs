@@ -605,9 +605,9 @@ mod tests {
         older[8] = 3;
         let retired = read_all(&older).unwrap_err();
         assert!(
-            retired
-                .to_string()
-                .contains("recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 6: replay it with provm 0.1.0 (commit 96474bd)"),
+            retired.to_string().contains(&format!(
+                "recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}: replay it with provm 0.1.0 (commit 96474bd)"
+            )),
             "{retired}"
         );
         assert!(matches!(read_all(b"hello"), Err(FormatError::NotATrace(_))));
