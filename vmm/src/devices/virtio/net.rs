@@ -210,13 +210,13 @@ mod tests {
         }
     }
 
-    fn live_net(
-        mem: &GuestMemoryMmap,
+    fn live_net<'a>(
+        mem: &'a GuestMemoryMmap,
         wire: &Wire,
     ) -> (
         MmioTransport<VirtioNet>,
         Arc<RecordingIrq>,
-        [virtio_queue::mock::MockSplitQueue<'_, GuestMemoryMmap>; 2],
+        [virtio_queue::mock::MockSplitQueue<'a, GuestMemoryMmap>; 2],
     ) {
         let seam = LiveSeam::starting_at(0).with_network(Box::new(wire.clone()));
         let (mut t, irq) = transport(VirtioNet::new(Arc::new(seam)), mem);
