@@ -77,13 +77,16 @@ impl Connection {
     /// Moves what can be moved both ways without blocking. A host error
     /// resets the guest's connection.
     pub fn pump(&mut self, socket: &mut tcp::Socket<'_>) {
-        if let Err(error) = self.to_host(socket).and_then(|()| self.to_guest(socket)) {
+        if let Err(error) = self
+            .carry_to_host(socket)
+            .and_then(|()| self.carry_to_guest(socket))
+        {
             tracing::debug!("a proxied connection failed: {error}");
             socket.abort();
         }
     }
 
-    fn to_host(&mut self, socket: &mut tcp::Socket<'_>) -> io::Result<()> {
+    fn carry_to_host(&mut self, socket: &mut tcp::Socket<'_>) -> io::Result<()> {
         while socket.can_recv() {
             let written = socket
                 .recv(|data| match self.host.write(data) {
@@ -113,7 +116,7 @@ impl Connection {
         Ok(())
     }
 
-    fn to_guest(&mut self, socket: &mut tcp::Socket<'_>) -> io::Result<()> {
+    fn carry_to_guest(&mut self, socket: &mut tcp::Socket<'_>) -> io::Result<()> {
         let mut buffer = [0u8; CHUNK];
         while !self.host_closed && socket.may_send() {
             let room = socket.send_capacity() - socket.send_queue();
