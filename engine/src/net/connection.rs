@@ -52,6 +52,9 @@ pub struct Connection {
     host_closed: bool,
     /// The guest closed its side, and the host's write side was shut.
     guest_closed: bool,
+    /// The guest's side has left Listen: smoltcp puts a socket reset while
+    /// opening back there, which for a connection of its own is its end.
+    opened: bool,
 }
 
 /// What the poll of the host socket should wait for.
@@ -71,12 +74,14 @@ impl Connection {
             host,
             host_closed: false,
             guest_closed: false,
+            opened: false,
         })
     }
 
     /// Moves what can be moved both ways without blocking. A host error
     /// resets the guest's connection.
     pub fn pump(&mut self, socket: &mut tcp::Socket<'_>) {
+        self.opened |= socket.state() != tcp::State::Listen;
         if let Err(error) = self
             .carry_to_host(socket)
             .and_then(|()| self.carry_to_guest(socket))
@@ -153,7 +158,11 @@ impl Connection {
     }
 
     /// Whether the guest's side is over, and the host socket can go.
-    pub fn finished(socket: &tcp::Socket<'_>) -> bool {
-        matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait)
+    pub fn finished(&self, socket: &tcp::Socket<'_>) -> bool {
+        match socket.state() {
+            tcp::State::Closed | tcp::State::TimeWait => true,
+            tcp::State::Listen => self.opened,
+            _ => false,
+        }
     }
 }

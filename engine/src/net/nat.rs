@@ -114,7 +114,7 @@ impl Nat {
         self.iface.poll(now, &mut self.frames, &mut self.sockets);
         let sockets = &mut self.sockets;
         self.connections.retain(|(_, connection)| {
-            let done = Connection::finished(sockets.get::<tcp::Socket>(connection.socket));
+            let done = connection.finished(sockets.get::<tcp::Socket>(connection.socket));
             if done {
                 sockets.remove(connection.socket);
             }
