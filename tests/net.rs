@@ -52,7 +52,7 @@ fn a_download_through_the_nat_replays_with_the_server_stopped() {
     assert_replay_matches(&trace);
     let inspect = provm(&["inspect", path(&trace)]);
     assert!(
-        inspect.stdout.contains("network frame received"),
+        inspect.stdout.contains("net frame received"),
         "{}",
         inspect.stdout
     );

@@ -266,8 +266,8 @@ impl EventKind {
             EventKind::DiskWrite => "disk write",
             EventKind::MsrRead => "RDMSR",
             EventKind::StateCheck => "state check",
-            EventKind::NetReceived => "network frame received",
-            EventKind::NetSent => "network frame sent",
+            EventKind::NetReceived => "net frame received",
+            EventKind::NetSent => "net frame sent",
         }
     }
 
