@@ -9,8 +9,9 @@
 # replay (benches/fork.rs), what time travel costs under gdb
 # (benches/gdb.rs), and hypervisor blame: the cost of exit timing, the
 # injected-delay validation sweep and a what-if replay against its
-# measurement (benches/blame.rs), and what state checks cost
-# (benches/state_check.rs).
+# measurement (benches/blame.rs), what state checks cost
+# (benches/state_check.rs), and a 100 MB download through the guest's
+# network under run and record (benches/net.rs).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,3 +48,5 @@ echo
 cargo bench -q --bench blame 2>/dev/null
 echo
 cargo bench -q --bench state_check 2>/dev/null
+echo
+cargo bench -q --bench net 2>/dev/null

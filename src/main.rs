@@ -124,6 +124,12 @@ struct RunArgs {
     /// --keep-overlay).
     #[arg(long)]
     force: bool,
+    /// Give the guest a network card behind provm's NAT: the guest is
+    /// 10.0.2.15 and reaches the host's 127.0.0.1 as 10.0.2.2 (outbound
+    /// TCP only, no DNS). A recording logs every frame the guest receives,
+    /// so its replay needs no network.
+    #[arg(long)]
+    net: bool,
     #[command(flatten)]
     timing: TimingArgs,
     #[command(flatten)]
@@ -716,6 +722,7 @@ fn run_options(args: RunArgs, verbose: bool) -> std::io::Result<RunOptions> {
         keep_overlay: args.keep_overlay,
         outputs: args.outputs,
         force_outputs: args.force,
+        net: args.net,
         ..guest_options(args.guest, verbose)?
     })
 }

@@ -156,7 +156,10 @@ fn a_newer_machine_version_is_refused_before_the_replay_starts() {
     writer.finish().unwrap();
     refused(
         &copy,
-        "machine version 99; this provm emulates machine versions 1 to 1: use a newer provm",
+        &format!(
+            "machine version 99; this provm emulates machine versions 1 to {}: use a newer provm",
+            provm_vmm::machine_version::CURRENT
+        ),
         &["machine    version 99, 64 MiB", "status     complete"],
     );
 }

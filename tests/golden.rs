@@ -112,6 +112,8 @@ fn sample_events() -> Vec<Event> {
         Event::StateCheck {
             memory: 0xfedc_ba98_7654_3210,
         },
+        Event::NetReceived(vec![0x52; 60]),
+        Event::net_sent(b"a frame"),
     ]
 }
 
@@ -132,13 +134,29 @@ fn the_event_encoding_is_its_formats() {
 }
 
 /// The event logs of format 5 still decode, as today's events without
-/// state checks, which that format did not have.
+/// state checks and network frames, which that format did not have.
 #[test]
 fn the_event_logs_of_format_5_still_decode() {
     let path = golden_dir().join("events.format-5.bin");
     let bytes = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut events = sample_events();
-    events.retain(|event| !matches!(event, Event::StateCheck { .. }));
+    events.retain(|event| {
+        !matches!(
+            event,
+            Event::StateCheck { .. } | Event::NetReceived(_) | Event::NetSent { .. }
+        )
+    });
+    assert_eq!(Decoder::default().decode_all(&bytes).unwrap(), events);
+}
+
+/// The event logs of format 6 still decode, as today's events without
+/// network frames, which that format did not have.
+#[test]
+fn the_event_logs_of_format_6_still_decode() {
+    let path = golden_dir().join("events.format-6.bin");
+    let bytes = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut events = sample_events();
+    events.retain(|event| !matches!(event, Event::NetReceived(_) | Event::NetSent { .. }));
     assert_eq!(Decoder::default().decode_all(&bytes).unwrap(), events);
 }
 

@@ -21,6 +21,7 @@ pub mod host_paths;
 pub mod initramfs;
 pub mod kernel;
 pub mod machine;
+pub mod net;
 pub mod observer;
 pub mod pinning;
 pub mod record;

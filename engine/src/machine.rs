@@ -19,6 +19,8 @@ pub struct Machine<'a> {
     pub overlay: OverlayLocation,
     /// See `VmConfig::exitless_limit`.
     pub exitless_limit: Option<Duration>,
+    /// See `VmConfig::net`.
+    pub net: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,7 @@ impl Machine<'_> {
             echo_console: self.echo_console,
             seam,
             exitless_limit: self.exitless_limit,
+            net: self.net,
         })
     }
 
@@ -62,6 +65,8 @@ pub struct Prepared {
     pub memory_mib: u64,
     pub root_device: String,
     pub(crate) echo_console: bool,
+    /// Whether the guest has a network card (`--net`).
+    pub net: bool,
 }
 
 impl Prepared {
@@ -77,6 +82,7 @@ impl Prepared {
             echo_console: self.echo_console,
             overlay,
             exitless_limit,
+            net: self.net,
         }
     }
 

@@ -145,7 +145,13 @@ pub fn record(
                 &INTERRUPTED,
             )
             .delivering(delivery),
-            None => Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery),
+            None => {
+                let recorder = Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery);
+                match options.run.net {
+                    true => recorder.with_network(crate::net::nat()),
+                    false => recorder,
+                }
+            }
         })
         .map_err(RunError::from)?;
     run::attach(observers, &mut vm, &prepared)?;

@@ -318,6 +318,8 @@ impl Opened {
             echo_console,
             overlay: OverlayLocation::temporary(),
             exitless_limit: None,
+            // A restored VM has the network card its snapshot has.
+            net: false,
         }
     }
 

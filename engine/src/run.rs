@@ -25,6 +25,7 @@ use crate::host_paths::HostPaths;
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::machine::{MachineError, Prepared};
+use crate::net;
 use crate::observer::{self, GuestKernel, JobOutput, Observer, ObserverError};
 use crate::pinning::Pinning;
 use crate::session::{GuestSession, SessionError};
@@ -88,6 +89,8 @@ pub struct RunOptions {
     pub outputs: Vec<Output>,
     /// Replace outputs that exist on the host.
     pub force_outputs: bool,
+    /// A network card behind provm's NAT (`--net`); none by default.
+    pub net: bool,
 }
 
 impl RunOptions {
@@ -112,6 +115,7 @@ impl RunOptions {
             stdin: None,
             outputs: Vec::new(),
             force_outputs: false,
+            net: false,
         }
     }
 
@@ -149,6 +153,8 @@ pub enum RunError {
     Session(#[from] SessionError),
     #[error(transparent)]
     FastStart(#[from] FastStartError),
+    #[error("--net and --pinned do not go together: a pinned run takes no input from outside, and the network is outside; record the run with --net instead, and replay it")]
+    NetPinned,
     #[error("cannot read fresh entropy for the guest: {0}")]
     Entropy(std::io::Error),
     /// What observed the run failed (see `observer`).
@@ -168,6 +174,9 @@ pub fn overlay_location(options: &RunOptions) -> OverlayLocation {
 /// Checks the inputs and assembles the VM: the image's root, the overlay, the
 /// kernel and the agent's initramfs.
 pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
+    if options.net && options.pinned.is_some() {
+        return Err(RunError::NetPinned);
+    }
     provm_vmm::vm::check_kvm()?;
     let mut base = BaseImage::open(&options.image)?;
     let root = match &options.root {
@@ -193,12 +202,20 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         boot: BootSource {
             kernel,
             initramfs: initramfs::agent_initramfs(),
-            cmdline: kernel_args(options.echo_console),
+            cmdline: match options.net {
+                true => format!(
+                    "{} {}",
+                    kernel_args(options.echo_console),
+                    net::kernel_arg()
+                ),
+                false => kernel_args(options.echo_console),
+            },
             cpu: options.cpu,
         },
         memory_mib: options.memory_mib,
         root_device: root.device(),
         echo_console: options.echo_console,
+        net: options.net,
     })
 }
 
@@ -258,7 +275,13 @@ pub fn start(
         fast_start::booted(prepared, &identity, deadline)?.decode(prepared.memory_mib)?;
     let machine = prepared.machine(overlay_location(options), None);
     let Some(pinning) = &options.pinned else {
-        let (mut vm, _) = machine.restore(snapshot, LiveSeam::starting_at)?;
+        let (mut vm, _) = machine.restore(snapshot, |start_ns| {
+            let seam = LiveSeam::starting_at(start_ns);
+            match options.net {
+                true => seam.with_network(net::nat()),
+                false => seam,
+            }
+        })?;
         attach(observers, &mut vm, prepared)?;
         return Ok(Started {
             session: GuestSession::resume(vm, deadline, &prepared.boot.kernel),

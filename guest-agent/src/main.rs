@@ -83,6 +83,7 @@ impl Agent {
         if let Err(error) = network::bring_up_loopback() {
             log(&format!("cannot bring up the loopback interface: {error}"));
         }
+        bring_up_network_card();
         let channel = open_channel().unwrap_or_else(|error| {
             log(&format!("cannot set up {CHANNEL}: {error}"));
             power_off(None)
@@ -268,6 +269,21 @@ fn library_switches() -> Vec<String> {
         switches.join(" ")
     ));
     switches
+}
+
+/// Brings up the network card as the kernel command line says, if it
+/// says (`provm run --net`); a failure is said on the console, and the
+/// command then runs without a network.
+fn bring_up_network_card() {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let configured = network::CardConfig::from_cmdline(&cmdline).and_then(|config| match config {
+        Some(config) => network::bring_up_card(&config)
+            .map_err(|error| format!("cannot bring up the network card: {error}")),
+        None => Ok(()),
+    });
+    if let Err(reason) = configured {
+        log(&reason);
+    }
 }
 
 /// Makes sure file descriptors 0-2 are open. The kernel opens them on

@@ -13,6 +13,7 @@ use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
 use provm_trace::manifest::FinalStateCheck;
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
+use provm_vmm::network::{HostNetwork, Network};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
 use provm_vmm::state_digest::StateDigest;
 
@@ -41,6 +42,8 @@ pub struct Recorder {
     memory_check_events: Option<u64>,
     /// The state check at the guest's power-off, once taken.
     final_check: Mutex<Option<FinalStateCheck>>,
+    /// The network the guest's network card is connected to (`--net`).
+    network: Option<HostNetwork>,
 }
 
 struct Log {
@@ -120,7 +123,15 @@ impl Recorder {
             exits: Mutex::new((Instant::now(), Duration::ZERO)),
             memory_check_events: state_check::interval().filter(|_| traced),
             final_check: Mutex::new(None),
+            network: None,
         }
+    }
+
+    /// Connects the guest's network card to `network`: the frames it
+    /// receives from it are logged whole, those it sends as digests.
+    pub fn with_network(mut self, network: Box<dyn Network>) -> Self {
+        self.network = Some(HostNetwork::new(network));
+        self
     }
 
     /// The state check taken when the guest powered off, if it was.
@@ -216,6 +227,28 @@ impl Seam for Recorder {
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
         self.timed(|log| log.append_disk_write(offset, data));
+    }
+
+    fn net_send(&self, frame: &[u8]) {
+        self.log(Event::net_sent(frame));
+        if let Some(network) = &self.network {
+            network.send(frame);
+        }
+    }
+
+    fn net_receive(&self) -> Option<Vec<u8>> {
+        let frame = self.network.as_ref()?.receive()?;
+        self.log(Event::NetReceived(frame.clone()));
+        Some(frame)
+    }
+
+    /// A pinned clock has no host time to wait in, and a pinned run no
+    /// network.
+    fn wait_for_frame_until(&self, ns: u64, limit: Instant) {
+        match (&self.network, &self.clock) {
+            (Some(network), RecorderClock::Host(clock)) => network.wait(clock, ns, limit),
+            _ => self.clock.wait_until(ns, limit),
+        }
     }
 
     fn stop_reason(&self) -> Option<String> {

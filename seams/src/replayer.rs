@@ -764,6 +764,31 @@ impl Seam for Replayer {
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
 
+    fn net_send(&self, frame: &[u8]) {
+        let actual = Event::net_sent(frame);
+        self.expect(|| actual.to_string(), |e| *e == actual);
+    }
+
+    /// The frame the recording received here, if it received one: the
+    /// replay needs no network.
+    fn net_receive(&self) -> Option<Vec<u8>> {
+        let next_is_frame = matches!(
+            self.state.lock().unwrap().events.peek(),
+            Ok(Some(Event::NetReceived(_)))
+        );
+        if !next_is_frame {
+            return None;
+        }
+        let frame = self.expect(
+            || "a network frame".into(),
+            |e| matches!(e, Event::NetReceived(_)),
+        );
+        match frame {
+            Some(Event::NetReceived(frame)) => Some(frame),
+            _ => None,
+        }
+    }
+
     /// Also stops at the end of the log: a recording cut short (timeout,
     /// Ctrl-C, a spinning guest) ends between two exits, and the replay
     /// must stop there too rather than run on unchecked. Checked at every

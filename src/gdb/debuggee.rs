@@ -622,5 +622,6 @@ fn vm_config(
         echo_console: options.echo_console,
         seam: replayer.clone(),
         exitless_limit: None,
+        net: false,
     }
 }

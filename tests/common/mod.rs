@@ -563,3 +563,76 @@ pub fn slope(points: &[(f64, f64)]) -> f64 {
     let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
     covariance / variance
 }
+
+/// An HTTP server on the host's 127.0.0.1 that answers every request with
+/// the same bytes, one connection at a time (the network tests' and
+/// bench's): the guest reaches it as 10.0.2.2 with `--net`.
+pub struct FileServer {
+    pub port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FileServer {
+    pub fn serving(body: Vec<u8>) -> FileServer {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut stream) = stream else { continue };
+                // The request, up to its blank line; its path is not read.
+                let mut request = Vec::new();
+                let mut byte = [0u8];
+                while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    request.push(byte[0]);
+                }
+                let header = format!(
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream
+                    .write_all(header.as_bytes())
+                    .and_then(|()| stream.write_all(&body));
+            }
+        });
+        FileServer {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The URL the guest fetches the bytes from.
+    pub fn guest_url(&self) -> String {
+        format!("http://10.0.2.2:{}/file", self.port)
+    }
+
+    /// Stops serving: nothing listens on the port any more.
+    pub fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wakes the accept loop, which then sees the flag.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+        self.thread.take().unwrap().join().unwrap();
+    }
+}
+
+/// `len` bytes that do not compress (a download's size is its size in
+/// the trace too), the same every time.
+pub fn incompressible(len: usize) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut bytes = Vec::with_capacity(len + 32);
+    let mut block = Sha256::digest(b"provm network test").to_vec();
+    while bytes.len() < len {
+        block = Sha256::digest(&block).to_vec();
+        bytes.extend_from_slice(&block);
+    }
+    bytes.truncate(len);
+    bytes
+}

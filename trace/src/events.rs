@@ -86,16 +86,32 @@ pub enum Event {
     StateCheck {
         memory: u64,
     },
+    /// An Ethernet frame the guest's network card received (`--net`),
+    /// whole: an input the replay feeds back.
+    NetReceived(Vec<u8>),
+    /// A frame the guest's network card sent: its length and a digest,
+    /// as for a disk write (the replayed guest sends the bytes again).
+    NetSent {
+        len: u32,
+        digest: u64,
+    },
 }
 
 impl Event {
     /// The event of a disk write of `data` at byte `offset`.
     pub fn disk_write(offset: u64, data: &[u8]) -> Event {
-        let digest = Sha256::digest(data);
         Event::DiskWrite {
             offset,
             len: data.len() as u32,
-            digest: u64::from_le_bytes(digest[..8].try_into().unwrap()),
+            digest: short_digest(data),
+        }
+    }
+
+    /// The event of the guest sending the Ethernet frame `frame`.
+    pub fn net_sent(frame: &[u8]) -> Event {
+        Event::NetSent {
+            len: frame.len() as u32,
+            digest: short_digest(frame),
         }
     }
 
@@ -135,6 +151,8 @@ impl Event {
             Event::AgentOutput(_) => EventKind::AgentOutput,
             Event::DiskWrite { .. } => EventKind::DiskWrite,
             Event::StateCheck { .. } => EventKind::StateCheck,
+            Event::NetReceived(_) => EventKind::NetReceived,
+            Event::NetSent { .. } => EventKind::NetSent,
         }
     }
 }
@@ -174,6 +192,12 @@ impl fmt::Display for Event {
             Event::StateCheck { memory } => {
                 write!(f, "state check: memory digest {memory:016x}")
             }
+            Event::NetReceived(frame) => {
+                write!(f, "network frame received ({} bytes)", frame.len())
+            }
+            Event::NetSent { len, digest } => {
+                write!(f, "network frame sent, {len} bytes (digest {digest:016x})")
+            }
         }
     }
 }
@@ -196,10 +220,12 @@ pub enum EventKind {
     DiskWrite,
     MsrRead,
     StateCheck,
+    NetReceived,
+    NetSent,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 15] = [
+    const ALL: [EventKind; 17] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -215,6 +241,8 @@ impl EventKind {
         EventKind::DiskWrite,
         EventKind::MsrRead,
         EventKind::StateCheck,
+        EventKind::NetReceived,
+        EventKind::NetSent,
     ];
 
     pub fn is_exit(self) -> bool {
@@ -238,6 +266,8 @@ impl EventKind {
             EventKind::DiskWrite => "disk write",
             EventKind::MsrRead => "RDMSR",
             EventKind::StateCheck => "state check",
+            EventKind::NetReceived => "net frame received",
+            EventKind::NetSent => "net frame sent",
         }
     }
 
@@ -281,9 +311,10 @@ impl Encoder {
             }
             Event::Halt { .. } | Event::InterruptWindow { .. } => {}
             Event::MsrRead { index, .. } => put_varint(out, u64::from(*index)),
-            Event::ReadResult(data) | Event::AgentInput(data) | Event::AgentOutput(data) => {
-                put_bytes(out, data)
-            }
+            Event::ReadResult(data)
+            | Event::AgentInput(data)
+            | Event::AgentOutput(data)
+            | Event::NetReceived(data) => put_bytes(out, data),
             Event::Clock(ns) => {
                 // The monotonic clock never goes backwards, so the difference
                 // is small; the decoder refuses one that would wrap.
@@ -302,8 +333,18 @@ impl Encoder {
                 out.extend_from_slice(&digest.to_le_bytes());
             }
             Event::StateCheck { memory } => out.extend_from_slice(&memory.to_le_bytes()),
+            Event::NetSent { len, digest } => {
+                put_varint(out, u64::from(*len));
+                out.extend_from_slice(&digest.to_le_bytes());
+            }
         }
     }
+}
+
+/// The first 8 bytes of `data`'s SHA-256: what an output event keeps of
+/// bytes the replayed guest produces again.
+fn short_digest(data: &[u8]) -> u64 {
+    u64::from_le_bytes(Sha256::digest(data)[..8].try_into().unwrap())
 }
 
 /// A two's-complement difference as a small unsigned number: 0, -1, 1, -2...
@@ -414,6 +455,12 @@ impl Decoder {
             },
             EventKind::StateCheck => Event::StateCheck {
                 memory: u64::from_le_bytes(input.array()?),
+            },
+            EventKind::NetReceived => Event::NetReceived(input.bytes()?),
+            EventKind::NetSent => Event::NetSent {
+                len: u32::try_from(input.varint()?)
+                    .map_err(|_| input.error("frame length out of range"))?,
+                digest: u64::from_le_bytes(input.array()?),
             },
         })
     }
@@ -544,6 +591,8 @@ mod tests {
             Event::StateCheck {
                 memory: 0x0123_4567_89ab_cdef,
             },
+            Event::NetReceived(vec![0xff; 42]),
+            Event::net_sent(b"frame"),
         ]
     }
 

@@ -37,11 +37,13 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// format 4 would replay a trace of another machine blindly, so it must
 /// refuse the format. Version 6: state checks, the log's `StateCheck`
 /// events and the outcome's `state_check`; a format-5 trace has none, and
-/// its replay says its state was not checked.
+/// its replay says its state was not checked. Version 7: the network
+/// card's frames (`--net`), the log's `NetReceived` and `NetSent` events;
+/// a format-6 trace has none.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 6;
+pub const FORMAT_VERSION: u16 = 7;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
@@ -603,9 +605,9 @@ mod tests {
         older[8] = 3;
         let retired = read_all(&older).unwrap_err();
         assert!(
-            retired
-                .to_string()
-                .contains("recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats 4 to 6: replay it with provm 0.1.0 (commit 96474bd)"),
+            retired.to_string().contains(&format!(
+                "recorded by provm 0.1.0 (commit 96474bd) or an earlier one; this provm reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}: replay it with provm 0.1.0 (commit 96474bd)"
+            )),
             "{retired}"
         );
         assert!(matches!(read_all(b"hello"), Err(FormatError::NotATrace(_))));

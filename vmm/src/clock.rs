@@ -29,6 +29,12 @@ impl HostClock {
         }
     }
 
+    /// The host instant at which the clock reads `ns` (now, if it has
+    /// passed).
+    pub fn instant_at(&self, ns: u64) -> Instant {
+        Instant::now() + Duration::from_nanos(ns.saturating_sub(self.monotonic_ns()))
+    }
+
     /// Sleeps until the clock reads `ns`, or until `limit`.
     pub fn sleep_until(&self, ns: u64, limit: Instant) {
         let wait = Duration::from_nanos(ns.saturating_sub(self.monotonic_ns()));

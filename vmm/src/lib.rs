@@ -24,6 +24,7 @@ pub mod interrupt_window;
 pub mod machine_version;
 pub mod memory;
 pub mod msr;
+pub mod network;
 pub mod paging;
 pub mod port_exit;
 pub mod seam;

@@ -13,7 +13,7 @@
 //! replays it.
 
 /// The machine new recordings run on.
-pub const CURRENT: u32 = 1;
+pub const CURRENT: u32 = 2;
 
 /// One machine version this provm records or replays.
 #[derive(Debug, PartialEq, Eq)]
@@ -25,12 +25,21 @@ pub struct MachineVersion {
 
 /// Every machine version this provm replays, oldest first; the last is
 /// `CURRENT`.
-pub const MACHINE_VERSIONS: &[MachineVersion] = &[MachineVersion {
-    number: 1,
-    description: "1 vCPU, PVH boot; 8259 PIC, 8254 PIT, CMOS RTC, one 16550 UART, \
-        i8042, provm's doorbell, virtio-mmio block and console at 0xd0000000; \
-        VM state of provm 0.1.0 from 242a0b3 on; CPUID as the trace records it",
-}];
+pub const MACHINE_VERSIONS: &[MachineVersion] = &[
+    MachineVersion {
+        number: 1,
+        description: "1 vCPU, PVH boot; 8259 PIC, 8254 PIT, CMOS RTC, one 16550 UART, \
+            i8042, provm's doorbell, virtio-mmio block and console at 0xd0000000; \
+            VM state of provm 0.1.0 from 242a0b3 on; CPUID as the trace records it",
+    },
+    MachineVersion {
+        number: 2,
+        description: "version 1, and with --net a virtio-net card (virtio-mmio at \
+            0xd0003000, IRQ 3; MAC 52:54:00:12:34:56, MTU 65520, receive checksums \
+            offloaded) whose state is the VM state's `net`; without --net the same \
+            machine as version 1",
+    },
+];
 
 /// A machine version that provm no longer replays, and the last release
 /// that does.

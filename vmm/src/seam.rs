@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::clock::{Clock, HostClock};
 use crate::disk::Disk;
+use crate::network::{HostNetwork, Network};
 use crate::state_digest::StateDigest;
 
 /// What the guest did to cause a VM exit.
@@ -109,6 +110,24 @@ pub trait Seam: Clock {
     /// The guest wrote `data` at byte `offset` of its disk.
     fn disk_write(&self, offset: u64, data: &[u8]);
 
+    /// The guest's network card sent an Ethernet frame.
+    fn net_send(&self, _frame: &[u8]) {}
+
+    /// A frame for the guest's network card, if one is there now. Asked
+    /// right after a VM exit, while the card has a receive buffer posted:
+    /// a recorder takes it from its network and logs it, a replayer takes
+    /// it from the log where the recording received one.
+    fn net_receive(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Like `wait_until`, for a guest whose network card could take a
+    /// frame now: a seam with a network ends the wait early when one
+    /// arrives.
+    fn wait_for_frame_until(&self, ns: u64, limit: Instant) {
+        self.wait_until(ns, limit);
+    }
+
     /// Why the run must stop now, if it must: a replay diverged, or the user
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
@@ -161,6 +180,7 @@ pub trait Seam: Clock {
 /// logged.
 pub struct LiveSeam {
     clock: HostClock,
+    network: Option<HostNetwork>,
 }
 
 impl LiveSeam {
@@ -169,7 +189,14 @@ impl LiveSeam {
     pub fn starting_at(start_ns: u64) -> Self {
         LiveSeam {
             clock: HostClock::starting_at(start_ns),
+            network: None,
         }
+    }
+
+    /// The guest's network card is connected to `network`.
+    pub fn with_network(mut self, network: Box<dyn Network>) -> Self {
+        self.network = Some(HostNetwork::new(network));
+        self
     }
 }
 
@@ -198,6 +225,23 @@ impl Seam for LiveSeam {
     fn agent_input(&self, _: &[u8]) {}
     fn agent_output(&self, _: &[u8]) {}
     fn disk_write(&self, _: u64, _: &[u8]) {}
+
+    fn net_send(&self, frame: &[u8]) {
+        if let Some(network) = &self.network {
+            network.send(frame);
+        }
+    }
+
+    fn net_receive(&self) -> Option<Vec<u8>> {
+        self.network.as_ref()?.receive()
+    }
+
+    fn wait_for_frame_until(&self, ns: u64, limit: Instant) {
+        match &self.network {
+            Some(network) => network.wait(&self.clock, ns, limit),
+            None => self.clock.sleep_until(ns, limit),
+        }
+    }
 
     fn stop_reason(&self) -> Option<String> {
         None

@@ -35,6 +35,7 @@ use crate::devices::serial::{
 use crate::devices::virtio::block::VirtioBlock;
 use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
 use crate::devices::virtio::mmio::{MmioTransport, TransportState};
+use crate::devices::virtio::net::VirtioNet;
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
@@ -64,6 +65,10 @@ const CONSOLE_MMIO: u64 = MMIO_START + MMIO_DEVICE_SIZE;
 const CONSOLE_IRQ: u8 = 6;
 /// The paravirtual clock's register page (see `devices::paravirt`).
 const CLOCK_MMIO: u64 = MMIO_START + 2 * MMIO_DEVICE_SIZE;
+/// The network card, only with `--net` (`VmConfig::net`). IRQ 3 is COM2's,
+/// which this machine does not have.
+const NET_MMIO: u64 = MMIO_START + 3 * MMIO_DEVICE_SIZE;
+const NET_IRQ: u8 = 3;
 const PIT_IRQ: u8 = 0;
 /// Where x86-64 Linux maps its kernel: addresses from here up are its.
 const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
@@ -105,6 +110,7 @@ pub const EXIT_DEVICES: &[&str] = &[
     "i8042",
     "virtio-blk",
     "virtio-console",
+    "virtio-net",
     "clock",
     "halt",
     "msr",
@@ -133,6 +139,8 @@ pub fn mmio_device(address: u64) -> &'static str {
         "virtio-console"
     } else if within(CLOCK_MMIO) {
         "clock"
+    } else if within(NET_MMIO) {
+        "virtio-net"
     } else {
         "none"
     }
@@ -162,6 +170,9 @@ pub struct VmConfig {
     /// When the seam is not preemptive, the longest the guest may run without
     /// a VM exit while a timer tick waits; `None` for no limit.
     pub exitless_limit: Option<Duration>,
+    /// Whether a booted guest gets a network card (its frames cross the
+    /// seam). A restored one has the card its snapshot has.
+    pub net: bool,
 }
 
 /// The whole VM at a VM exit, enough to continue it in a new process: the
@@ -187,6 +198,10 @@ pub struct VmState {
     doorbell: DoorbellState,
     block: TransportState<()>,
     console: TransportState<ConsoleState>,
+    /// The network card, in machines that have one (from machine version 2
+    /// on, with `--net`); absent, the state is machine version 1's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    net: Option<TransportState<()>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,7 +279,7 @@ impl VmState {
     /// Each device's saved state's digest, by name (`state_digest`).
     fn device_digests(&self) -> Vec<(&'static str, u64)> {
         use state_digest::digest;
-        vec![
+        let mut digests = vec![
             ("pic", digest(&self.pic)),
             ("pit", digest(&self.pit)),
             ("cmos", digest(&self.cmos)),
@@ -273,7 +288,12 @@ impl VmState {
             ("doorbell", digest(&self.doorbell)),
             ("virtio-block", digest(&self.block)),
             ("virtio-console", digest(&self.console)),
-        ]
+        ];
+        // Listed only where it exists: a machine without one digests as before.
+        if let Some(net) = &self.net {
+            digests.push(("virtio-net", digest(net)));
+        }
+        digests
     }
 }
 
@@ -345,6 +365,7 @@ pub struct Vm {
     serial: Arc<Mutex<SerialPort>>,
     block: Arc<Mutex<MmioTransport<VirtioBlock>>>,
     console: Arc<Mutex<MmioTransport<VirtioConsole>>>,
+    net: Option<Arc<Mutex<MmioTransport<VirtioNet>>>>,
     console_tail: ConsoleTail,
     seam: Arc<dyn Seam>,
     /// Where this host's KVM leaves RIP at an OUT exit (see `port_exit`).
@@ -387,7 +408,8 @@ impl Vm {
         let kvm = open_kvm()?;
         let platform = Platform::detect();
         let model = cpu_baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
-        let vm = Self::build(kvm, config, &model)?;
+        let net = config.net;
+        let vm = Self::build(kvm, config, &model, net)?;
         let unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
         if !unenforced.is_empty() {
             tracing::debug!(
@@ -395,11 +417,14 @@ impl Vm {
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
-        let cmdline = format!(
+        let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
             platform_kernel_args(&unenforced),
         );
+        if net {
+            cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
+        }
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
         Ok(vm)
@@ -411,7 +436,7 @@ impl Vm {
     /// gets exactly the snapshot's CPUID, or the restore is refused.
     pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
         let state = snapshot.state;
-        let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid)?;
+        let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid, state.net.is_some())?;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&vm.kvm, &state.vcpu)?;
         vm.pic.lock().unwrap().restore(&state.pic)?;
@@ -422,6 +447,9 @@ impl Vm {
         vm.doorbell.lock().unwrap().restore(&state.doorbell)?;
         vm.block.lock().unwrap().restore(&state.block)?;
         vm.console.lock().unwrap().restore(&state.console)?;
+        if let (Some(net), Some(saved)) = (&vm.net, &state.net) {
+            net.lock().unwrap().restore(saved)?;
+        }
         Ok(vm)
     }
 
@@ -475,12 +503,14 @@ impl Vm {
             doorbell: self.doorbell.lock().unwrap().save(),
             block: self.block.lock().unwrap().save(),
             console: self.console.lock().unwrap().save(),
+            net: self.net.as_ref().map(|net| net.lock().unwrap().save()),
         })
     }
 
     /// The VM with its memory, vCPU (given `cpuid`) and devices, before boot
     /// or restore.
-    fn build(kvm: Kvm, config: VmConfig, cpuid: &[CpuidEntry]) -> Result<Self, VmError> {
+    /// With `net`, the network card too.
+    fn build(kvm: Kvm, config: VmConfig, cpuid: &[CpuidEntry], net: bool) -> Result<Self, VmError> {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
         msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
@@ -538,6 +568,18 @@ impl Vm {
         mmio.insert(CONSOLE_MMIO, MMIO_DEVICE_SIZE, console.clone())?;
         let paravirt_clock = Arc::new(Mutex::new(ParavirtClock::new(clock())));
         mmio.insert(CLOCK_MMIO, MMIO_DEVICE_SIZE, paravirt_clock)?;
+        let net = match net {
+            true => {
+                let net = Arc::new(Mutex::new(MmioTransport::new(
+                    VirtioNet::new(seam.clone()),
+                    memory.clone(),
+                    line(NET_IRQ),
+                )?));
+                mmio.insert(NET_MMIO, MMIO_DEVICE_SIZE, net.clone())?;
+                Some(net)
+            }
+            false => None,
+        };
 
         let timer_line = line(PIT_IRQ);
         Ok(Vm {
@@ -557,6 +599,7 @@ impl Vm {
             serial,
             block,
             console,
+            net,
             console_tail,
             seam,
             out_exit_rip,
@@ -618,6 +661,12 @@ impl Vm {
                 // would otherwise count that instruction twice.
                 self.vcpu.finish_pending_exit();
                 return Ok(VmEvent::Paused);
+            }
+            // Frames arrive at exits only, where a replay finds them again.
+            if self.at_exit {
+                if let Some(net) = &self.net {
+                    net.lock().unwrap().receive_frames();
+                }
             }
             if self.at_exit || self.seam.delivery().preemptive() {
                 self.deliver_interrupts()?;
@@ -959,8 +1008,21 @@ impl Vm {
         if self.pic.lock().unwrap().has_pending_interrupt() {
             return Ok(true);
         }
-        let tick = self.pit.lock().unwrap().next_deadline_ns();
-        self.seam.wait_until(tick.ok_or(VmError::Stuck)?, deadline);
+        let tick = self
+            .pit
+            .lock()
+            .unwrap()
+            .next_deadline_ns()
+            .ok_or(VmError::Stuck)?;
+        let can_receive = self
+            .net
+            .as_ref()
+            .is_some_and(|net| net.lock().unwrap().can_receive());
+        if can_receive {
+            self.seam.wait_for_frame_until(tick, deadline);
+        } else {
+            self.seam.wait_until(tick, deadline);
+        }
         Ok(true)
     }
 

@@ -139,9 +139,10 @@ impl Fields {
                 ..Fields::default()
             },
             Event::Halt { .. } | Event::InterruptWindow { .. } => Fields::default(),
-            Event::ReadResult(data) | Event::AgentInput(data) | Event::AgentOutput(data) => {
-                bytes(data)
-            }
+            Event::ReadResult(data)
+            | Event::AgentInput(data)
+            | Event::AgentOutput(data)
+            | Event::NetReceived(data) => bytes(data),
             Event::Clock(ns) | Event::Wall(ns) => Fields {
                 value: Some(*ns as i64),
                 ..Fields::default()
@@ -162,6 +163,11 @@ impl Fields {
             },
             Event::StateCheck { memory } => Fields {
                 data: Some(format!("{memory:016x}")),
+                ..Fields::default()
+            },
+            Event::NetSent { len, digest } => Fields {
+                len: Some(i64::from(*len)),
+                data: Some(format!("{digest:016x}")),
                 ..Fields::default()
             },
         }

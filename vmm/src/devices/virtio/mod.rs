@@ -1,4 +1,5 @@
-//! virtio over the MMIO transport: the block device and the agent's console.
+//! virtio over the MMIO transport: the block device, the agent's console
+//! and, with `--net`, the network card.
 //!
 //! The transport ([`mmio::MmioTransport`]) owns the registers, the queues and
 //! the interrupt; a device ([`VirtioDevice`]) only turns descriptor chains into
@@ -12,6 +13,7 @@ use super::persist::Persist;
 pub mod block;
 pub mod console;
 pub mod mmio;
+pub mod net;
 
 /// The device conforms to virtio 1.x (virtio 1.1 §6); required by the
 /// version 2 MMIO transport.
@@ -123,6 +125,14 @@ pub struct QueueIo<'a> {
 }
 
 impl QueueIo<'_> {
+    /// Whether the driver has made a chain available that `serve_one`
+    /// would take.
+    pub fn has_available(&self) -> bool {
+        self.queue
+            .avail_idx(self.mem, std::sync::atomic::Ordering::Acquire)
+            .is_ok_and(|idx| idx.0 != self.queue.next_avail())
+    }
+
     /// Serves the next available chain: `serve` gets its device-readable and
     /// device-writable bytes (virtio 1.1 §2.6.4: devices must not depend on
     /// how the driver split them into descriptors) and returns how many bytes
