@@ -22,7 +22,7 @@ fn host_paths() -> Vec<String> {
     let kernel_dir = Path::new(kernel.stdout.trim()).parent().unwrap().to_owned();
     let home = PathBuf::from(std::env::var_os("HOME").unwrap());
     [
-        images().dir.clone(),
+        images().tiny_qcow2.parent().unwrap().to_owned(),
         kernel_dir,
         home.join(".cache"),
         home.join(".cargo"),
