@@ -215,7 +215,7 @@ fn a_guest_past_its_timeout_is_stopped_with_its_console() {
     let run = provm(&[
         "run",
         "--timeout",
-        "30",
+        "15",
         path(&images().tiny_qcow2),
         "--",
         "sh",
