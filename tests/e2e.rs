@@ -205,17 +205,12 @@ fn a_partitioned_image_boots_from_its_root_partition() {
 #[test]
 fn a_guest_past_its_timeout_is_stopped_with_its_console() {
     let _guest = one_guest_at_a_time();
-    // The image's first run boots the guest to snapshot it, which takes
-    // longer than the limit below: boot it first, so that the limit falls
-    // on the command.
-    let warm = provm(&["run", path(&images().tiny_qcow2), "--", "true"]);
-    assert_eq!(warm.status, 0, "{}", warm.stderr);
-    // Long enough for the agent to mount the root and start the loop on a
-    // loaded host, whose emulated guest kernel is slow.
+    // Long enough for the agent to mount the root and start the loop.
+    let limit = common::warm_then_time_limit(&images().tiny_qcow2, 15);
     let run = provm(&[
         "run",
         "--timeout",
-        "15",
+        &limit,
         path(&images().tiny_qcow2),
         "--",
         "sh",

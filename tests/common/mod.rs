@@ -27,8 +27,6 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
     provm_engine::run::job(&options, "/dev/vda").unwrap()
 }
 
-/// Boots are serialized: guest ring 0 may be emulated, and two guests on two
-/// cores would only slow each other down.
 /// provm's own failures exit with this status (see main.rs).
 pub const PROVM_FAILED: i32 = 125;
 /// `provm replay`'s status for a trace cut short that matched up to there.
@@ -42,7 +40,7 @@ pub const RECORD_WORKLOADS: &[(&str, &str)] = &[
     ("shell pipeline", "seq 1 20000 | sort -r | head -n 5"),
     (
         "files written then read back",
-        "dd if=/dev/zero of=/tmp/f bs=64k count=32 2>/dev/null; md5sum /tmp/f",
+        "dd if=/dev/zero of=/tmp/f bs=64k count=8 2>/dev/null; md5sum /tmp/f",
     ),
     ("/dev/urandom", "head -c 4096 /dev/urandom | md5sum"),
     ("time", "date +%s; sleep 1; date +%s"),
@@ -109,6 +107,19 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     args.extend_from_slice(extra);
     args.extend_from_slice(&[path(image), "--", "/bin/sh", "-c", script]);
     provm(&args)
+}
+
+/// Runs `true` in `image`, which boots and snapshots it the first time, so
+/// that a time limit set after falls on the command, and returns a
+/// `--timeout` for a command that should be stopped by one: `floor`
+/// seconds, or more where starting a command takes long (the SVM test bed
+/// beside other work, whose whole machine is emulated): three times this
+/// run's time, plus 5 s.
+pub fn warm_then_time_limit(image: &Path, floor: u64) -> String {
+    let started = std::time::Instant::now();
+    let warm = provm(&["run", path(image), "--", "true"]);
+    assert_eq!(warm.status, 0, "{}", warm.stderr);
+    (3 * started.elapsed().as_secs() + 5).max(floor).to_string()
 }
 
 /// The guest `options` run in, on the image `prepared` checked, started
@@ -287,6 +298,9 @@ pub fn path(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// Guests run one at a time: where guest ring 0 is emulated (PVM), two
+/// guests on two cores slow each other more than twofold (a workload took
+/// 84 s alone, 199 s each side by side).
 pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
