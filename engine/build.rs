@@ -71,7 +71,10 @@ fn name_commit() {
     for source in SOURCES {
         println!("cargo:rerun-if-changed={source}");
     }
-    let mut status = vec!["status", "--porcelain", "--"];
+    // Without optional locks, `git status` does not refresh the index:
+    // writing it would change a file this script watches, and every later
+    // cargo run would build the engine and provm again.
+    let mut status = vec!["--no-optional-locks", "status", "--porcelain", "--"];
     status.extend_from_slice(SOURCES);
     let dirty = git(&status).is_none_or(|changes| !changes.is_empty());
     let mark = if dirty { "-dirty" } else { "" };
