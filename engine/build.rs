@@ -57,16 +57,20 @@ fn name_commit() {
         return;
     };
     // A commit, a checkout or a `git add` changes these; an edit changes
-    // the sources.
-    for file in ["HEAD", "index", "packed-refs"] {
-        if let Some(path) = git(&["rev-parse", "--git-path", file]) {
+    // the sources. Only those that exist: cargo takes a missing file as
+    // changed at every build (a repository need not have packed-refs, nor
+    // a branch its own file), and would build the engine and provm again
+    // each time. A commit that creates one also rewrites the index.
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for file in ["HEAD", "index", "packed-refs"]
+        .into_iter()
+        .chain(branch.as_deref())
+    {
+        if let Some(path) = git(&["rev-parse", "--git-path", file])
+            .filter(|path| std::path::Path::new(path).exists())
+        {
             println!("cargo:rerun-if-changed={path}");
         }
-    }
-    if let Some(path) = git(&["symbolic-ref", "-q", "HEAD"])
-        .and_then(|branch| git(&["rev-parse", "--git-path", &branch]))
-    {
-        println!("cargo:rerun-if-changed={path}");
     }
     for source in SOURCES {
         println!("cargo:rerun-if-changed={source}");
