@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use provm_trace::format::{FormatError, SectionKind, SectionWriter, TraceReader};
+use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use provm_vmm::cpuid_check;
@@ -22,6 +22,7 @@ use provm_vmm::machine_version;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
 
+use crate::cached_section;
 use crate::digest::{bytes_sha256, file_sha256};
 use crate::disk::chain::{self, ChainError};
 use crate::disk::overlay::OverlayLocation;
@@ -118,14 +119,7 @@ pub fn booted(
     let path = cache_dir()
         .join("snapshots")
         .join(format!("{}.snap", &bytes_sha256(key.as_bytes())[..32]));
-    let cached = read_cached(&path).unwrap_or_else(|error| {
-        tracing::warn!(
-            "ignoring the unreadable cached snapshot {}: {error}",
-            path.display()
-        );
-        None
-    });
-    let bytes = match cached {
+    let bytes = match cached_section::read(&path, SectionKind::Snapshot) {
         Some(bytes) => bytes,
         None => boot_and_cache(prepared, &path, deadline)?,
     };
@@ -156,25 +150,6 @@ fn boot_and_cache(
         start.elapsed().as_secs_f64(),
         bytes.len() >> 20
     );
-    write_cache(path, &bytes).map_err(FastStartError::Cache)?;
+    cached_section::write(path, SectionKind::Snapshot, &bytes).map_err(FastStartError::Cache)?;
     Ok(bytes)
-}
-
-fn write_cache(path: &Path, bytes: &[u8]) -> Result<(), FormatError> {
-    std::fs::create_dir_all(path.parent().expect("in the cache directory"))
-        .map_err(FormatError::Write)?;
-    let mut cache = SectionWriter::create(path)?;
-    cache.section(SectionKind::Snapshot, bytes)?;
-    cache.finish().map(drop)
-}
-
-/// A cached snapshot, verified by its checksum; `None` if not cached.
-fn read_cached(path: &Path) -> Result<Option<Vec<u8>>, FormatError> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    let section = TraceReader::open(path)?.next_section()?;
-    Ok(section
-        .filter(|s| s.kind == SectionKind::Snapshot)
-        .map(|s| s.payload))
 }

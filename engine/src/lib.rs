@@ -11,6 +11,7 @@
 //! timing, provenance capture) plugs in as an [`observer::Observer`], so
 //! the engine imports no analysis of its own.
 
+mod cached_section;
 pub mod cpu_model;
 pub mod digest;
 pub mod disk;
