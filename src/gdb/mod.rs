@@ -28,7 +28,7 @@ use target::{ReplayTarget, Resume};
 use provm_engine::replay::{ReplayOptions, ReplayReport};
 
 /// A time-travel snapshot every this many log events at first. Measured
-/// on the development hosts (tests/gdb.rs, `cargo bench --bench gdb`): a
+/// on the development hosts (tests/suite/gdb.rs, `cargo bench --bench gdb`): a
 /// snapshot of the test guest (128 MiB) is about 3.4 MiB and takes about
 /// 0.12 to 0.16 s to capture and compress, and a replay there runs about 1,000
 /// events a second, so this costs about 6% of the replay's time while

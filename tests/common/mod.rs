@@ -1,6 +1,7 @@
 //! Disk images the end-to-end tests build for themselves: a busybox system
 //! on ext4, as a bare-filesystem qcow2 and as a GPT-partitioned raw disk,
-//! and the helpers the tests share. Each test binary uses part of it.
+//! and the helpers the tests share. The end-to-end suite (tests/suite/) and
+//! the benches each use part of it.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -306,10 +307,19 @@ pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The scratch directory (traces, overlays) of the test module `module`
+/// (pass `module_path!()`): a folder of its own in this process's, since
+/// every module of the test binary runs in the one process.
+pub fn scratch(module: &str) -> PathBuf {
+    let dir = images().dir.join(module.replace("::", "."));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub struct Images {
     _dir: tempfile::TempDir,
-    /// This test process's own scratch directory (traces, overlays).
-    pub dir: PathBuf,
+    /// This test process's own scratch directory (see `scratch`).
+    dir: PathBuf,
     /// The busybox root the images hold (shared: read it only).
     pub root: PathBuf,
     /// A bare ext4 file system as qcow2 (shared: the tests never write it,

@@ -3,7 +3,7 @@
 //! through a time-travel snapshot, reverse-stepi, and the replay still
 //! matches after.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -25,7 +25,7 @@ const SCRIPT: &str =
 fn recording() -> &'static (PathBuf, u64) {
     static TRACE: OnceLock<(PathBuf, u64)> = OnceLock::new();
     TRACE.get_or_init(|| {
-        let trace = common::trace_path(&images().dir, "gdb");
+        let trace = common::trace_path(&common::scratch(module_path!()), "gdb");
         let recorded = record_shell(&images().tiny_qcow2, &trace, &[], SCRIPT);
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
         let events = log_events(&trace);

@@ -1,7 +1,7 @@
 //! End-to-end provenance: one real guest runs several captured jobs; each
 //! check builds the run's provenance from what the agent sent.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -181,7 +181,7 @@ fn captured_jobs_have_exact_provenance() {
 #[test]
 fn the_graph_derived_at_replay_is_the_in_guest_tracers() {
     let _guest = one_guest_at_a_time();
-    let trace = common::trace_path(&images().dir, "derived-provenance");
+    let trace = common::trace_path(&common::scratch(module_path!()), "derived-provenance");
     let document = trace.with_extension("prov");
     let script =
         format!("{PIPELINE}; mv mid.txt /tmp/moved; cat /tmp/moved > kept.txt; rm /tmp/moved");

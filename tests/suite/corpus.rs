@@ -4,7 +4,7 @@
 //! before it starts, saying which provm replays it, while `inspect` still
 //! shows what it holds.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! The workload writes to the disk with O_DIRECT, so that each 4 KiB block
 //! is a virtio-blk request.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -21,7 +21,7 @@ const DISK_WORKLOAD: &str = "dd if=/dev/zero of=/data/f bs=4k count=128 oflag=di
 const DISK: &str = "virtio-blk";
 
 fn in_dir(name: &str) -> PathBuf {
-    images().dir.join(name)
+    common::scratch(module_path!()).join(name)
 }
 
 /// The workload, recorded once for the tests that read a trace.

@@ -4,7 +4,7 @@
 //! divergence, not a match; an ordinary workload still matches, and
 //! `provm inspect` counts the checks.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -17,7 +17,7 @@ use provm_trace::reader::Trace;
 /// `provm record` of `script` on the test image, checking memory every
 /// `interval` events (the internal switch; unset, provm's own interval).
 fn record(name: &str, interval: Option<&str>, script: &str) -> (std::path::PathBuf, Finished) {
-    let trace = trace_path(&images().dir, name);
+    let trace = trace_path(&common::scratch(module_path!()), name);
     let args = [
         "record",
         "-o",

@@ -3,7 +3,7 @@
 //! tmpfs /run), System V IPC, TCP over the loopback interface, and Python's
 //! multiprocessing in a real Debian userland.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -17,7 +17,7 @@ use common::{
 #[test]
 fn ipc_and_loopback_tcp_record_and_replay() {
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "ipc");
+    let trace = trace_path(&common::scratch(module_path!()), "ipc");
     let script = "grep -E ' /dev/(shm|pts|mqueue) ' /proc/mounts | cut -d' ' -f2,3; \
                   sysv_shm && tcp_echo";
     let recorded = record_shell(&images().tiny_qcow2, &trace, &[], script);
@@ -43,7 +43,7 @@ fn ipc_and_loopback_tcp_record_and_replay() {
 fn python_multiprocessing_pool_records_and_replays() {
     let image = debian_image();
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "multiprocessing");
+    let trace = trace_path(&common::scratch(module_path!()), "multiprocessing");
     let script = "python3 -c 'from multiprocessing import Pool\n\
                   with Pool(2) as pool: print(\"pool:\", sum(pool.map(abs, range(-100, 100))))'; \
                   grep -c ' /run tmpfs' /proc/mounts";
@@ -60,7 +60,7 @@ fn python_multiprocessing_pool_records_and_replays() {
 #[test]
 fn the_guest_tells_the_hosts_time_and_replays_it() {
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "wall-clock");
+    let trace = trace_path(&common::scratch(module_path!()), "wall-clock");
     let image = images().tiny_qcow2.to_str().unwrap();
     let mut recording = Command::new(env!("CARGO_BIN_EXE_provm"))
         .args([
@@ -115,7 +115,7 @@ fn a_computation_timed_inside_a_recording_takes_its_host_time() {
     let before = on_host();
 
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "timed-loop");
+    let trace = trace_path(&common::scratch(module_path!()), "timed-loop");
     let recorded = record_shell(&images().tiny_qcow2, &trace, &[], "timed_loop");
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     let in_guest = milliseconds(&recorded.stdout);
@@ -133,7 +133,7 @@ fn a_computation_timed_inside_a_recording_takes_its_host_time() {
 #[test]
 fn a_program_waiting_for_sigalrm_while_printing_gets_it_when_recorded() {
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "alarm");
+    let trace = trace_path(&common::scratch(module_path!()), "alarm");
     let recorded = record_shell(
         &images().tiny_qcow2,
         &trace,

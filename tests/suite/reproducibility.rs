@@ -2,7 +2,7 @@
 //! pinned runs are the same run every time. All runs start from one cached
 //! snapshot of the booted guest (the first run boots it).
 
-mod common;
+use crate::common;
 
 use common::{
     assert_replay_matches, event_log_digest, images, one_guest_at_a_time, path, provm, Finished,
@@ -61,7 +61,7 @@ fn a_pinned_recording_is_the_pinned_run_and_replays() {
         ran.stdout
     );
 
-    let trace = images().dir.join("pinned.provm");
+    let trace = common::scratch(module_path!()).join("pinned.provm");
     let mut args = vec!["record", "-o", path(&trace)];
     args.extend_from_slice(&epoch);
     args.extend_from_slice(&[path(&images().tiny_qcow2), "--", "/bin/sh", "-c", script]);

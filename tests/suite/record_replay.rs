@@ -4,7 +4,7 @@
 //! where it stopped. All recordings start from one cached snapshot of the
 //! booted guest (the first record boots it).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -23,7 +23,7 @@ fn record(trace: &Path, extra: &[&str], script: &str) -> Finished {
 }
 
 fn trace_path(name: &str) -> PathBuf {
-    common::trace_path(&images().dir, name)
+    common::trace_path(&common::scratch(module_path!()), name)
 }
 
 /// The workloads one after another in one recording, each after a marker
@@ -112,7 +112,7 @@ fn damaged_traces_and_other_images_are_refused() {
         inspected.stdout
     );
 
-    let missing = images().dir.join("no-such.provm");
+    let missing = common::scratch(module_path!()).join("no-such.provm");
     for command in ["replay", "inspect"] {
         let refused = provm(&[command, path(&missing)]);
         assert_eq!(refused.status, PROVM_FAILED);
@@ -122,7 +122,7 @@ fn damaged_traces_and_other_images_are_refused() {
     let mut other = fs::read(&images().tiny_qcow2).unwrap();
     let last = other.len() - 1;
     other[last] ^= 1;
-    let other_image = images().dir.join("modified.qcow2");
+    let other_image = common::scratch(module_path!()).join("modified.qcow2");
     fs::write(&other_image, other).unwrap();
     let refused = provm(&["replay", "--image", path(&other_image), path(&trace)]);
     assert_eq!(refused.status, PROVM_FAILED);
@@ -142,7 +142,7 @@ fn damaged_traces_and_other_images_are_refused() {
 fn a_recording_keeps_its_provenance() {
     let _guest = one_guest_at_a_time();
     let trace = trace_path("provenance");
-    let document = images().dir.join("recorded.prov");
+    let document = common::scratch(module_path!()).join("recorded.prov");
     let script = "cd /tmp; echo pear > in.txt; sort in.txt > out.txt";
     let recorded = record(&trace, &["--prov", path(&document)], script);
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);

@@ -4,7 +4,7 @@
 //! cache on first use), and the same crate without the profile's
 //! conformsTo is refused by the validator.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

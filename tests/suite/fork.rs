@@ -2,7 +2,7 @@
 //! provm binary: one pinned recording, forked at several points with each
 //! fault, its forks compared and replayed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ struct Recording {
 fn recording() -> &'static Recording {
     static RECORDING: OnceLock<Recording> = OnceLock::new();
     RECORDING.get_or_init(|| {
-        let trace = images().dir.join("forked.provm");
+        let trace = common::scratch(module_path!()).join("forked.provm");
         let recorded = common::record_shell(&images().tiny_qcow2, &trace, &["--pinned"], SCRIPT);
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
         Recording {
@@ -46,7 +46,7 @@ fn recording() -> &'static Recording {
 /// `provm replay RECORDING --fork-at AT --inject FAULT -o OUT`, which must
 /// succeed.
 fn fork(at: &str, fault: &str, out: &str) -> (Finished, PathBuf) {
-    let output = images().dir.join(format!("{out}.provm"));
+    let output = common::scratch(module_path!()).join(format!("{out}.provm"));
     let forked = provm(&[
         "replay",
         path(&recording().trace),
@@ -211,7 +211,7 @@ fn an_entropy_seed_changes_only_the_random_bytes() {
 fn bad_fork_requests_are_refused_with_the_fix() {
     let _guest = one_guest_at_a_time();
     let trace = path(&recording().trace);
-    let output = images().dir.join("refused.provm");
+    let output = common::scratch(module_path!()).join("refused.provm");
     let request = |at: &str, fault: &str, extra: &[&str]| {
         let mut args = vec!["replay", trace, "--fork-at", at, "--inject", fault, "-o"];
         args.push(path(&output));
@@ -268,7 +268,7 @@ fn bad_fork_requests_are_refused_with_the_fix() {
 #[test]
 fn a_fork_that_cannot_write_its_trace_is_a_tool_failure() {
     let _guest = one_guest_at_a_time();
-    let output = images().dir.join("unwritable.provm");
+    let output = common::scratch(module_path!()).join("unwritable.provm");
     let shell = "trap '' XFSZ; exec \"$@\"";
     let ran = std::process::Command::new("prlimit")
         .args(["--fsize=1048576", "sh", "-c", shell, "sh"])

@@ -5,7 +5,7 @@
 //! nobody answers fails at once with the fix said; without `--net` the
 //! guest has no network card.
 
-mod common;
+use crate::common;
 
 use common::{
     assert_replay_matches, images, incompressible, one_guest_at_a_time, path, provm, trace_path,
@@ -33,7 +33,7 @@ fn a_download_through_the_nat_replays_with_the_server_stopped() {
     assert_eq!(ran.status, 0, "{}", ran.stderr);
     assert_eq!(ran.stdout, format!("{digest}  -\n"));
 
-    let trace = trace_path(&images().dir, "net-download");
+    let trace = trace_path(&common::scratch(module_path!()), "net-download");
     let recorded = provm(&[
         "record",
         "--net",

@@ -3,7 +3,7 @@
 //! host folder gone, the results out of the trace (`export files`), and
 //! bad data arguments refused before anything is written.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

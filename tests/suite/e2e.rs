@@ -1,7 +1,7 @@
 //! End-to-end tests: the real guest kernel on provm's own VMM, on disk images
 //! the tests build. Boots are few and serialized (see common::one_guest_at_a_time).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
@@ -42,7 +42,7 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
     let _guest = one_guest_at_a_time();
     let images = images();
     let image_digest = digest(&images.tiny_qcow2);
-    let overlay = images.dir.join("kept-overlay.qcow2");
+    let overlay = common::scratch(module_path!()).join("kept-overlay.qcow2");
     let options = RunOptions {
         keep_overlay: Some(overlay.clone()),
         ..options(&images.tiny_qcow2)
@@ -241,7 +241,7 @@ fn a_guest_past_its_timeout_is_stopped_with_its_console() {
 fn bad_input_gets_a_clear_error() {
     let images = images();
     let tiny = path(&images.tiny_qcow2);
-    let dir = &images.dir;
+    let dir = &common::scratch(module_path!());
     let expect_error = |args: &[&str], needle: &str| {
         let run = provm(args);
         assert_eq!(run.status, PROVM_FAILED, "{args:?}: {}", run.stderr);

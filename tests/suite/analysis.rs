@@ -2,7 +2,7 @@
 //! and processes off a replay through breakpoints in the guest kernel, and
 //! the replay still matches.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ const SCRIPT: &str = "mkdir -p /data && printf 'provm analysis\\n' > /data/in.tx
                       sh -c 'cat /data/in.txt > /data/out.txt'";
 
 fn trace_path(name: &str) -> PathBuf {
-    common::trace_path(&images().dir, name)
+    common::trace_path(&common::scratch(module_path!()), name)
 }
 
 /// The JSON lines of `analysis` in `lines`.

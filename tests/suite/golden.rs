@@ -4,7 +4,7 @@
 //! state (every device's, the vCPU's) of each machine version. A form that
 //! changes without its version fails here: bump the version (keeping the
 //! old form readable), then bless a sample for the new one with
-//! `PROVM_BLESS=1 cargo test --release --test golden`. A sample is never
+//! `PROVM_BLESS=1 cargo test --release --test suite golden::`. A sample is never
 //! overwritten: a version's form is fixed once traces of it exist.
 
 use std::fs;
@@ -41,13 +41,13 @@ fn golden_with(
             return written.to_vec();
         }
         panic!(
-            "no golden sample {}: write it with PROVM_BLESS=1 cargo test --release --test golden",
+            "no golden sample {}: write it with PROVM_BLESS=1 cargo test --release --test suite golden::",
             path.display()
         );
     };
     assert!(
         same(&golden, written),
-        "the saved form {name} changed, but {bump} did not: bump it (and keep reading the old form, which traces hold), then bless a sample for the new version with PROVM_BLESS=1 cargo test --release --test golden; the sample of this version is {}",
+        "the saved form {name} changed, but {bump} did not: bump it (and keep reading the old form, which traces hold), then bless a sample for the new version with PROVM_BLESS=1 cargo test --release --test suite golden::; the sample of this version is {}",
         path.display()
     );
     golden

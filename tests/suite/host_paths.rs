@@ -2,7 +2,7 @@
 //! by file name and digest, never by path, and still replays; `provm record
 //! --keep-host-paths` keeps the paths.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

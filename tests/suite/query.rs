@@ -4,7 +4,7 @@
 //! this binary (the first record boots the guest; the others start from
 //! its snapshot).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ fn recorded() -> &'static Recorded {
     static RECORDED: OnceLock<Recorded> = OnceLock::new();
     RECORDED.get_or_init(|| {
         let _guest = one_guest_at_a_time();
-        let dir = &images().dir;
+        let dir = &common::scratch(module_path!());
         let record = |name: &str, extra: &[&str], script: &str| {
             let trace = dir.join(format!("{name}.provm"));
             let finished = record_shell(&images().tiny_qcow2, &trace, extra, script);

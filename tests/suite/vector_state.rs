@@ -2,7 +2,7 @@
 //! where guest user space can use AVX state its kernel cannot save (PVM),
 //! the guest switches processes only at system calls (kernel patch 0008).
 
-mod common;
+use crate::common;
 
 use common::{
     assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,
@@ -29,7 +29,7 @@ fn two_processes_keep_their_ymm_registers_when_run_and_recorded() {
         run.stderr
     );
 
-    let trace = trace_path(&images().dir, "ymm-hold");
+    let trace = trace_path(&common::scratch(module_path!()), "ymm-hold");
     let recorded = record_shell(image, &trace, &[], TWO_YMM_HOLDERS);
     assert_eq!(
         (recorded.status, recorded.stdout.as_str()),
@@ -50,7 +50,7 @@ fn two_processes_keep_their_ymm_registers_when_run_and_recorded() {
 #[test]
 fn a_signal_handler_changing_ymm_is_flagged_where_the_guest_kernel_cannot_save_it() {
     let _guest = one_guest_at_a_time();
-    let trace = trace_path(&images().dir, "ymm-signal");
+    let trace = trace_path(&common::scratch(module_path!()), "ymm-signal");
     let recorded = record_shell(&images().tiny_qcow2, &trace, &[], "ymm_signal 20");
     let holes = provm_trace::reader::Trace::open(&trace)
         .unwrap()
@@ -133,7 +133,7 @@ echo "make -j2 built the same $(ls /tmp/j2/*.o | wc -l) objects as make -j1"
 /// About 17 minutes on the PVM development hosts (the image with gcc, its
 /// first boot, and gcc's exec and page-fault work in the emulated guest
 /// kernel), too long for CI's budget there: run it with
-/// `cargo test --release --test vector_state -- --ignored`.
+/// `cargo test --release --test suite vector_state:: -- --ignored`.
 #[test]
 #[ignore = "slow where guest ring 0 is emulated: run with --ignored"]
 fn make_j2_with_gcc_builds_what_make_j1_builds() {
