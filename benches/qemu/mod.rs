@@ -45,14 +45,16 @@ pub enum Rr<'a> {
 pub struct Machine {
     kernel: PathBuf,
     initrd: PathBuf,
+    /// provm's kernel command line for this machine (its root among them).
+    cmdline: String,
     image: PathBuf,
     memory_mib: u64,
     dir: tempfile::TempDir,
 }
 
 impl Machine {
-    /// The machine provm would boot from `config` (its kernel, initramfs
-    /// and memory), with `image` as the disk.
+    /// The machine provm would boot from `boot` (its kernel, initramfs and
+    /// command line) with `memory_mib`, with `image` as the disk.
     pub fn new(boot: &BootSource, memory_mib: u64, image: &Path) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let initrd = dir.path().join("initramfs.cpio");
@@ -60,6 +62,7 @@ impl Machine {
         Machine {
             kernel: boot.kernel.clone(),
             initrd,
+            cmdline: boot.cmdline.clone(),
             image: image.to_owned(),
             memory_mib,
             dir,
@@ -68,7 +71,7 @@ impl Machine {
 
     /// provm's kernel command line, with what this host's KVM needs.
     fn kernel_args(&self, accel: Accel) -> String {
-        let args = provm_engine::run::kernel_args(false);
+        let args = self.cmdline.clone();
         match accel {
             Accel::Tcg => args,
             Accel::Kvm => {

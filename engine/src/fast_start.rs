@@ -1,5 +1,5 @@
-//! Fast start: a snapshot of the booted guest, its agent waiting for a
-//! command, cached per machine so that a run restores it in about a second
+//! Fast start: a snapshot of the booted guest, the image's root mounted
+//! read-only and its agent waiting for a command, cached per machine so that a run restores it in about a second
 //! instead of booting (tens of seconds where guest ring 0 is emulated).
 //!
 //! The cache key covers everything the booted state depends on: the kernel,
@@ -18,6 +18,7 @@ use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use provm_vmm::cpuid_check;
 use provm_vmm::disk::image::ImageError;
+use provm_vmm::disk::ReadOnly;
 use provm_vmm::machine_version;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
@@ -138,11 +139,16 @@ fn boot_and_cache(
 ) -> Result<Vec<u8>, FastStartError> {
     notice!("booting the guest (first run of this kernel, image and machine; later runs start from its snapshot)");
     let start = Instant::now();
-    let config = prepared.vm_config(
+    let mut config = prepared.vm_config(
         Arc::new(LiveSeam::starting_at(0)),
         OverlayLocation::temporary(),
         None,
     )?;
+    // Runs restore the snapshot over a fresh overlay: a write made while
+    // booting would be missing under the state that depends on it. The
+    // agent mounts the root read-only, and only if that writes nothing;
+    // should the guest try anyway, it gets an I/O error instead.
+    config.disk = Box::new(ReadOnly(config.disk));
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;
     let bytes = snapshot::encode(&session.snapshot()?);
     notice!(

@@ -202,14 +202,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         boot: BootSource {
             kernel,
             initramfs: initramfs::agent_initramfs(),
-            cmdline: match options.net {
-                true => format!(
-                    "{} {}",
-                    kernel_args(options.echo_console),
-                    net::kernel_arg()
-                ),
-                false => kernel_args(options.echo_console),
-            },
+            cmdline: machine_args(options, &root.device()),
             cpu: options.cpu,
         },
         memory_mib: options.memory_mib,
@@ -217,6 +210,21 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         echo_console: options.echo_console,
         net: options.net,
     })
+}
+
+/// The kernel command line of this run's machine: provm's arguments, the
+/// image's root file system, which the agent mounts read-only before the
+/// booted snapshot (a job then only makes it writable), and the network
+/// card's configuration with `--net`.
+fn machine_args(options: &RunOptions, root_device: &str) -> String {
+    let mut args = format!(
+        "{} provm.root={root_device}",
+        kernel_args(options.echo_console)
+    );
+    if options.net {
+        args = format!("{args} {}", net::kernel_arg());
+    }
+    args
 }
 
 /// The job the agent runs for these options.

@@ -1,8 +1,9 @@
 //! provm's guest agent: PID 1 of the guest's initramfs.
 //!
-//! It mounts the kernel's file systems, says Ready on the agent channel
-//! (/dev/hvc0), then runs the host's jobs: the first mounts the image's root
-//! and chroots into it; each runs a command there and streams its output
+//! It mounts the kernel's file systems and, read-only, the image's root the
+//! kernel command line names (provm.root=), says Ready on the agent channel
+//! (/dev/hvc0), then runs the host's jobs: the first makes the image's root
+//! writable (or mounts it) and chroots into it; each runs a command there and streams its output
 //! back. On PowerOff, or when the channel closes, it syncs, unmounts and
 //! powers the guest off. PID 1 must never exit (the kernel would panic), so
 //! errors become Failed messages or, when the agent cannot go on, a line on
@@ -32,7 +33,7 @@ use std::{mem, panic, ptr};
 
 use inputs::Inputs;
 use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
-use root::Root;
+use root::{Mounted, Root};
 
 /// The agent channel: the host's virtio console.
 const CHANNEL: &str = "/dev/hvc0";
@@ -64,7 +65,9 @@ struct Agent {
     /// The initramfs's /dev/null: every command's stdin, whether or not the
     /// image has a /dev.
     null: File,
-    /// The image's root, once a job has mounted it.
+    /// The image's root, mounted read-only at boot, until a job enters it.
+    premounted: Option<Mounted>,
+    /// The image's root, once a job has entered it.
     root: Option<Root>,
     /// The environment entries every command gets (`cpu::library_switches`)
     /// when user space may use vector state the guest kernel does not save;
@@ -84,6 +87,7 @@ impl Agent {
             log(&format!("cannot bring up the loopback interface: {error}"));
         }
         bring_up_network_card();
+        let premounted = premount_root();
         let channel = open_channel().unwrap_or_else(|error| {
             log(&format!("cannot set up {CHANNEL}: {error}"));
             power_off(None)
@@ -96,6 +100,7 @@ impl Agent {
             channel,
             frames: FrameReader::default(),
             null,
+            premounted,
             root: None,
             library_switches: library_switches(),
         };
@@ -198,7 +203,18 @@ impl Agent {
     /// in the same root, so they must name the same device.
     fn enter_root(&mut self, device: &[u8]) -> Result<(), String> {
         match &self.root {
-            None => self.root = Some(Root::enter(device)?),
+            None => {
+                self.root = Some(match self.premounted.take() {
+                    Some(mounted) if mounted.device() == device => mounted.enter()?,
+                    Some(mounted) => {
+                        mounted.unmount().map_err(|error| {
+                            format!("cannot unmount the root mounted at boot: {error}")
+                        })?;
+                        Root::enter(device)?
+                    }
+                    None => Root::enter(device)?,
+                })
+            }
             Some(root) if root.device() != device => {
                 let (mounted, asked) = (root.device(), device);
                 return Err(format!(
@@ -269,6 +285,19 @@ fn library_switches() -> Vec<String> {
         switches.join(" ")
     ));
     switches
+}
+
+/// Mounts the image's root read-only if the kernel command line names it
+/// (provm.root=) and its file system is clean; otherwise says why not on
+/// the console, and the first job mounts it.
+fn premount_root() -> Option<Mounted> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let device = cmdline
+        .split_whitespace()
+        .find_map(|arg| arg.strip_prefix("provm.root="))?;
+    Mounted::read_only_if_clean(device.as_bytes())
+        .map_err(|reason| log(&reason))
+        .ok()
 }
 
 /// Brings up the network card as the kernel command line says, if it
