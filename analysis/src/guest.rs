@@ -148,7 +148,7 @@ impl<'a> Guest<'a> {
     /// The task at `task` (a `task_struct` address).
     pub fn task(&self, task: u64) -> Result<Task, Unmapped> {
         let o = &self.kernel.offsets;
-        let parent = self.read_u64(task + o.task_struct_real_parent)?;
+        let parent = self.parent(task)?;
         let comm = self.read_bytes(task + o.task_struct_comm, o.task_struct_comm_len as usize)?;
         let comm = comm.split(|&b| b == 0).next().unwrap_or_default();
         Ok(Task {
@@ -157,6 +157,13 @@ impl<'a> Guest<'a> {
             ppid: self.read_i32(parent + o.task_struct_tgid)?,
             comm: String::from_utf8_lossy(comm).into_owned(),
         })
+    }
+
+    /// The `task_struct` address of the parent of `task` (its
+    /// `real_parent`: the process that forked it, or that process's parent
+    /// under CLONE_PARENT).
+    pub fn parent(&self, task: u64) -> Result<u64, Unmapped> {
+        self.read_u64(task + self.kernel.offsets.task_struct_real_parent)
     }
 
     /// The file behind descriptor `fd` of `task`, if it has one open.

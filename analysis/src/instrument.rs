@@ -8,7 +8,7 @@
 //! `do_exit` (a task's end, whether by exit or by a signal). All three are
 //! guest ring 0, which traps on PVM hosts too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use provm_seams::{EventTap, Position, StopHandler};
@@ -19,7 +19,7 @@ use provm_vmm::vm::{Vm, VmError};
 use syscalls::x86_64::Sysno;
 
 use crate::api::{Analysis, ProcessEvent};
-use crate::guest::Guest;
+use crate::guest::{Guest, Task};
 use crate::profile::KernelInfo;
 use crate::syscall::{Arg, Entered};
 
@@ -37,6 +37,10 @@ pub struct Instrument {
     analyses: Analyses,
     /// Calls entered and not yet returned, by `task_struct` address.
     entered: HashMap<u64, Entered>,
+    /// New processes announced (`ProcessEvent::Forked`) at one of their
+    /// two sightings, their parent's return from the call and their own
+    /// first return, and not yet seen at the other.
+    half_seen_forks: HashSet<i32>,
     /// Debug stops seen.
     pub stops: u64,
     /// Stops at which the guest's structures could not be read.
@@ -49,6 +53,7 @@ impl Instrument {
             kernel,
             analyses: Arc::new(Mutex::new(analyses)),
             entered: HashMap::new(),
+            half_seen_forks: HashSet::new(),
             stops: 0,
             unreadable: 0,
         }
@@ -119,15 +124,15 @@ impl Instrument {
 
     fn syscall_return(&mut self, guest: &Guest, at: Position) -> Result<(), Unmapped> {
         let task_address = guest.current_task()?;
-        // A new task's first return (from fork) has no entry.
         let Some(entered) = self.entered.remove(&task_address) else {
-            return Ok(());
+            return self.first_return(guest, task_address, at);
         };
         let ret = guest.read_u64(guest.view.regs.rdi + self.kernel.offsets.pt_regs_ax)? as i64;
         let raw = entered.raw;
         let mut call = entered.returned(guest, ret, (at.events, at.guest_ns));
         // After an execve the task has its new name.
         call.task = guest.task(task_address)?;
+        let mut forked = None;
         let derived = match Sysno::new(call.number as usize) {
             Some(Sysno::execve | Sysno::execveat) if ret == 0 => {
                 let path = call.args.iter().find_map(|arg| match arg {
@@ -148,10 +153,8 @@ impl Instrument {
                 })
             }
             Some(call_number) if ret > 0 && made_process(guest, call_number, &raw)? => {
-                Some(ProcessEvent::Forked {
-                    parent: call.task.clone(),
-                    child: ret as i32,
-                })
+                forked = Some(ret as i32);
+                None
             }
             _ => None,
         };
@@ -159,7 +162,52 @@ impl Instrument {
         if let Some(event) = derived {
             self.each(|analysis| analysis.process(&event, at));
         }
+        if let Some(child) = forked {
+            self.forked(call.task, child, at);
+        }
         Ok(())
+    }
+
+    /// A return to user space with no call entered: a call entered before
+    /// the breakpoints were set, or a new task's first return (from the
+    /// fork, which has no entry). The scheduler may run a new process
+    /// before its parent returns from the call (vfork always does), so
+    /// its exec and exit can come before the parent's return: it is
+    /// announced here if it comes first.
+    fn first_return(
+        &mut self,
+        guest: &Guest,
+        task_address: u64,
+        at: Position,
+    ) -> Result<(), Unmapped> {
+        let o = &self.kernel.offsets;
+        let regs = guest.view.regs.rdi;
+        let number = guest.read_u64(regs + o.pt_regs_orig_ax)?;
+        let ret = guest.read_u64(regs + o.pt_regs_ax)?;
+        let task = guest.task(task_address)?;
+        let forking = matches!(
+            Sysno::new(number as usize),
+            Some(Sysno::fork | Sysno::vfork | Sysno::clone | Sysno::clone3)
+        );
+        // A new thread's first return looks the same, but it is no process.
+        if forking && ret == 0 && task.pid == task.tid {
+            let parent = guest.task(guest.parent(task_address)?)?;
+            self.forked(parent, task.pid, at);
+        }
+        Ok(())
+    }
+
+    /// Announces that `parent` made the process `child`, once: at the
+    /// first of its two sightings. (A process killed before its first
+    /// return leaves its pid here; only that pid's reuse, after the whole
+    /// pid space has gone round, could then go unannounced.)
+    fn forked(&mut self, parent: Task, child: i32, at: Position) {
+        if self.half_seen_forks.remove(&child) {
+            return;
+        }
+        self.half_seen_forks.insert(child);
+        let event = ProcessEvent::Forked { parent, child };
+        self.each(|analysis| analysis.process(&event, at));
     }
 
     fn task_exit(&mut self, guest: &Guest, at: Position) -> Result<(), Unmapped> {
