@@ -1,6 +1,7 @@
 //! Fast start: a snapshot of the booted guest, the image's root mounted
-//! read-only and its agent waiting for a command, cached per machine so that a run restores it in about a second
-//! instead of booting (tens of seconds where guest ring 0 is emulated).
+//! read-only and its agent waiting for a command, cached per machine so
+//! that a run restores it in about a second instead of booting (tens of
+//! seconds where guest ring 0 is emulated).
 //!
 //! The cache key covers everything the booted state depends on: the kernel,
 //! the initramfs, the kernel arguments, the memory size, the CPU model (the

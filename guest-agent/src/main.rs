@@ -3,8 +3,8 @@
 //! It mounts the kernel's file systems and, read-only, the image's root the
 //! kernel command line names (provm.root=), says Ready on the agent channel
 //! (/dev/hvc0), then runs the host's jobs: the first makes the image's root
-//! writable (or mounts it) and chroots into it; each runs a command there and streams its output
-//! back. On PowerOff, or when the channel closes, it syncs, unmounts and
+//! writable (or mounts it) and chroots into it; each runs a command there
+//! and streams its output back. On PowerOff, or when the channel closes, it syncs, unmounts and
 //! powers the guest off. PID 1 must never exit (the kernel would panic), so
 //! errors become Failed messages or, when the agent cannot go on, a line on
 //! the console and a power-off.
@@ -199,8 +199,9 @@ impl Agent {
         }
     }
 
-    /// Mounts and enters the image's root on the first job; later jobs run
-    /// in the same root, so they must name the same device.
+    /// Enters the image's root on the first job: the one mounted at boot,
+    /// made writable, if the job names its device, else mounted now. Later
+    /// jobs run in the same root, so they must name the same device.
     fn enter_root(&mut self, device: &[u8]) -> Result<(), String> {
         match &self.root {
             None => {
