@@ -2,12 +2,12 @@
 //!
 //! It mounts the kernel's file systems and, read-only, the image's root the
 //! kernel command line names (provm.root=), says Ready on the agent channel
-//! (/dev/hvc0), then runs the host's jobs: the first makes the image's root
-//! writable (or mounts it) and chroots into it; each runs a command there
-//! and streams its output back. On PowerOff, or when the channel closes, it syncs, unmounts and
-//! powers the guest off. PID 1 must never exit (the kernel would panic), so
-//! errors become Failed messages or, when the agent cannot go on, a line on
-//! the console and a power-off.
+//! (/dev/hvc0), then runs the host's jobs: the first makes that root
+//! writable (or mounts it) and chroots into it; each runs a command there,
+//! streaming its output back. On PowerOff, or when the channel closes, it
+//! syncs, unmounts and powers the guest off. PID 1 must never exit (the
+//! kernel would panic), so errors become Failed messages or, when the agent
+//! cannot go on, a line on the console and a power-off.
 //!
 //! The agent takes over `main` from std: started without /dev/console in the
 //! initramfs, PID 1 has file descriptors 0-2 closed, and std's start-up code
@@ -199,9 +199,8 @@ impl Agent {
         }
     }
 
-    /// Enters the image's root on the first job: the one mounted at boot,
-    /// made writable, if the job names its device, else mounted now. Later
-    /// jobs run in the same root, so they must name the same device.
+    /// Enters the image's root on the first job (the boot's read-only mount,
+    /// made writable, if it names that device); later ones must name it too.
     fn enter_root(&mut self, device: &[u8]) -> Result<(), String> {
         match &self.root {
             None => {
