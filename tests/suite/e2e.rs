@@ -202,6 +202,55 @@ fn a_partitioned_image_boots_from_its_root_partition() {
     assert_eq!(digest(image), before);
 }
 
+/// The agent mounts the root read-only at boot, before the snapshot, only
+/// if that writes nothing: an ext4 whose journal needs replaying (as a
+/// crash leaves it) would be written even read-only, and the boot's writes
+/// are lost under the snapshot. Such a root is mounted by the first
+/// command, and the command runs.
+#[test]
+fn a_root_whose_journal_needs_replaying_is_mounted_by_the_first_command() {
+    let _guest = one_guest_at_a_time();
+    let image = common::scratch(module_path!()).join("needs-recovery.raw");
+    let tools = [
+        Command::new("qemu-img")
+            .args([
+                "convert",
+                "-O",
+                "raw",
+                path(&images().tiny_qcow2),
+                path(&image),
+            ])
+            .status(),
+        Command::new("debugfs")
+            .args(["-w", "-R", "feature needs_recovery", path(&image)])
+            .status(),
+    ];
+    for status in tools {
+        assert!(status.unwrap().success());
+    }
+    let run = provm(&[
+        "run",
+        "-v",
+        path(&image),
+        "--",
+        "sh",
+        "-c",
+        "touch /written && echo ok",
+    ]);
+    assert_eq!(
+        (run.status, run.stdout.as_str()),
+        (0, "ok\n"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains("/dev/vda is left for the job to mount: its journal needs replaying"),
+        "{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn a_guest_past_its_timeout_is_stopped_with_its_console() {
     let _guest = one_guest_at_a_time();
