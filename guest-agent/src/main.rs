@@ -86,8 +86,14 @@ impl Agent {
         if let Err(error) = network::bring_up_loopback() {
             log(&format!("cannot bring up the loopback interface: {error}"));
         }
-        bring_up_network_card();
-        let premounted = premount_root();
+        // What the VMM asks of the guest: the root, the network card, the
+        // guest kernel's scheduling.
+        let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_else(|error| {
+            log(&format!("cannot read /proc/cmdline: {error}"));
+            String::new()
+        });
+        bring_up_network_card(&cmdline);
+        let premounted = premount_root(&cmdline);
         let channel = open_channel().unwrap_or_else(|error| {
             log(&format!("cannot set up {CHANNEL}: {error}"));
             power_off(None)
@@ -102,7 +108,7 @@ impl Agent {
             null,
             premounted,
             root: None,
-            library_switches: library_switches(),
+            library_switches: library_switches(&cmdline),
         };
         agent.send(&GuestMessage::Ready);
         agent
@@ -254,21 +260,19 @@ impl Agent {
 /// use it but this guest kernel does not save it across context switches
 /// (nothing otherwise); says so on the console once, with what protects the
 /// commands and what does not. Needs /proc mounted.
-fn library_switches() -> Vec<String> {
-    let read = |path: &str| {
-        std::fs::read_to_string(path).unwrap_or_else(|error| {
-            log(&format!("cannot read {path}: {error}"));
-            String::new()
-        })
-    };
-    let Some(xcr0) = cpu::unmanaged_vector_state(&read("/proc/cpuinfo")) else {
+fn library_switches(cmdline: &str) -> Vec<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_else(|error| {
+        log(&format!("cannot read /proc/cpuinfo: {error}"));
+        String::new()
+    });
+    let Some(xcr0) = cpu::unmanaged_vector_state(&cpuinfo) else {
         return Vec::new();
     };
     let switches = cpu::library_switches(&cpu::CpuFeatures::of_this_cpu(xcr0));
     // Kernel patch 0008's argument, which the VMM passes for this hazard.
     // Only the command line says it was asked for: a kernel without the
     // patch (`--kernel`) ignores it.
-    let asked_for_syscall_switches = read("/proc/cmdline")
+    let asked_for_syscall_switches = cmdline
         .split_whitespace()
         .any(|arg| arg == "provm.user_preempt=0");
     let scheduling = if asked_for_syscall_switches {
@@ -290,8 +294,7 @@ fn library_switches() -> Vec<String> {
 /// Mounts the image's root read-only if the kernel command line names it
 /// (provm.root=) and its file system is clean; otherwise says why not on
 /// the console, and the first job mounts it.
-fn premount_root() -> Option<Mounted> {
-    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+fn premount_root(cmdline: &str) -> Option<Mounted> {
     let device = cmdline
         .split_whitespace()
         .find_map(|arg| arg.strip_prefix("provm.root="))?;
@@ -303,9 +306,8 @@ fn premount_root() -> Option<Mounted> {
 /// Brings up the network card as the kernel command line says, if it
 /// says (`provm run --net`); a failure is said on the console, and the
 /// command then runs without a network.
-fn bring_up_network_card() {
-    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    let configured = network::CardConfig::from_cmdline(&cmdline).and_then(|config| match config {
+fn bring_up_network_card(cmdline: &str) {
+    let configured = network::CardConfig::from_cmdline(cmdline).and_then(|config| match config {
         Some(config) => network::bring_up_card(&config)
             .map_err(|error| format!("cannot bring up the network card: {error}")),
         None => Ok(()),
