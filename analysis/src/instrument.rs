@@ -184,13 +184,16 @@ impl Instrument {
         let regs = guest.view.regs.rdi;
         let number = guest.read_u64(regs + o.pt_regs_orig_ax)?;
         let ret = guest.read_u64(regs + o.pt_regs_ax)?;
-        let task = guest.task(task_address)?;
         let forking = matches!(
             Sysno::new(number as usize),
             Some(Sysno::fork | Sysno::vfork | Sysno::clone | Sysno::clone3)
         );
+        if !forking || ret != 0 {
+            return Ok(());
+        }
+        let task = guest.task(task_address)?;
         // A new thread's first return looks the same, but it is no process.
-        if forking && ret == 0 && task.pid == task.tid {
+        if task.pid == task.tid {
             let parent = guest.task(guest.parent(task_address)?)?;
             self.forked(parent, task.pid, at);
         }
