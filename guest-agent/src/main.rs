@@ -5,7 +5,7 @@
 //! (/dev/hvc0), then runs the host's jobs: the first makes that root
 //! writable (or mounts it) and chroots into it; each runs a command there,
 //! streaming its output back. On PowerOff, or when the channel closes, it
-//! syncs, unmounts and powers the guest off. PID 1 must never exit (the
+//! leaves the root's file system clean and powers the guest off. PID 1 must never exit (the
 //! kernel would panic), so errors become Failed messages or, when the agent
 //! cannot go on, a line on the console and a power-off.
 //!
@@ -377,27 +377,27 @@ fn set_wall_clock(ns: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Ends every other process, syncs, unmounts the image's root and powers
-/// the guest off.
+/// Ends every other process, leaves the image's root clean on its disk
+/// (read-only) and powers the guest off.
 fn power_off(root: Option<&Root>) -> ! {
-    // SAFETY: kill(2), waitpid(2) with a null status pointer and
-    // sync(2) take no pointers to our memory; killing every other process
-    // is the point (PID 1 is never signalled by kill(-1)).
+    // SAFETY: kill(2) and waitpid(2) with a null status pointer take no
+    // pointers to our memory; killing every other process is the point
+    // (PID 1 is never signalled by kill(-1)).
     unsafe {
         // Processes the commands left behind would keep the root busy.
         libc::kill(-1, libc::SIGKILL);
         while libc::waitpid(-1, ptr::null_mut(), 0) > 0 {}
-        libc::sync();
     }
     if let Some(root) = root {
-        if let Err(error) = root.unmount() {
-            log(&format!("cannot unmount the root: {error}"));
+        if let Err(error) = root.make_clean() {
+            log(&format!("cannot remount the root read-only: {error}"));
+            // Written back at least, if not clean.
+            // SAFETY: sync(2) takes no arguments.
+            unsafe { libc::sync() };
         }
-        // SAFETY: sync(2) takes no arguments.
-        unsafe { libc::sync() };
     }
-    // SAFETY: reboot(2) takes no pointers; powering off is the
-    // intent, after the sync above (it returns only on failure).
+    // SAFETY: reboot(2) takes no pointers; powering off is the intent,
+    // with the root's file system written back (it returns only on failure).
     unsafe { libc::reboot(libc::RB_POWER_OFF) };
     log(&format!("cannot power off: {}", io::Error::last_os_error()));
     // Returning would end PID 1 and panic the kernel.
