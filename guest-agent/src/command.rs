@@ -5,9 +5,11 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStderr, ChildStdout, Command, Stdio};
-use std::{env, ptr};
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+use std::{env, fs, ptr};
 
 use provm_guest_agent::{provenance_messages, GuestMessage, Job, Outcome};
 
@@ -34,18 +36,21 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
             cwd.display()
         )
     })?;
-    let stdin = stdin
-        .try_clone()
-        .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
-    let mut command = command(program, args, &job.env)?;
-    command.stdin(stdin);
+    let env = environment(&job.env)?;
     let not_started = |error: io::Error| {
         let program = String::from_utf8_lossy(program);
         spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"))
     };
     let output_error = |error| format!("cannot read the command's output: {error}");
+    let program = OsStr::from_bytes(program);
+    let command_of = |program: &OsStr| -> Result<Command, String> {
+        let stdin = stdin
+            .try_clone()
+            .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
+        Ok(command(program, args, &env, stdin))
+    };
     if job.provenance {
-        let mut traced = match provenance::spawn(command) {
+        let mut traced = match provenance::spawn(command_of(program)?) {
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
@@ -56,12 +61,30 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
         provenance_messages(records).into_iter().for_each(emit);
         return Ok(outcome);
     }
-    let mut child = match command.spawn() {
+    let mut child = match spawn(program, search_path(&env), command_of)? {
         Ok(child) => child,
         Err(error) => return not_started(error),
     };
     forward(child.stdout.take(), child.stderr.take(), emit).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
+}
+
+/// Spawns the command `command_of` makes for `program`, found in
+/// `search_path` first if it is a bare name (see `find_in_path`).
+fn spawn(
+    program: &OsStr,
+    search_path: Option<&OsStr>,
+    command_of: impl Fn(&OsStr) -> Result<Command, String>,
+) -> Result<io::Result<Child>, String> {
+    if let Some(found) = find_in_path(program, search_path) {
+        match command_of(found.as_os_str())?.arg0(program).spawn() {
+            // A script without a #! line: execvp(3), below, runs it with
+            // /bin/sh; posix_spawn does not.
+            Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {}
+            spawned => return Ok(spawned),
+        }
+    }
+    Ok(command_of(program)?.spawn())
 }
 
 /// The job's working directory; a relative one starts at the root (not at
@@ -70,23 +93,66 @@ fn working_dir(cwd: &[u8]) -> PathBuf {
     Path::new("/").join(OsStr::from_bytes(cwd))
 }
 
+/// The job's environment entries, split into keys and values.
+fn environment(env: &[Vec<u8>]) -> Result<Vec<(&OsStr, &OsStr)>, String> {
+    env.iter()
+        .map(|entry| {
+            env_entry(entry).ok_or_else(|| {
+                let entry = String::from_utf8_lossy(entry);
+                format!("environment entry {entry:?} has no '='")
+            })
+        })
+        .collect()
+}
+
 /// The command, with exactly the environment `env` (whose PATH is the one
-/// `program` is looked up in) and its outputs piped to the agent.
-fn command(program: &[u8], args: &[Vec<u8>], env: &[Vec<u8>]) -> Result<Command, String> {
-    let mut command = Command::new(OsStr::from_bytes(program));
+/// a bare `program` is looked up in), `stdin` as its standard input and
+/// its outputs piped to the agent.
+fn command(program: &OsStr, args: &[Vec<u8>], env: &[(&OsStr, &OsStr)], stdin: File) -> Command {
+    let mut command = Command::new(program);
     command
         .args(args.iter().map(|arg| OsStr::from_bytes(arg)))
         .env_clear()
+        .envs(env.iter().copied())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for entry in env {
-        let (key, value) = env_entry(entry).ok_or_else(|| {
-            let entry = String::from_utf8_lossy(entry);
-            format!("environment entry {entry:?} has no '='")
-        })?;
-        command.env(key, value);
+    command
+}
+
+/// The PATH `env` sets (its last, as for the environment a command gets).
+fn search_path<'a>(env: &[(&OsStr, &'a OsStr)]) -> Option<&'a OsStr> {
+    env.iter()
+        .rev()
+        .find_map(|&(key, value)| (key == "PATH").then_some(value))
+}
+
+/// Where execvp(3) would find a bare `program` in `search_path`: the first
+/// entry holding an executable file of that name. `None` for a name with a
+/// slash, or one not found, which the spawn then tries and reports as
+/// before.
+///
+/// Found here, the command is spawned by std with posix_spawn (a vfork),
+/// not with fork and execvp, which std needs when the child's PATH is not
+/// the agent's. A fork copies the agent's page tables and then every page
+/// either side writes: 0.2 s of each job where guest ring 0 is emulated.
+/// By hand rather than with the `which` crate: the agent must stay small
+/// (the guest kernel copies its bytes at every boot), and this is all of
+/// it that it needs.
+fn find_in_path(program: &OsStr, search_path: Option<&OsStr>) -> Option<PathBuf> {
+    if program.is_empty() || program.as_bytes().contains(&b'/') {
+        return None;
     }
-    Ok(command)
+    search_path?
+        .as_bytes()
+        .split(|&byte| byte == b':')
+        // An empty entry is the working directory, as for execvp.
+        .map(|dir| Path::new(OsStr::from_bytes(if dir.is_empty() { b"." } else { dir })))
+        .map(|dir| dir.join(program))
+        .find(|candidate| {
+            fs::metadata(candidate)
+                .is_ok_and(|file| file.is_file() && file.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// Splits a `KEY=VALUE` entry at its first '='.
@@ -306,7 +372,47 @@ mod tests {
         assert!(run_on_host(&[], &[], "/").0.is_err());
         assert!(run_on_host(&["/bin/true"], &["NOVALUE"], "/").0.is_err());
 
+        // Found in the job's PATH before the spawn: the program still sees
+        // the name it was given, and a script with no #! line still runs
+        // with /bin/sh, as execvp(3) runs it.
+        let (_, messages) = run_on_host(&["sh", "-c", "echo $0"], &["PATH=/bin:/usr/bin"], "/");
+        assert_eq!(messages, [GuestMessage::Stdout(b"sh\n".to_vec())]);
+        let dir = scratch_dir("script");
+        let script = dir.join("no-hash-bang");
+        std::fs::write(&script, "echo run by sh\n").unwrap();
+        std::fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!("PATH={}:/bin:/usr/bin", dir.display());
+        let (result, messages) = run_on_host(&["no-hash-bang"], &[&path], "/");
+        assert_eq!(result, Ok(Outcome::Exited(0)));
+        assert_eq!(messages, [GuestMessage::Stdout(b"run by sh\n".to_vec())]);
+
         traced_pipeline_on_host();
+    }
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("provm-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_bare_name_is_found_in_the_path_as_execvp_finds_it() {
+        let dir = scratch_dir("path");
+        let (plain, tool) = (dir.join("plain"), dir.join("tool"));
+        std::fs::write(&plain, "").unwrap();
+        std::fs::write(&tool, "").unwrap();
+        std::fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir_all(dir.join("sub/tool")).unwrap();
+        let find =
+            |program: &str, path: &str| find_in_path(OsStr::new(program), Some(OsStr::new(path)));
+        let search = |first: &str| format!("{}:{}", dir.join(first).display(), dir.display());
+        // Directories and files without an execute bit are passed over.
+        assert_eq!(find("tool", &search("sub")), Some(tool.clone()));
+        assert_eq!(find("plain", &dir.display().to_string()), None);
+        assert_eq!(find("missing", &dir.display().to_string()), None);
+        // Names with a slash, and no PATH, are left to the spawn.
+        assert_eq!(find("./tool", &dir.display().to_string()), None);
+        assert_eq!(find_in_path(OsStr::new("tool"), None), None);
     }
 
     /// The tracer on the host's own shell and sort: the records name the
