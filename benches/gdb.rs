@@ -46,7 +46,7 @@ fn main() {
     let mut reverse_step_seconds = Vec::new();
     for round in 0..RUNS {
         let address = format!("127.0.0.1:{}", free_port());
-        let (mut served, stderr) = serve_gdb(&trace, &address);
+        let (mut served, stderr) = serve_gdb(&trace, &address, provm::gdb::SNAPSHOT_EVERY);
         let out = gdb_batch(
             &vmlinux,
             &address,

@@ -302,6 +302,14 @@ struct ReplayArgs {
     #[arg(long, value_name = "ADDRESS",
           conflicts_with_all = ["analyze", "extract_kernel", "fork_at", "timing", "inject_exit_delay"])]
     gdb: Option<String>,
+    /// With --gdb: take a time-travel snapshot every this many log events at
+    /// first (more often: going back re-executes less, and more snapshots
+    /// are taken; at most 32 are kept, then every other one goes and the
+    /// interval doubles).
+    #[arg(long, value_name = "EVENTS", requires = "gdb",
+          default_value_t = provm::gdb::SNAPSHOT_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every: u64,
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
@@ -682,7 +690,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(address) = &args.gdb {
-        let report = provm::gdb::serve(options, address)?;
+        let report = provm::gdb::serve(options, address, args.snapshot_every)?;
         return Ok(replay_verdict(report));
     }
     let analyses = args

@@ -27,7 +27,8 @@ use target::{ReplayTarget, Resume};
 
 use provm_engine::replay::{ReplayOptions, ReplayReport};
 
-/// A time-travel snapshot every this many log events at first. Measured
+/// A time-travel snapshot every this many log events at first, unless
+/// `provm replay --snapshot-every` says otherwise. Measured
 /// on the development hosts (tests/suite/gdb.rs, `cargo bench --bench gdb`): a
 /// snapshot of the test guest (128 MiB) is about 3.4 MiB and takes about
 /// 0.12 to 0.16 s to capture and compress, and a replay there runs about 1,000
@@ -49,16 +50,21 @@ pub enum GdbError {
     Debug(#[from] DebugError),
 }
 
-/// Serves the replay of `options.trace` to one gdb on `address`; when gdb
+/// Serves the replay of `options.trace` to one gdb on `address`, with a
+/// time-travel snapshot every `snapshot_every` events at first; when gdb
 /// goes, replays on to the end and returns the verdict.
-pub fn serve(options: ReplayOptions, address: &str) -> Result<ReplayReport, GdbError> {
+pub fn serve(
+    options: ReplayOptions,
+    address: &str,
+    snapshot_every: u64,
+) -> Result<ReplayReport, GdbError> {
     let listen_error = |source| GdbError::Listen {
         address: address.to_owned(),
         source,
     };
     // First, so that a port in use is refused before any work.
     let listener = TcpListener::bind(address).map_err(listen_error)?;
-    let debuggee = Debuggee::new(options, SNAPSHOT_EVERY, SNAPSHOT_LIMIT)?;
+    let debuggee = Debuggee::new(options, snapshot_every, SNAPSHOT_LIMIT)?;
     eprintln!(
         "provm: waiting for gdb on {address}: gdb -ex 'target remote {address}' vmlinux \
          (vmlinux from `provm replay --extract-kernel`)"

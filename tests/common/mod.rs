@@ -141,11 +141,13 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// `provm replay --gdb` serving `trace`, once it listens; its stderr is
+/// `provm replay --gdb` serving `trace` with a time-travel snapshot every
+/// `snapshot_every` events, once it listens; its stderr is
 /// collected by the thread returned.
-pub fn serve_gdb(trace: &Path, address: &str) -> (Child, JoinHandle<String>) {
+pub fn serve_gdb(trace: &Path, address: &str, snapshot_every: u64) -> (Child, JoinHandle<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_provm"))
         .args(["replay", "--gdb", address, path(trace)])
+        .args(["--snapshot-every", &snapshot_every.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

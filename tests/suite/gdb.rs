@@ -15,11 +15,15 @@ use common::{
     serve_gdb, PROVM_FAILED,
 };
 
-/// Opens files, several times, late in the run: long enough (over 4,000
+/// A time-travel snapshot every this many events (`--snapshot-every`): a
+/// quarter of the default, so that a short recording passes several.
+const SNAPSHOT_EVERY: u64 = 500;
+
+/// Opens files, several times, late in the run: long enough (over 1,000
 /// log events on every host, with or without doorbell exits) that going to
-/// its middle passes a time-travel snapshot (one every 2,000 events).
+/// its middle passes a time-travel snapshot.
 const SCRIPT: &str =
-    "for i in $(seq 48); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out48.txt";
+    "for i in $(seq 16); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out16.txt";
 
 /// The shared recording, and its log's length in events.
 fn recording() -> &'static (PathBuf, u64) {
@@ -67,12 +71,12 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     assert_eq!(extracted.status, 0, "{}", extracted.stderr);
 
     let address = format!("127.0.0.1:{}", free_port());
-    let (mut provm, stderr) = serve_gdb(trace, &address);
+    let (mut provm, stderr) = serve_gdb(trace, &address, SNAPSHOT_EVERY);
     // Halfway through the log first (past a snapshot or more), so that
     // going back restores one taken in the middle of the replay.
     let halfway = events / 2;
     assert!(
-        halfway > provm::gdb::SNAPSHOT_EVERY,
+        halfway > SNAPSHOT_EVERY,
         "the recording ({events} events) is too short to pass a time-travel snapshot on the way to its middle"
     );
     let gdb_out = gdb_batch(
@@ -215,4 +219,17 @@ fn a_port_in_use_is_refused_before_the_replay_starts() {
         "{}",
         replay.stderr
     );
+    // No snapshots at all is no interval, and they are only gdb's.
+    for args in [
+        &["--gdb", &address, "--snapshot-every", "0"][..],
+        &["--snapshot-every", "100"],
+    ] {
+        let refused = provm(&[&["replay"], args, &[path(trace)]].concat());
+        assert_eq!(refused.status, 2, "{args:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("--snapshot-every"),
+            "{}",
+            refused.stderr
+        );
+    }
 }
