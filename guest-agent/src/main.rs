@@ -298,9 +298,13 @@ fn premount_root(cmdline: &str) -> Option<Mounted> {
     let device = cmdline
         .split_whitespace()
         .find_map(|arg| arg.strip_prefix("provm.root="))?;
-    Mounted::read_only_if_clean(device.as_bytes())
+    let mounted = Mounted::read_only_if_clean(device.as_bytes())
         .map_err(|reason| log(&reason))
-        .ok()
+        .ok()?;
+    if let Err(error) = mounted.warm_shell() {
+        log(&format!("cannot run the image's /bin/sh at boot: {error}"));
+    }
+    Some(mounted)
 }
 
 /// Brings up the network card as the kernel command line says, if it
