@@ -255,7 +255,7 @@ fn a_root_whose_journal_needs_replaying_is_mounted_by_the_first_command() {
 fn a_guest_past_its_timeout_is_stopped_with_its_console() {
     let _guest = one_guest_at_a_time();
     // Long enough for the agent to mount the root and start the loop.
-    let limit = common::warm_then_time_limit(&images().tiny_qcow2, 15);
+    let limit = common::warm_then_time_limit(&images().tiny_qcow2, 8);
     let run = provm(&[
         "run",
         "--timeout",
