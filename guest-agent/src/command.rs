@@ -418,8 +418,7 @@ mod tests {
     /// The tracer on the host's own shell and sort: the records name the
     /// programs and credit each file to the process that wrote it.
     fn traced_pipeline_on_host() {
-        let dir = std::env::temp_dir().join(format!("provm-trace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("trace");
         std::fs::write(dir.join("in.txt"), "pear\napple\n").unwrap();
         let script = "sort in.txt > mid.txt; wc -l mid.txt > out.txt";
         let job = Job {

@@ -5,9 +5,10 @@
 //! (/dev/hvc0), then runs the host's jobs: the first makes that root
 //! writable (or mounts it) and chroots into it; each runs a command there,
 //! streaming its output back. On PowerOff, or when the channel closes, it
-//! leaves the root's file system clean and powers the guest off. PID 1 must never exit (the
-//! kernel would panic), so errors become Failed messages or, when the agent
-//! cannot go on, a line on the console and a power-off.
+//! leaves the root's file system clean and powers the guest off. PID 1
+//! must never exit (the kernel would panic), so errors become Failed
+//! messages or, when the agent cannot go on, a line on the console and a
+//! power-off.
 //!
 //! The agent takes over `main` from std: started without /dev/console in the
 //! initramfs, PID 1 has file descriptors 0-2 closed, and std's start-up code
