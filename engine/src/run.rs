@@ -42,15 +42,11 @@ use crate::transfer::{self, DataError, Input, JobData, Output};
 /// - 8250.nr_uarts=1: probe only the one serial port there is.
 /// - panic=-1: a panicking guest resets at once, ending the run.
 /// - rdinit=/init: the guest agent.
-/// - quiet, unless the console is shown: every console byte is a port write.
-pub fn kernel_args(show_boot_messages: bool) -> String {
-    let args = "console=ttyS0 nolapic noapic lpj=5000 rodata=off io_delay=none 8250.nr_uarts=1 panic=-1 rdinit=/init";
-    if show_boot_messages {
-        args.to_owned()
-    } else {
-        format!("{args} quiet")
-    }
-}
+/// - quiet: only warnings and errors reach the console (every console byte
+///   is a port write), also under `-v`, which shows the console: the
+///   booted snapshot is keyed by the command line, and the log level is
+///   not the machine (`provm run -v` once booted a snapshot of its own).
+pub const KERNEL_ARGS: &str = "console=ttyS0 nolapic noapic lpj=5000 rodata=off io_delay=none 8250.nr_uarts=1 panic=-1 rdinit=/init quiet";
 
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3600;
@@ -217,10 +213,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
 /// booted snapshot (a job then only makes it writable), and the network
 /// card's configuration with `--net`.
 fn machine_args(options: &RunOptions, root_device: &str) -> String {
-    let mut args = format!(
-        "{} provm.root={root_device}",
-        kernel_args(options.echo_console)
-    );
+    let mut args = format!("{KERNEL_ARGS} provm.root={root_device}");
     if options.net {
         args = format!("{args} {}", net::kernel_arg());
     }
@@ -297,7 +290,7 @@ pub fn start(
         });
     };
     // Delivered as a pinned recording here delivers: the same log.
-    let delivery = provm_vmm::vm::recording_delivery()?;
+    let delivery = provm_seams::delivery::for_recording();
     let (mut vm, recorder) = machine.restore(snapshot, |start_ns| {
         Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
             .delivering(delivery)

@@ -251,7 +251,7 @@ impl GuestSession {
         let mut console = self.console_tail();
         if console.trim().is_empty() {
             console =
-                "(nothing: the kernel boots quietly; run with -v to see all its messages)".into();
+                "(nothing: the kernel boots quietly, printing only its warnings and errors)".into();
         }
         SessionError::Guest { error, console }
     }

@@ -167,6 +167,26 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
 /// shared copy every test process uses: so the copy may be kept under a
 /// digest of the inputs alone, and every test binary shares one booted
 /// guest's snapshot (the cache is keyed by the image).
+/// `-v` shows the console but boots the same machine: the kernel command
+/// line, which keys the booted snapshot, does not name the log level, so a
+/// verbose run starts from the snapshot a quiet one cached.
+#[test]
+fn a_verbose_run_boots_the_machine_a_quiet_run_does() {
+    let _guest = one_guest_at_a_time();
+    let image = path(&images().tiny_qcow2);
+    let quiet = provm(&["run", image, "--", "cat", "/proc/cmdline"]);
+    let verbose = provm(&["-v", "run", image, "--", "cat", "/proc/cmdline"]);
+    assert_eq!(quiet.status, 0, "{}", quiet.stderr);
+    assert_eq!(verbose.status, 0, "{}", verbose.stderr);
+    assert!(quiet.stdout.contains("rdinit=/init"), "{}", quiet.stdout);
+    assert_eq!(quiet.stdout, verbose.stdout);
+    assert!(
+        !verbose.stderr.contains("booting the guest"),
+        "{}",
+        verbose.stderr
+    );
+}
+
 #[test]
 fn test_images_are_the_same_bytes_whenever_they_are_built() {
     let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
