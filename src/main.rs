@@ -1010,7 +1010,7 @@ mod tests {
             rip: 0,
         });
         assert_eq!(failure_status(&stepping), TOOL_FAILED);
-        let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoExactWindow));
+        let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoWindowBreakpoints));
         assert_eq!(failure_status(&refused), PROVM_FAILED);
         assert_eq!(failure_status(&ReplayError::Vm(vm_error())), PROVM_FAILED);
         let fork_log = provm::fork::ForkError::Log {

@@ -20,7 +20,7 @@ use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::cpuid::Platform;
 use provm_vmm::machine_version;
-use provm_vmm::vm::{self, VmSnapshot};
+use provm_vmm::vm::VmSnapshot;
 
 use crate::cached_section;
 use crate::cpu_model;
@@ -107,7 +107,7 @@ pub fn record(
     let profile_path = kernel::profile_path(&prepared.boot.kernel);
     let kernel_profile =
         std::fs::read(&profile_path).map_err(|_| RecordError::ProfileMissing(profile_path))?;
-    let delivery = vm::recording_delivery().map_err(RunError::from)?;
+    let delivery = delivery::for_recording();
     let mut manifest = manifest(
         options,
         &prepared,

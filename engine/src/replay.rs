@@ -15,7 +15,6 @@ use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::machine_version::{self, MachineVersionError};
-use provm_vmm::seam::Delivery;
 use provm_vmm::vm::{self, VmError, VmSnapshot};
 
 use crate::cpu_model::{self, CpuRefusal};
@@ -68,8 +67,8 @@ pub enum ReplayError {
     MachineVersion(#[from] MachineVersionError),
     #[error("the trace is inconsistent: its snapshot's CPUID is not the one its manifest records")]
     SnapshotCpuid,
-    #[error("refusing to replay: the recording delivered interrupts at KVM's interrupt-window exits (an SVM or VMX host), and this host's KVM does not place those exits where the guest enables interrupts (PVM), so the replay could not find them again. Replay it on an SVM or VMX host")]
-    NoExactWindow,
+    #[error("refusing to replay: the recording delivered interrupts at KVM's interrupt-window exits (an SVM or VMX host; provm before it rang the guest's doorbell everywhere), which a replay finds again with a hardware breakpoint at the logged instruction, and this host's KVM (PVM) stops guest user mode at no breakpoint. Replay it on an SVM or VMX host")]
+    NoWindowBreakpoints,
     #[error(transparent)]
     Image(#[from] ImageError),
     #[error(transparent)]
@@ -284,9 +283,9 @@ impl Opened {
             Platform::detect(),
         )?;
         if manifest.interrupt_delivery == InterruptDelivery::WindowExit
-            && vm::recording_delivery()? != Delivery::WindowExit
+            && Platform::detect() == Platform::Pvm
         {
-            return Err(ReplayError::NoExactWindow);
+            return Err(ReplayError::NoWindowBreakpoints);
         }
         let (base, extracted) = open_image(options, &trace)?;
         chain::check(&base, &manifest.image)?;

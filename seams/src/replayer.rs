@@ -728,6 +728,21 @@ impl Seam for Replayer {
         self.delivery
     }
 
+    /// Only where the recording waited at window exits: its next event,
+    /// if that is one.
+    fn logged_window(&self) -> Option<Place> {
+        if self.delivery != Delivery::LoggedWindow {
+            return None;
+        }
+        match self.state.lock().unwrap().events.peek() {
+            Ok(Some(Event::InterruptWindow { at })) => Some(Place {
+                rip: at.rip,
+                registers: at.registers,
+            }),
+            _ => None,
+        }
+    }
+
     /// The logged clock says when the guest woke: no need to wait.
     fn wait_until(&self, _: u64, _: Instant) {}
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use provm_seams::{exit_event, Recorder, Replayer, NEVER_INTERRUPTED};
+use provm_seams::{delivery, exit_event, Recorder, Replayer, NEVER_INTERRUPTED};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
@@ -246,7 +246,17 @@ impl Clock for ForkSeam {
 impl Seam for ForkSeam {
     fn delivery(&self) -> Delivery {
         // The fork goes on as the recording went.
-        self.replayer.delivery()
+        match self.recorder() {
+            Some(_) => delivery::going_on_from(self.replayer.delivery()),
+            None => self.replayer.delivery(),
+        }
+    }
+
+    fn logged_window(&self) -> Option<Place> {
+        match self.recorder() {
+            Some(_) => None,
+            None => self.replayer.logged_window(),
+        }
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

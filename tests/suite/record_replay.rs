@@ -10,8 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, Finished,
-    PROVM_FAILED, RECORD_WORKLOADS, REPLAY_CUT_SHORT,
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, record_shell,
+    Finished, PROVM_FAILED, RECORD_WORKLOADS, REPLAY_CUT_SHORT,
 };
 use provm_trace::events::Event;
 use provm_trace::manifest::InterruptDelivery;
@@ -203,19 +203,9 @@ fn user_mode_rdtsc_replays_where_the_host_honours_tsd_and_diverges_on_pvm() {
     }
 }
 
-/// A tick due while the guest kernel has interrupts off waits for the
-/// guest to enable them: at KVM's interrupt-window exit where the host
-/// places it exactly (SVM, VMX), at the guest kernel's doorbell exit
-/// (port 0x440) on PVM, whose window moves. The trace says which, and the
-/// replay finds the same exits.
-#[test]
-fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell_elsewhere() {
-    let _guest = one_guest_at_a_time();
-    let trace = trace_path("held-interrupts");
-    // Disk writes, whose kernel paths turn interrupts off and on again.
-    let busy = "dd if=/dev/zero of=/tmp/f bs=64k count=16 2>/dev/null; sync; echo done";
-    assert_eq!(record(&trace, &[], busy).status, 0);
-    let opened = Trace::open(&trace).unwrap();
+/// The interrupt-window exits and doorbell rings in `trace`'s log.
+fn window_and_doorbell_exits(trace: &Path) -> (usize, usize) {
+    let opened = Trace::open(trace).unwrap();
     let (mut windows, mut doorbells) = (0, 0);
     let mut events = opened.events().unwrap();
     while let Some(event) = events.next_event().unwrap() {
@@ -225,25 +215,37 @@ fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell
             _ => {}
         }
     }
+    (windows, doorbells)
+}
+
+/// A tick due while the guest kernel has interrupts off waits for the
+/// guest to enable them: at the guest kernel's doorbell exit (port 0x440)
+/// on every host, an exit the guest's own execution places, so that the
+/// trace replays wherever KVM would place its interrupt-window exit. A
+/// recording that waited at window exits instead (provm's on SVM and VMX
+/// before; `PROVM_RECORD_DELIVERY=window` makes one) replays by running to
+/// each logged window on SVM and VMX, and is refused up front on PVM,
+/// which stops guest user mode at no breakpoint.
+#[test]
+fn a_held_interrupt_waits_for_the_doorbell_and_window_recordings_replay_at_their_logged_places() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("held-interrupts");
+    // Disk writes, whose kernel paths turn interrupts off and on again.
+    let busy = "dd if=/dev/zero of=/tmp/f bs=64k count=16 2>/dev/null; sync; echo done";
+    assert_eq!(record(&trace, &[], busy).status, 0);
+    let opened = Trace::open(&trace).unwrap();
     // What a diverged replay's spin limit follows.
     assert!(opened
         .outcome
         .longest_exitless_seconds
         .is_some_and(|seconds| seconds > 0.0 && seconds < opened.outcome.host_seconds));
-    let delivery = opened.manifest.interrupt_delivery;
-    if Platform::detect() == Platform::Hardware {
-        assert_eq!(delivery, InterruptDelivery::WindowExit);
-        assert!(windows > 0, "no interrupt-window exit was recorded");
-        assert_eq!(
-            doorbells, 0,
-            "the doorbell rang on a host with exact windows"
-        );
-    } else {
-        assert_eq!(delivery, InterruptDelivery::Doorbell);
-        assert_eq!(windows, 0, "an interrupt-window exit was recorded on PVM");
-        assert!(doorbells > 0, "no doorbell exit was recorded");
-    }
-    eprintln!("{delivery:?}: {windows} window exits, {doorbells} doorbell exits");
+    assert_eq!(
+        opened.manifest.interrupt_delivery,
+        InterruptDelivery::Doorbell
+    );
+    let (windows, doorbells) = window_and_doorbell_exits(&trace);
+    assert_eq!(windows, 0, "an interrupt-window exit was recorded");
+    assert!(doorbells > 0, "no doorbell exit was recorded");
     // The verdict names what the recording host left unlogged: on PVM
     // user-mode RDTSC among others, on SVM and VMX never that.
     let verdict = assert_replay_matches(&trace);
@@ -255,6 +257,31 @@ fn a_held_interrupt_waits_for_the_window_exit_where_it_is_exact_and_the_doorbell
         pvm || provm_engine::holes::host_has_rdrand(),
         "{verdict}"
     );
+
+    let windowed = trace_path("held-interrupts-at-windows");
+    let mut args = vec!["record", "-o", path(&windowed), path(&images().tiny_qcow2)];
+    args.extend_from_slice(&["--", "/bin/sh", "-c", busy]);
+    let recorded = provm_with_env(&args, &[("PROVM_RECORD_DELIVERY", Path::new("window"))]);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let delivery = Trace::open(&windowed).unwrap().manifest.interrupt_delivery;
+    assert_eq!(delivery, InterruptDelivery::WindowExit);
+    let (windows, doorbells) = window_and_doorbell_exits(&windowed);
+    eprintln!("at window exits: {windows} window exits, {doorbells} doorbell exits");
+    assert!(windows > 0, "no interrupt-window exit was recorded");
+    assert_eq!(doorbells, 0, "the doorbell rang in a window recording");
+    if pvm {
+        let refused = provm(&["replay", path(&windowed)]);
+        assert_eq!(refused.status, 125, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            refused
+                .stderr
+                .contains("stops guest user mode at no breakpoint"),
+            "{}",
+            refused.stderr
+        );
+    } else {
+        assert_replay_matches(&windowed);
+    }
 }
 
 #[test]

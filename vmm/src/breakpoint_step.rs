@@ -54,7 +54,7 @@ pub fn host_method(kvm: &Kvm) -> Result<StepMethod, VcpuError> {
     probe_once(&PROBED, || probe(kvm))
 }
 
-fn probe(kvm: &Kvm) -> Result<StepMethod, VcpuError> {
+pub(crate) fn probe(kvm: &Kvm) -> Result<StepMethod, VcpuError> {
     let mut guest = CodeGuest::new(kvm, PROBE_CODE, false)?;
     // A stack in RAM: a push to unbacked memory would be emulated by KVM,
     // which shows the guest its RFLAGS without the trap flag.

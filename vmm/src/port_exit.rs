@@ -39,7 +39,7 @@ pub fn host_convention(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
     probe_once(&PROBED, || probe(kvm))
 }
 
-fn probe(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
+pub(crate) fn probe(kvm: &Kvm) -> Result<OutExitRip, VcpuError> {
     let mut guest = CodeGuest::new(kvm, PROBE_CODE, false)?;
     let exit = guest.vcpu.fd.run().map_err(VcpuError::Probe)?;
     if !matches!(exit, VcpuExit::IoOut(0x80, _)) {

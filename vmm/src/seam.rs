@@ -67,9 +67,18 @@ pub enum Delivery {
     /// run.
     Anywhere,
     /// At VM exits only; where the guest has interrupts off then, at KVM's
-    /// interrupt-window exit, on hosts that place it exactly
-    /// (`interrupt_window`).
+    /// interrupt-window exit. Recordings of earlier provm versions on SVM
+    /// hosts delivered so (and forks of them go on so); where KVM places
+    /// that exit differs between kernels (`interrupt_window`), so a new
+    /// recording rings the doorbell instead.
     WindowExit,
+    /// The replay of a `WindowExit` recording: where the log says the
+    /// next exit is an interrupt window, the guest runs to the logged place
+    /// (a hardware breakpoint on its RIP, taken where the registers match
+    /// too) and that stop stands for the window exit. No window is asked
+    /// of KVM, so the replay does not depend on where this host's KVM
+    /// would place it.
+    LoggedWindow,
     /// At VM exits only; where the guest has interrupts off then, at the
     /// exit the guest kernel makes when it finds its doorbell rung (kernel
     /// patch 0007). Every host.
@@ -87,6 +96,13 @@ pub trait Seam: Clock {
     /// Where the VMM may deliver interrupts: a recorder and a replayer
     /// deliver at exits, as the trace says (`Delivery`).
     fn delivery(&self) -> Delivery;
+
+    /// Where the next VM exit must be an interrupt window, if the seam
+    /// knows (a `LoggedWindow` replay whose log says so): the place the
+    /// recording's window exit had.
+    fn logged_window(&self) -> Option<Place> {
+        None
+    }
 
     /// The guest halted until the virtual clock reaches `ns`: wait for it, but
     /// not past `limit`. A replayer returns at once (its clock is the log).

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_regs, kvm_sregs, kvm_userspace_memory_region};
+use kvm_bindings::{kvm_debug_exit_arch, kvm_regs, kvm_sregs, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -41,7 +41,7 @@ use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::host_core;
-use crate::interrupt_window;
+use crate::logged_window::{WindowBreakpoint, WindowStop};
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
 use crate::msr;
 use crate::paging::{self, Unmapped};
@@ -393,6 +393,9 @@ pub struct Vm {
     /// While a step is made with breakpoints: how many of the armed ones
     /// are the debugger's (the rest make the step).
     step_breakpoints: Option<usize>,
+    /// The logged interrupt window a replay runs the guest to
+    /// (`Delivery::LoggedWindow`).
+    window: WindowBreakpoint,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -614,6 +617,7 @@ impl Vm {
             stepping_over: false,
             step_method,
             step_breakpoints: None,
+            window: WindowBreakpoint::default(),
             _not_send: PhantomData,
         })
     }
@@ -726,6 +730,11 @@ impl Vm {
             Delivery::Anywhere | Delivery::WindowExit => {
                 self.vcpu.request_interrupt_window(waiting);
             }
+            Delivery::LoggedWindow => {
+                if self.window.aim(self.seam.logged_window()) && !self.stepping_over {
+                    self.apply_guest_debug(&self.guest_debug)?;
+                }
+            }
             Delivery::Doorbell => self.mark_doorbell(waiting),
         }
         Ok(())
@@ -757,7 +766,8 @@ impl Vm {
             Duration::MAX
         };
         if std::mem::take(&mut self.step_over_due) {
-            self.apply_guest_debug(&guest_debug::step_over())?;
+            // Without the window's breakpoint: the step may start on it.
+            self.apply_without_window(&guest_debug::step_over())?;
             self.stepping_over = true;
         }
         self.arm_breakpoint_step()?;
@@ -775,27 +785,24 @@ impl Vm {
         }
         let exit = match result {
             Ok(VcpuExit::Intr) => None,
-            // Not an exit either: the guest is where it would have been.
-            Ok(VcpuExit::Debug(debug)) => {
-                self.at_exit = false;
-                let stop = match (DebugStop::from_kvm(&debug), self.step_breakpoints) {
-                    // One of the breakpoints that make a step, not the
-                    // debugger's.
-                    (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
-                        DebugStop::Step { rip }
-                    }
-                    (stop, _) => stop,
-                };
-                if std::mem::take(&mut self.stepping_over) {
-                    // Stepped past the breakpoint: put the breakpoints back.
+            // Not an exit: the guest is where it would have been. But the
+            // logged interrupt window a replay runs to stands for that exit.
+            Ok(VcpuExit::Debug(debug)) => match self.window.stop(debug.dr6, self.vcpu.place()?) {
+                WindowStop::Reached => {
+                    // A debugger's step that lands here is not shown as a
+                    // stop of its own: the exit comes first.
+                    self.stepping_over = false;
+                    self.window.aim(None);
                     self.apply_guest_debug(&self.guest_debug)?;
-                    if !self.guest_debug.single_step {
-                        return Ok(Entry::Kicked);
-                    }
+                    Some(VcpuExit::IrqWindowOpen)
                 }
-                self.step_over_due = stop.needs_step_over(&self.guest_debug);
-                return Ok(Entry::Debug(stop));
-            }
+                WindowStop::Passing => {
+                    self.at_exit = false;
+                    self.step_over_due = true;
+                    return Ok(Entry::Kicked);
+                }
+                WindowStop::Other => return self.debug_stop(&debug),
+            },
             Ok(exit) => Some(exit),
             Err(error) if error.errno() == libc::EINTR => None,
             Err(error) => return Err(VmError::Run(error)),
@@ -824,6 +831,28 @@ impl Vm {
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
         Ok(Entry::Exited { halted: false })
+    }
+
+    /// A debug stop for the debugger, or on its way (a step over a
+    /// breakpoint, a step made with breakpoints).
+    fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
+        self.at_exit = false;
+        let stop = match (DebugStop::from_kvm(debug), self.step_breakpoints) {
+            // One of the breakpoints that make a step, not the debugger's.
+            (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
+                DebugStop::Step { rip }
+            }
+            (stop, _) => stop,
+        };
+        if std::mem::take(&mut self.stepping_over) {
+            // Stepped past the breakpoint: put the breakpoints back.
+            self.apply_guest_debug(&self.guest_debug)?;
+            if !self.guest_debug.single_step {
+                return Ok(Entry::Kicked);
+            }
+        }
+        self.step_over_due = stop.needs_step_over(&self.guest_debug);
+        Ok(Entry::Debug(stop))
     }
 
     /// Stops the guest at `debug`'s breakpoints, or after every
@@ -856,17 +885,30 @@ impl Vm {
         let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
         let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
         let armed = breakpoint_step::arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
+        // A step is one instruction: a logged window it lands on is seen
+        // at its stop, and needs no breakpoint of its own.
         match armed {
             Some(armed) => {
-                self.apply_guest_debug(&armed)?;
+                self.apply_without_window(&armed)?;
                 self.step_breakpoints = Some(in_force.breakpoints.len());
             }
-            None => self.apply_guest_debug(&in_force)?,
+            None => self.apply_without_window(&in_force)?,
         }
         Ok(())
     }
 
+    /// Hands `debug` to KVM, with the breakpoint of the logged window the
+    /// guest runs to, if any.
     fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.apply_to_kvm(&self.window.added_to(debug)?)
+    }
+
+    fn apply_without_window(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.window.left_out();
+        self.apply_to_kvm(debug)
+    }
+
+    fn apply_to_kvm(&self, debug: &GuestDebug) -> Result<(), VmError> {
         self.vcpu
             .fd
             .set_guest_debug(&debug.to_kvm()?)
@@ -1111,17 +1153,6 @@ fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
         cpuid::kernel_args_hiding(unenforced),
         vector_state::kernel_args(unenforced)
     )
-}
-
-/// Where a recording on this host delivers the interrupts the guest
-/// cannot take at once: at the interrupt-window exit where the host places
-/// it exactly, else at the guest kernel's doorbell.
-pub fn recording_delivery() -> Result<Delivery, VmError> {
-    Ok(if interrupt_window::exact_here(&open_kvm()?)? {
-        Delivery::WindowExit
-    } else {
-        Delivery::Doorbell
-    })
 }
 
 /// The CPU model a VM booted with `baseline` gets on this host, without

@@ -1,0 +1,149 @@
+//! Replaying an interrupt-window exit where the recording had it, whatever
+//! this host's KVM would do (`Delivery::LoggedWindow`).
+//!
+//! A recording that waited at KVM's interrupt-window exits logged where
+//! each came: RIP and a digest of the registers. Where KVM places that exit
+//! differs between kernels: a trace recorded on SVM with Linux 6.12
+//! diverged on 6.1 at its first window, 6.1's exit coming six bytes
+//! earlier. So the replay asks KVM for no window: it puts a hardware
+//! breakpoint on the logged RIP, and the stop there with the logged
+//! registers stands for the exit. A stop at that RIP in another state (an
+//! earlier pass through a loop) is stepped over and the guest goes on.
+//!
+//! Hardware breakpoints stop the guest in every mode on VMX and SVM hosts;
+//! PVM stops only its emulated ring 0 (`guest_debug`), so a replay there
+//! is refused before it starts.
+
+use std::cell::Cell;
+
+use crate::guest_debug::{GuestDebug, GuestDebugError, HW_BREAKPOINTS};
+use crate::seam::Place;
+
+/// DR6's bits for DR0-DR3 and for a single step (BS).
+const DR6_HITS: u64 = 0xf;
+const DR6_SINGLE_STEP: u64 = 1 << 14;
+
+/// The logged window the guest runs to, if any, and which debug register
+/// its breakpoint took at the last KVM_SET_GUEST_DEBUG.
+#[derive(Default)]
+pub struct WindowBreakpoint {
+    place: Option<Place>,
+    slot: Cell<Option<usize>>,
+}
+
+/// What a debug stop was, for the logged window.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WindowStop {
+    /// The guest stands at the logged window: that is the exit.
+    Reached,
+    /// Only the window's breakpoint stopped it, in another state: step
+    /// over it and go on, unseen.
+    Passing,
+    /// Not the window's business (the debugger's stop).
+    Other,
+}
+
+impl WindowBreakpoint {
+    /// Runs the guest to `place` from now on (`None`: to no window).
+    /// Returns whether that changed, so the breakpoints must be applied
+    /// again.
+    pub fn aim(&mut self, place: Option<Place>) -> bool {
+        let changed = self.place != place;
+        self.place = place;
+        changed
+    }
+
+    /// `debug` with the window's breakpoint after its own, if the guest
+    /// runs to a window.
+    pub fn added_to(&self, debug: &GuestDebug) -> Result<GuestDebug, GuestDebugError> {
+        self.slot.set(None);
+        let Some(place) = self.place else {
+            return Ok(debug.clone());
+        };
+        if debug.breakpoints.len() >= HW_BREAKPOINTS {
+            return Err(GuestDebugError::WindowBreakpoint);
+        }
+        let mut debug = debug.clone();
+        self.slot.set(Some(debug.breakpoints.len()));
+        debug.breakpoints.push(place.rip);
+        Ok(debug)
+    }
+
+    /// The breakpoints applied last were without the window's.
+    pub fn left_out(&self) {
+        self.slot.set(None);
+    }
+
+    /// What the debug stop with `dr6` at `now` (the guest's place there)
+    /// was.
+    pub fn stop(&self, dr6: u64, now: Place) -> WindowStop {
+        let Some(place) = self.place else {
+            return WindowStop::Other;
+        };
+        if now == place {
+            return WindowStop::Reached;
+        }
+        let ours_alone = self
+            .slot
+            .get()
+            .is_some_and(|slot| dr6 & (DR6_HITS | DR6_SINGLE_STEP) == 1 << slot);
+        if ours_alone && now.rip == place.rip {
+            WindowStop::Passing
+        } else {
+            WindowStop::Other
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Place = Place {
+        rip: 0xffff_ffff_8117_1e57,
+        registers: 0x1234,
+    };
+
+    fn debugger(breakpoints: usize) -> GuestDebug {
+        GuestDebug {
+            breakpoints: (0..breakpoints as u64).map(|i| 0x1000 + i).collect(),
+            single_step: false,
+        }
+    }
+
+    #[test]
+    fn the_windows_breakpoint_follows_the_debuggers() {
+        let mut window = WindowBreakpoint::default();
+        assert_eq!(window.added_to(&debugger(2)).unwrap(), debugger(2));
+        assert!(window.aim(Some(WINDOW)));
+        assert!(!window.aim(Some(WINDOW)));
+        let applied = window.added_to(&debugger(2)).unwrap();
+        assert_eq!(applied.breakpoints, [0x1000, 0x1001, WINDOW.rip]);
+        assert!(matches!(
+            window.added_to(&debugger(HW_BREAKPOINTS)),
+            Err(GuestDebugError::WindowBreakpoint)
+        ));
+    }
+
+    #[test]
+    fn a_stop_is_the_window_only_where_the_registers_match() {
+        let mut window = WindowBreakpoint::default();
+        window.aim(Some(WINDOW));
+        window.added_to(&debugger(1)).unwrap();
+        let elsewhere = Place {
+            registers: 0x5678,
+            ..WINDOW
+        };
+        // Its breakpoint is DR1, after the debugger's DR0.
+        assert_eq!(window.stop(0b10, WINDOW), WindowStop::Reached);
+        assert_eq!(window.stop(0b10, elsewhere), WindowStop::Passing);
+        // The debugger's own stop at that RIP, or a step onto it, is the
+        // debugger's.
+        assert_eq!(window.stop(0b11, elsewhere), WindowStop::Other);
+        assert_eq!(window.stop(DR6_SINGLE_STEP, elsewhere), WindowStop::Other);
+        // A step that lands on the window with its registers is the window.
+        assert_eq!(window.stop(DR6_SINGLE_STEP, WINDOW), WindowStop::Reached);
+        window.aim(None);
+        assert_eq!(window.stop(0b10, WINDOW), WindowStop::Other);
+    }
+}
