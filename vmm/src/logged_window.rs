@@ -5,10 +5,21 @@
 //! each came: RIP and a digest of the registers. Where KVM places that exit
 //! differs between kernels: a trace recorded on SVM with Linux 6.12
 //! diverged on 6.1 at its first window, 6.1's exit coming six bytes
-//! earlier. So the replay asks KVM for no window: it puts a hardware
-//! breakpoint on the logged RIP, and the stop there with the logged
-//! registers stands for the exit. A stop at that RIP in another state (an
-//! earlier pass through a loop) is stepped over and the guest goes on.
+//! earlier, on the instruction in STI's shadow. So the replay puts a
+//! hardware breakpoint on the logged RIP, and the stop there with the
+//! logged registers stands for the exit; a stop at that RIP in another
+//! state (an earlier pass through a loop) is stepped over and the guest
+//! goes on. It asks KVM for the window as well: an exit that lands on the
+//! logged place is taken as it is, and one that comes early is passed
+//! over for the breakpoint. A breakpoint alone missed a window on the SVM
+//! test bed: where an interrupt was injected at the breakpoint's stop, the
+//! next window came at the same RIP after the handler's IRET, and no
+//! breakpoint stopped the guest there (QEMU's TCG under the L1 KVM), while
+//! KVM's window did.
+//!
+//! A window logged earlier than this host's KVM places it, in STI's
+//! shadow, is found by the breakpoint; VMX cannot inject an interrupt in
+//! that shadow, so such a replay diverges there, saying so.
 //!
 //! Hardware breakpoints stop the guest in every mode on VMX and SVM hosts;
 //! PVM stops only its emulated ring 0 (`guest_debug`), so a replay there
@@ -67,6 +78,12 @@ impl WindowBreakpoint {
         self.slot.set(Some(debug.breakpoints.len()));
         debug.breakpoints.push(place.rip);
         Ok(debug)
+    }
+
+    /// Whether KVM's window exit at `now` came before the logged place
+    /// (this host's KVM opens it earlier than the recording's did).
+    pub fn opens_early(&self, now: Place) -> bool {
+        self.place.is_some_and(|place| place != now)
     }
 
     /// The breakpoints applied last were without the window's.
@@ -145,5 +162,18 @@ mod tests {
         assert_eq!(window.stop(DR6_SINGLE_STEP, WINDOW), WindowStop::Reached);
         window.aim(None);
         assert_eq!(window.stop(0b10, WINDOW), WindowStop::Other);
+    }
+
+    #[test]
+    fn kvms_window_counts_only_on_the_logged_place() {
+        let mut window = WindowBreakpoint::default();
+        let early = Place {
+            rip: WINDOW.rip - 6,
+            ..WINDOW
+        };
+        assert!(!window.opens_early(early));
+        window.aim(Some(WINDOW));
+        assert!(window.opens_early(early));
+        assert!(!window.opens_early(WINDOW));
     }
 }

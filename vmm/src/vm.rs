@@ -731,7 +731,13 @@ impl Vm {
                 self.vcpu.request_interrupt_window(waiting);
             }
             Delivery::LoggedWindow => {
-                if self.window.aim(self.seam.logged_window()) && !self.stepping_over {
+                let logged = self.seam.logged_window();
+                // KVM's window too: where it lands on the logged place it
+                // is the exit, where it comes early the guest goes on to
+                // the breakpoint (see `logged_window`).
+                self.vcpu.request_interrupt_window(logged.is_some());
+                if self.window.aim(logged) && !self.stepping_over {
+                    tracing::debug!("logged window: running to {logged:x?}");
                     self.apply_guest_debug(&self.guest_debug)?;
                 }
             }
@@ -787,7 +793,7 @@ impl Vm {
             Ok(VcpuExit::Intr) => None,
             // Not an exit: the guest is where it would have been. But the
             // logged interrupt window a replay runs to stands for that exit.
-            Ok(VcpuExit::Debug(debug)) => match self.window.stop(debug.dr6, self.vcpu.place()?) {
+            Ok(VcpuExit::Debug(debug)) => match self.window_stop(&debug)? {
                 WindowStop::Reached => {
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
@@ -823,7 +829,16 @@ impl Vm {
                 self.report(Exit::Halt)?;
                 return Ok(Entry::Exited { halted: true });
             }
-            VcpuExit::IrqWindowOpen => self.report(Exit::InterruptWindow)?,
+            VcpuExit::IrqWindowOpen => {
+                if self.window.opens_early(self.vcpu.place()?) {
+                    // Not the logged window: the guest goes on to it.
+                    tracing::debug!("logged window: KVM's window opened before it");
+                    self.vcpu.request_interrupt_window(false);
+                    self.at_exit = false;
+                    return Ok(Entry::Kicked);
+                }
+                self.report(Exit::InterruptWindow)?
+            }
             VcpuExit::X86Rdmsr(..) => self.msr_read()?,
             VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             VcpuExit::InternalError => return Err(self.internal_error()),
@@ -831,6 +846,20 @@ impl Vm {
             other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
         }
         Ok(Entry::Exited { halted: false })
+    }
+
+    /// What a debug stop was for the logged window a replay runs to.
+    fn window_stop(&self, debug: &kvm_debug_exit_arch) -> Result<WindowStop, VmError> {
+        let now = self.vcpu.place()?;
+        let stop = self.window.stop(debug.dr6, now);
+        if stop != WindowStop::Other {
+            tracing::debug!(
+                "logged window: {stop:?} at RIP {:#x}, registers {:016x}",
+                now.rip,
+                now.registers
+            );
+        }
+        Ok(stop)
     }
 
     /// A debug stop for the debugger, or on its way (a step over a
