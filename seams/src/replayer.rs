@@ -252,9 +252,10 @@ impl Replayer {
     /// and devices only: where a debugger or an analysis sets breakpoints
     /// and steps in this replay (they leave marks in the debug registers
     /// and flags that the recording never had: measured on the SVM test
-    /// bed, Linux 6.1), or where this host's KVM is not the recording's
-    /// (another kernel reads other MSRs and state: a trace recorded on
-    /// Linux 6.12 differed on 6.1, its outputs and memory matching).
+    /// bed, Linux 6.1), or where this host's KVM or CPU is not the
+    /// recording's (another kernel reads other MSRs and state: a trace
+    /// recorded on Linux 6.12 differed on 6.1, and one recorded on QEMU's
+    /// EPYC-Milan differed on its EPYC, outputs and memory matching).
     pub fn skip_register_check(&self) {
         self.state.lock().unwrap().registers_unchecked = true;
     }

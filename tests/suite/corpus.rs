@@ -58,20 +58,23 @@ fn cpu_refusal(trace: &Path) -> Option<String> {
 fn every_corpus_trace_replays_exactly() {
     let _guest = one_guest_at_a_time();
     for trace in corpus() {
+        let recorded = Trace::open(&trace).unwrap();
         let inspect = provm(&["inspect", path(&trace)]);
         assert_eq!(inspect.status, 0, "{}", inspect.stderr);
-        assert!(
-            inspect
-                .stdout
-                .contains("replay     this provm replays it: machine version 1,"),
-            "{}",
-            inspect.stdout
+        let replays = format!(
+            "replay     this provm replays it: machine version {},",
+            recorded.manifest.machine_version
         );
+        assert!(inspect.stdout.contains(&replays), "{}", inspect.stdout);
         match cpu_refusal(&trace) {
             None => {
                 // Format 4 predates state checks.
                 let replayed = assert_replay_matches(&trace);
-                assert!(replayed.contains("state not checked"), "{replayed}");
+                assert_eq!(
+                    replayed.contains("state not checked"),
+                    recorded.outcome.state_check.is_none(),
+                    "{replayed}"
+                );
             }
             Some(refusal) => {
                 println!("{}: {refusal}", trace.display());
