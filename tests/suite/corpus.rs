@@ -35,9 +35,11 @@ fn corpus() -> Vec<PathBuf> {
 }
 
 /// Why this host cannot give `trace`'s guest the CPU it was recorded with
-/// (the check `provm replay` makes first), if it cannot. The corpus was
-/// recorded on PVM with that host's CPU: a VMX/SVM host refuses it, and so
-/// does a PVM host whose CPU lacks a feature the recording's had.
+/// (the check `provm replay` makes first), if it cannot. Most of the
+/// corpus was recorded on PVM with that host's CPU: a VMX/SVM host refuses
+/// it, and so does a PVM host whose CPU lacks a feature the recording's
+/// had; a trace recorded on SVM with a baseline is refused on PVM, which
+/// cannot present one to guest user space.
 fn cpu_refusal(trace: &Path) -> Option<String> {
     let manifest = Trace::open(trace).unwrap().manifest;
     let here = provm_vmm::vm::probe_cpu(Baseline::Host).unwrap();
