@@ -64,6 +64,11 @@ impl WindowBreakpoint {
         changed
     }
 
+    /// Whether the guest runs to a logged window.
+    pub fn aimed(&self) -> bool {
+        self.place.is_some()
+    }
+
     /// `debug` with the window's breakpoint after its own, if the guest
     /// runs to a window.
     pub fn added_to(&self, debug: &GuestDebug) -> Result<GuestDebug, GuestDebugError> {

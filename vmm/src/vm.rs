@@ -850,6 +850,9 @@ impl Vm {
 
     /// What a debug stop was for the logged window a replay runs to.
     fn window_stop(&self, debug: &kvm_debug_exit_arch) -> Result<WindowStop, VmError> {
+        if !self.window.aimed() {
+            return Ok(WindowStop::Other);
+        }
         let now = self.vcpu.place()?;
         let stop = self.window.stop(debug.dr6, now);
         if stop != WindowStop::Other {
