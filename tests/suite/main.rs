@@ -8,6 +8,7 @@ mod analysis;
 mod blame;
 mod corpus;
 mod data_io;
+mod docs;
 mod e2e;
 mod fork;
 mod gdb;
