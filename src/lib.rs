@@ -3,6 +3,8 @@
 //! graphs and trace inspection. Each is a module with one entry point; the
 //! command line (`main.rs`) parses arguments and dispatches to them.
 
+#![forbid(unsafe_code)]
+
 pub mod blame;
 pub mod export;
 pub mod fork;

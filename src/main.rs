@@ -1,5 +1,7 @@
 //! The provm command line.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,6 +5,8 @@
 //! (`syscall`, `instrument`), and hands them to analyses written against
 //! one trait (`api`), such as the built-in ones (`builtin`).
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod builtin;
 pub mod guest;

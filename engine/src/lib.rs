@@ -11,6 +11,8 @@
 //! timing, provenance capture) plugs in as an [`observer::Observer`], so
 //! the engine imports no analysis of its own.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod cached_section;
 pub mod cpu_model;
 pub mod digest;

@@ -8,6 +8,8 @@
 //! Both turn a VM exit into the same event (`exit_event`), so what one
 //! writes is what the other compares.
 
+#![forbid(unsafe_code)]
+
 mod clock;
 pub mod delivery;
 mod exit_event;

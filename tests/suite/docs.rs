@@ -118,6 +118,76 @@ fn every_path_the_docs_name_exists() {
     assert!(missing.is_empty(), "{missing:#?}");
 }
 
+/// Every file under `dir`, with its path.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        }
+        found.push(path);
+    }
+    found
+}
+
+/// docs/ARCHITECTURE.md's table names, in each crate's row, the crate's
+/// folder and its modules: files (`vm.rs`), folders (`transfer/`) and
+/// items (`observer::Observer`). Each must be in that crate's sources.
+#[test]
+fn every_module_the_architecture_names_exists() {
+    let architecture = fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    let mut rows = 0;
+    for row in architecture.lines().filter(|line| line.starts_with("| ")) {
+        let spans: Vec<&str> = row.split('`').skip(1).step_by(2).collect();
+        // The crate's folder is the first span that ends in a slash.
+        let Some(folder) = spans.iter().find(|span| span.ends_with('/')) else {
+            continue;
+        };
+        let src = match *folder {
+            "src/" => repo().join("src"),
+            folder => repo().join(folder).join("src"),
+        };
+        if !src.is_dir() {
+            continue;
+        }
+        rows += 1;
+        let files = files_under(&src);
+        let named = |name: &str| {
+            files
+                .iter()
+                .any(|file| file.file_name().is_some_and(|file| file == name))
+        };
+        for span in spans.iter().filter(|span| *span != folder) {
+            let exists = if let Some(file) = span.strip_suffix('/') {
+                named(file)
+            } else if span.ends_with(".rs") {
+                named(span)
+            } else if let Some((module, item)) = span.split_once("::") {
+                let module_file = format!("{module}.rs");
+                files.iter().any(|file| {
+                    let name = file.file_name().unwrap().to_string_lossy();
+                    (name == module_file.as_str() || name == module)
+                        && fs::read_to_string(if file.is_dir() {
+                            file.join("mod.rs")
+                        } else {
+                            file.clone()
+                        })
+                        .is_ok_and(|text| text.contains(item.split("::").next().unwrap()))
+                })
+            } else {
+                true
+            };
+            if !exists {
+                missing.push(format!("{folder}: {span}"));
+            }
+        }
+    }
+    assert!(rows >= 6, "the architecture table has {rows} crate rows");
+    assert!(missing.is_empty(), "{missing:#?}");
+}
+
 /// The command reference: `provm help` and each command's.
 fn command_reference() -> String {
     let help = |args: &[&str]| {

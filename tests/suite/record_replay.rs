@@ -271,7 +271,11 @@ fn a_held_interrupt_waits_for_the_doorbell_and_window_recordings_replay_at_their
     assert_eq!(doorbells, 0, "the doorbell rang in a window recording");
     if pvm {
         let refused = provm(&["replay", path(&windowed)]);
-        assert_eq!(refused.status, 125, "{}{}", refused.stdout, refused.stderr);
+        assert_eq!(
+            refused.status, PROVM_FAILED,
+            "{}{}",
+            refused.stdout, refused.stderr
+        );
         assert!(
             refused
                 .stderr

@@ -2,6 +2,8 @@
 //! outcome, the snapshot encoding, the reader and the writer. It links no KVM crate, so
 //! every reader and analysis of a trace can run where KVM is not.
 
+#![forbid(unsafe_code)]
+
 pub mod event_log;
 pub mod events;
 pub mod format;

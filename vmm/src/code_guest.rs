@@ -44,7 +44,7 @@ impl CodeGuest {
         }
         let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)])
             .expect("1 MiB at 0 is a valid layout");
-        crate::vm::register_memory(&vm, &memory).map_err(VcpuError::Probe)?;
+        crate::memory::register(&vm, &memory).map_err(VcpuError::Probe)?;
         let gdt: Vec<u8> = GDT.iter().flat_map(|entry| entry.to_le_bytes()).collect();
         memory
             .write_slice(&gdt, GDT_START)

@@ -137,12 +137,15 @@ pub fn guest_model(
     Ok(cpuid::guest_cpuid(&table(supported, &features), platform))
 }
 
-/// Linux's name for a baseline feature bit.
+/// Linux's name for a feature bit, where provm knows it: one it hides
+/// (`cpuid`), or one a baseline names.
 pub fn feature_name(leaf: u32, subleaf: u32, register: Register, bit: u8) -> Option<&'static str> {
-    FEATURES
-        .iter()
-        .find(|f| f.is(leaf, subleaf, register, bit))
-        .map(|f| f.name)
+    cpuid::hidden_feature_name(leaf, subleaf, register, bit).or_else(|| {
+        FEATURES
+            .iter()
+            .find(|f| f.is(leaf, subleaf, register, bit))
+            .map(|f| f.name)
+    })
 }
 
 fn word(table: &[CpuidEntry], leaf: u32, subleaf: u32, register: Register) -> u32 {
@@ -718,7 +721,7 @@ mod tests {
                 assert_ne!(a.name, b.name);
             }
         }
-        assert_eq!(cpuid::feature_name(1, 0, Ecx, 0), Some("pni"));
-        assert_eq!(cpuid::feature_name(0x8000_0001, 0, Edx, 29), Some("lm"));
+        assert_eq!(feature_name(1, 0, Ecx, 0), Some("pni"));
+        assert_eq!(feature_name(0x8000_0001, 0, Edx, 29), Some("lm"));
     }
 }

@@ -401,15 +401,20 @@ pub const EMULATOR_HOLES: &[HiddenFeature] = &[
     hide("tbm", 0x8000_0001, 0, Ecx, 21, VEX),
 ];
 
-/// Linux's name for a feature bit, where provm knows it.
-pub fn feature_name(leaf: u32, subleaf: u32, register: Register, bit: u8) -> Option<&'static str> {
+/// Linux's name for a feature bit provm hides, where it hides it
+/// (`cpu_baseline::feature_name` knows the baselines' too).
+pub fn hidden_feature_name(
+    leaf: u32,
+    subleaf: u32,
+    register: Register,
+    bit: u8,
+) -> Option<&'static str> {
     DETERMINISM
         .iter()
         .chain(VIRTUALIZATION)
         .chain(EMULATOR_HOLES)
         .find(|f| (f.leaf, f.subleaf, f.register, f.bit) == (leaf, subleaf, register, bit))
         .map(|f| f.name)
-        .or_else(|| crate::cpu_baseline::feature_name(leaf, subleaf, register, bit))
 }
 
 /// The guest's CPUID on `platform`: `supported` (KVM_GET_SUPPORTED_CPUID)

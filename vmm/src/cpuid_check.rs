@@ -21,7 +21,8 @@
 
 use std::ops::RangeInclusive;
 
-use crate::cpuid::{feature_name, CpuidEntry, Register};
+use crate::cpu_baseline::feature_name;
+use crate::cpuid::{CpuidEntry, Register};
 
 /// Every word of feature flags a guest can read (as of Linux 6.12's KVM
 /// and the leaves Linux itself reads): a recorded bit set in one of these

@@ -5,6 +5,8 @@
 //! The VMM knows nothing of recording; it exposes every boundary event through
 //! one seam (see `seam.rs`).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 #[cfg(test)]
 mod allocation_bound;
 pub mod boot;

@@ -1,7 +1,9 @@
 //! Guest physical memory: one RAM region from address 0, below the MMIO
 //! window where the virtio devices live.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 pub type GuestMemory = GuestMemoryMmap<()>;
 
@@ -89,6 +91,23 @@ impl MemoryImage {
 /// The size of `memory` in MiB.
 pub fn memory_mib(memory: &GuestMemory) -> u64 {
     (memory.last_addr().0 + 1) >> 20
+}
+
+/// Hands every region of `memory` to the VM `vm` as a memory slot.
+pub(crate) fn register(vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
+    for (slot, region) in memory.iter().enumerate() {
+        let region_spec = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the caller keeps `memory` mapped for the VM's whole life
+        // (a Vm or CodeGuest owns both), and slots do not overlap.
+        unsafe { vm.set_user_memory_region(region_spec) }?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::clock::{Clock, HostClock};
 use crate::disk::Disk;
 use crate::network::{HostNetwork, Network};
 use crate::state_digest::StateDigest;
+pub use crate::vcpu::Place;
 
 /// What the guest did to cause a VM exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +47,6 @@ pub enum Exit<'a> {
     MsrRead {
         index: u32,
     },
-}
-
-/// Where the guest was at a VM exit: its instruction pointer and a digest
-/// of its general registers (see `vcpu::register_digest`). Two exits that
-/// look alike but come from different places or states are not the same.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Place {
-    pub rip: u64,
-    pub registers: u64,
 }
 
 /// Where the VMM may deliver an interrupt: a timer tick falls due at any

@@ -17,7 +17,6 @@ use vmm_sys_util::ioctl_iow_nr;
 use crate::boot::{EntryPoint, GDT, GDT_START};
 use crate::cpuid::CpuidEntry;
 use crate::cpuid_check;
-use crate::seam::Place;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.
@@ -442,6 +441,15 @@ impl Vcpu {
             data: &mut msr.data,
         }
     }
+}
+
+/// Where the guest was at a VM exit: its instruction pointer and a digest
+/// of its general registers (see `register_digest`). Two exits that
+/// look alike but come from different places or states are not the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub rip: u64,
+    pub registers: u64,
 }
 
 fn place_of(regs: &kvm_regs) -> Place {

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_debug_exit_arch, kvm_regs, kvm_sregs, kvm_userspace_memory_region};
+use kvm_bindings::{kvm_debug_exit_arch, kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::boot::{self, BootError};
 use crate::breakpoint_step::{self, StepMethod};
@@ -517,7 +517,7 @@ impl Vm {
         let vm = kvm.create_vm().map_err(VmError::Kvm)?;
         msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
-        register_memory(&vm, &memory).map_err(VmError::Kvm)?;
+        memory::register(&vm, &memory).map_err(VmError::Kvm)?;
         let vcpu = Vcpu::new(&kvm, &vm, cpuid)?;
         let out_exit_rip = port_exit::host_convention(&kvm)?;
         let step_method = breakpoint_step::host_method(&kvm)?;
@@ -1208,22 +1208,6 @@ pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
 /// Fails early, before any other work, when KVM cannot be used.
 pub fn check_kvm() -> Result<(), VmError> {
     open_kvm().map(drop)
-}
-
-pub(crate) fn register_memory(vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
-    for (slot, region) in memory.iter().enumerate() {
-        let region_spec = kvm_userspace_memory_region {
-            slot: slot as u32,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: region.as_ptr() as u64,
-            flags: 0,
-        };
-        // SAFETY: the caller keeps `memory` mapped for the VM's whole life
-        // (a Vm or CodeGuest owns both), and slots do not overlap.
-        unsafe { vm.set_user_memory_region(region_spec) }?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! Cases per property, in the normal test run (`cargo test -p provm-vmm
 //! fuzz`): `REGISTER_CASES` for each device's register sequences,
 //! `CHAIN_CASES` for the virtqueue properties, and those `hostile_state`
-//! and `crate::vm::fuzz` state.
+//! and `vm::fuzz` state.
 
 pub(crate) mod harness;
 pub(crate) mod hostile_state;
