@@ -179,6 +179,13 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
             m.image.path,
             if trace.has_image { " (embedded)" } else { "" }
         )?;
+        if let Some(container) = &m.image.container {
+            writeln!(
+                out,
+                "  made of the container image {} ({} {})",
+                container.reference, container.digest_of, container.digest
+            )?;
+        }
         for file in &m.image.chain {
             writeln!(
                 out,

@@ -250,10 +250,11 @@ fn manifest(
             .collect(),
         cwd: options.run.cwd.clone(),
         root_device: prepared.root_device.clone(),
-        image: options
-            .run
-            .host_paths
-            .image_identity(&options.run.image, &identity.image),
+        image: options.run.host_paths.image_identity(
+            &options.run.image,
+            &identity.image,
+            options.run.container.as_ref(),
+        ),
         kernel_sha256: identity.kernel_sha256.clone(),
         // Filled in by `record`, which reads the profile.
         kernel_profile_sha256: String::new(),

@@ -22,6 +22,7 @@ use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::host_paths::HostPaths;
+use crate::image::Container;
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::machine::{MachineError, Prepared};
@@ -65,7 +66,11 @@ const DEFAULT_ENV: &[&str] = &[
 
 #[derive(Clone)]
 pub struct RunOptions {
+    /// The disk the guest boots (for a container image, the disk made of
+    /// it: see `crate::image`).
     pub image: PathBuf,
+    /// The container image `image` was made of, if it was.
+    pub container: Option<Container>,
     pub command: Vec<OsString>,
     pub env: Vec<String>,
     pub cwd: String,
@@ -99,6 +104,7 @@ impl RunOptions {
     pub fn new(image: PathBuf, command: Vec<OsString>) -> Self {
         RunOptions {
             image,
+            container: None,
             command,
             env: Vec::new(),
             cwd: "/".into(),

@@ -191,6 +191,7 @@ fn sample_manifest() -> Manifest {
                 size: 65536,
                 sha256: "a".repeat(64),
             }],
+            container: None,
         },
         kernel_sha256: "b".repeat(64),
         kernel_profile_sha256: "c".repeat(64),

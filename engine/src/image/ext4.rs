@@ -52,7 +52,9 @@ pub fn build(tree: &Tree, scratch: &Path, output: &Path) -> Result<(), Container
     let mut mkfs = Command::new("mkfs.ext4");
     mkfs.env("MKE2FS_CONFIG", &config)
         .env("E2FSPROGS_FAKE_TIME", FIXED_TIME.to_string())
-        .args(["-q", "-t", "ext4", "-m", "0", "-U", UUID, "-N"])
+        .args([
+            "-q", "-t", "ext4", "-T", "ext4", "-m", "0", "-U", UUID, "-N",
+        ])
         .arg(inodes.to_string())
         .arg("-E")
         .arg(format!(

@@ -141,6 +141,7 @@ fn resolve_in(reference: &ImageRef, cache: &Path) -> Result<Resolved, ContainerE
         Transport::OciArchive | Transport::DockerArchive => Blobs::archive(&name, path)?,
     };
     let image = Image::read(*transport, blobs, &name, tag.as_deref())?;
+    notice!("{name}: {} {}", image.digest_kind, image.digest);
     let hex = image.digest.trim_start_matches("sha256:");
     let disk = cache.join(format!("{DISK_FORMAT}-{hex}.ext4"));
     if !disk.exists() {

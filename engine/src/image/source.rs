@@ -33,6 +33,15 @@ pub enum DigestKind {
     ImageId,
 }
 
+impl std::fmt::Display for DigestKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DigestKind::Manifest => "manifest",
+            DigestKind::ImageId => "image ID",
+        })
+    }
+}
+
 /// A container image, read and checked up to its layers.
 pub struct Image {
     blobs: Blobs,
@@ -296,7 +305,7 @@ fn read_verified(
     descriptor: &Descriptor,
 ) -> Result<Vec<u8>, ContainerError> {
     let bytes = blobs.read_small(&blob_name(image, descriptor.digest())?)?;
-    check_digest(image, what, &descriptor.digest().to_string(), &bytes)?;
+    check_digest(image, what, descriptor.digest().as_ref(), &bytes)?;
     Ok(bytes)
 }
 

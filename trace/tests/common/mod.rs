@@ -124,6 +124,7 @@ pub fn sample_sections() -> Sections {
                 size: 0,
                 sha256: sha(b""),
             }],
+            container: None,
         },
         kernel_sha256: sha(&kernel),
         kernel_profile_sha256: sha(KERNEL_PROFILE),
