@@ -25,7 +25,7 @@ use provm_vmm::disk::image::BaseImage;
 use provm_vmm::disk::Disk;
 
 use provm_engine::disk::{chain, root};
-use provm_engine::image::layout::Layout;
+use provm_engine::image::layout::{LayerWriter, Layout};
 use provm_engine::replay::{self, ReplayOptions};
 use provm_trace::reader::Trace;
 
@@ -211,36 +211,17 @@ impl Layer<'_> {
 
     /// The layer as an uncompressed tar.
     fn into_tar(self) -> Result<Vec<u8>, ExportError> {
-        let mut tar = tar::Builder::new(Vec::new());
+        let mut tar = LayerWriter::new(0);
         for (path, entry) in &self.entries {
             let name = path.trim_start_matches('/');
-            let mut header = tar::Header::new_ustar();
-            header.set_mtime(0);
-            header.set_uid(0);
-            header.set_gid(0);
-            let written = match entry {
-                Entry::Directory { mode } => {
-                    header.set_entry_type(tar::EntryType::Directory);
-                    header.set_mode(*mode);
-                    header.set_size(0);
-                    tar.append_data(&mut header, format!("{name}/"), std::io::empty())
-                }
-                Entry::File { mode, content } => {
-                    header.set_entry_type(tar::EntryType::Regular);
-                    header.set_mode(*mode);
-                    header.set_size(content.len() as u64);
-                    tar.append_data(&mut header, name, content.as_slice())
-                }
-                Entry::Symlink { target } => {
-                    header.set_entry_type(tar::EntryType::Symlink);
-                    header.set_mode(0o777);
-                    header.set_size(0);
-                    tar.append_link(&mut header, name, target)
-                }
-            };
-            written.map_err(tar_error)?;
+            match entry {
+                Entry::Directory { mode } => tar.directory(name, *mode),
+                Entry::File { mode, content } => tar.file(name, *mode, content),
+                Entry::Symlink { target } => tar.symlink(name, target),
+            }
+            .map_err(tar_error)?;
         }
-        tar.into_inner().map_err(tar_error)
+        tar.finish().map_err(tar_error)
     }
 }
 

@@ -129,3 +129,116 @@ fn blob(blobs: &mut Vec<(String, Vec<u8>)>, media_type: MediaType, content: Vec<
     blobs.push((format!("blobs/sha256/{digest}"), content));
     descriptor
 }
+
+/// A layer's tar, entry by entry, every entry at one time and, unless
+/// said, owned by root: `provm export oci`'s layer, and the tests' layers.
+pub struct LayerWriter {
+    tar: tar::Builder<Vec<u8>>,
+    mtime: u64,
+}
+
+/// An entry's owner and extended attributes.
+pub struct Attributes<'a> {
+    pub uid: u64,
+    pub gid: u64,
+    pub xattrs: &'a [(&'a str, &'a [u8])],
+}
+
+/// Owned by root, no extended attributes.
+pub const ROOT: Attributes<'static> = Attributes {
+    uid: 0,
+    gid: 0,
+    xattrs: &[],
+};
+
+impl LayerWriter {
+    /// A layer whose entries all have the modification time `mtime`.
+    pub fn new(mtime: u64) -> LayerWriter {
+        LayerWriter {
+            tar: tar::Builder::new(Vec::new()),
+            mtime,
+        }
+    }
+
+    fn header(
+        &mut self,
+        kind: tar::EntryType,
+        mode: u32,
+        attributes: &Attributes,
+    ) -> io::Result<tar::Header> {
+        if !attributes.xattrs.is_empty() {
+            let records = attributes
+                .xattrs
+                .iter()
+                .map(|(name, value)| (format!("SCHILY.xattr.{name}"), *value))
+                .collect::<Vec<_>>();
+            self.tar
+                .append_pax_extensions(records.iter().map(|(key, value)| (key.as_str(), *value)))?;
+        }
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_mtime(self.mtime);
+        header.set_uid(attributes.uid);
+        header.set_gid(attributes.gid);
+        header.set_size(0);
+        Ok(header)
+    }
+
+    pub fn directory(&mut self, path: &str, mode: u32) -> io::Result<()> {
+        let mut header = self.header(tar::EntryType::Directory, mode, &ROOT)?;
+        self.tar
+            .append_data(&mut header, format!("{path}/"), io::empty())
+    }
+
+    pub fn file(&mut self, path: &str, mode: u32, content: &[u8]) -> io::Result<()> {
+        self.file_with(path, mode, &ROOT, content)
+    }
+
+    pub fn file_with(
+        &mut self,
+        path: &str,
+        mode: u32,
+        attributes: &Attributes,
+        content: &[u8],
+    ) -> io::Result<()> {
+        let mut header = self.header(tar::EntryType::Regular, mode, attributes)?;
+        header.set_size(content.len() as u64);
+        self.tar.append_data(&mut header, path, content)
+    }
+
+    pub fn symlink(&mut self, path: &str, target: &str) -> io::Result<()> {
+        let mut header = self.header(tar::EntryType::Symlink, 0o777, &ROOT)?;
+        self.tar.append_link(&mut header, path, target)
+    }
+
+    /// `path` as another name of the layer's `target` (a path from the
+    /// layer's root).
+    pub fn hard_link(&mut self, path: &str, target: &str) -> io::Result<()> {
+        let mut header = self.header(tar::EntryType::Link, 0o644, &ROOT)?;
+        self.tar.append_link(&mut header, path, target)
+    }
+
+    pub fn char_device(&mut self, path: &str, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+        let mut header = self.header(tar::EntryType::Char, mode, &ROOT)?;
+        header.set_device_major(major)?;
+        header.set_device_minor(minor)?;
+        self.tar.append_data(&mut header, path, io::empty())
+    }
+
+    /// `.wh.NAME`: `path` deleted from the layers below.
+    pub fn whiteout(&mut self, path: &str) -> io::Result<()> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let whiteout = format!("{dir}/.wh.{name}");
+        self.file(whiteout.trim_start_matches('/'), 0o644, b"")
+    }
+
+    /// `.wh..wh..opq`: what the layers below have in `dir` hidden.
+    pub fn opaque(&mut self, dir: &str) -> io::Result<()> {
+        self.file(&format!("{dir}/.wh..wh..opq"), 0o644, b"")
+    }
+
+    pub fn finish(self) -> io::Result<Vec<u8>> {
+        self.tar.into_inner()
+    }
+}

@@ -9,114 +9,66 @@ use std::process::Command;
 use oci_spec::image::{Arch, ConfigBuilder};
 
 use super::flatten::{Kind, Tree};
-use super::layout::Layout;
+use super::layout::{Attributes, LayerWriter, Layout};
 use super::*;
-
-/// A layer tar, entry by entry.
-struct LayerTar(tar::Builder<Vec<u8>>);
-
-impl LayerTar {
-    fn new() -> LayerTar {
-        LayerTar(tar::Builder::new(Vec::new()))
-    }
-
-    fn header(kind: tar::EntryType, mode: u32) -> tar::Header {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.set_mode(mode);
-        header.set_mtime(1_000_000);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_size(0);
-        header
-    }
-
-    fn dir(mut self, path: &str) -> Self {
-        let mut header = Self::header(tar::EntryType::Directory, 0o755);
-        self.0.append_data(&mut header, path, &[][..]).unwrap();
-        self
-    }
-
-    fn file(mut self, path: &str, content: &str) -> Self {
-        let mut header = Self::header(tar::EntryType::Regular, 0o644);
-        header.set_size(content.len() as u64);
-        self.0
-            .append_data(&mut header, path, content.as_bytes())
-            .unwrap();
-        self
-    }
-
-    /// A file owned by 1000:100, mode 0600, with the xattr user.provm=yes.
-    fn owned_file(mut self, path: &str, content: &str) -> Self {
-        self.0
-            .append_pax_extensions([("SCHILY.xattr.user.provm", &b"yes"[..])])
-            .unwrap();
-        let mut header = Self::header(tar::EntryType::Regular, 0o600);
-        header.set_uid(1000);
-        header.set_gid(100);
-        header.set_size(content.len() as u64);
-        self.0
-            .append_data(&mut header, path, content.as_bytes())
-            .unwrap();
-        self
-    }
-
-    fn link(mut self, kind: tar::EntryType, path: &str, target: &str) -> Self {
-        let mut header = Self::header(kind, 0o777);
-        self.0.append_link(&mut header, path, target).unwrap();
-        self
-    }
-
-    fn char_device(mut self, path: &str, major: u32, minor: u32) -> Self {
-        let mut header = Self::header(tar::EntryType::Char, 0o666);
-        header.set_device_major(major).unwrap();
-        header.set_device_minor(minor).unwrap();
-        self.0.append_data(&mut header, path, &[][..]).unwrap();
-        self
-    }
-
-    /// An entry whose name the tar crate would refuse to write: set by hand.
-    fn raw_name(mut self, name: &str) -> Self {
-        let mut header = Self::header(tar::EntryType::Regular, 0o644);
-        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-        header.set_cksum();
-        self.0.append(&header, &[][..]).unwrap();
-        self
-    }
-
-    fn tar(self) -> Vec<u8> {
-        self.0.into_inner().unwrap()
-    }
-}
 
 /// The three layers: the second whites out /etc/gone and makes /opt
 /// opaque (after adding /opt/new, which stays: its own layer's), the
 /// third whites out the symbolic link /etc/link.
 fn layers() -> Vec<Vec<u8>> {
-    vec![
-        LayerTar::new()
-            .dir("etc")
-            .file("etc/keep", "keep\n")
-            .file("etc/gone", "gone\n")
-            .link(tar::EntryType::Symlink, "etc/link", "keep")
-            .owned_file("etc/owned", "owned\n")
-            .dir("opt")
-            .file("opt/old", "old\n")
-            .dir("opt/old-dir")
-            .file("opt/old-dir/inside", "old\n")
-            .char_device("dev/null", 1, 3)
-            .tar(),
-        LayerTar::new()
-            .file("etc/.wh.gone", "")
-            .file("opt/new", "new\n")
-            .file("opt/.wh..wh..opq", "")
-            .link(tar::EntryType::Link, "etc/hard", "etc/keep")
-            .tar(),
-        LayerTar::new()
-            .file("etc/.wh.link", "")
-            .file("srv/data/file", "data\n")
-            .tar(),
-    ]
+    let mut base = LayerWriter::new(1_000_000);
+    base.directory("etc", 0o755).unwrap();
+    base.file("etc/keep", 0o644, b"keep\n").unwrap();
+    base.file("etc/gone", 0o644, b"gone\n").unwrap();
+    base.symlink("etc/link", "keep").unwrap();
+    let owned = Attributes {
+        uid: 1000,
+        gid: 100,
+        xattrs: &[("user.provm", b"yes")],
+    };
+    base.file_with("etc/owned", 0o600, &owned, b"owned\n")
+        .unwrap();
+    base.directory("opt", 0o755).unwrap();
+    base.file("opt/old", 0o644, b"old\n").unwrap();
+    base.directory("opt/old-dir", 0o755).unwrap();
+    base.file("opt/old-dir/inside", 0o644, b"old\n").unwrap();
+    base.char_device("dev/null", 0o666, 1, 3).unwrap();
+    let mut middle = LayerWriter::new(1_000_000);
+    middle.whiteout("etc/gone").unwrap();
+    middle.file("opt/new", 0o644, b"new\n").unwrap();
+    middle.opaque("opt").unwrap();
+    middle.hard_link("etc/hard", "etc/keep").unwrap();
+    let mut top = LayerWriter::new(1_000_000);
+    top.whiteout("etc/link").unwrap();
+    top.file("srv/data/file", 0o644, b"data\n").unwrap();
+    [base, middle, top]
+        .into_iter()
+        .map(|layer| layer.finish().unwrap())
+        .collect()
+}
+
+/// A layer of one entry named `name`, which the tar crate would refuse
+/// to write: its header set by hand.
+fn raw_name(name: &str) -> Vec<u8> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_size(0);
+    header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    header.set_cksum();
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append(&header, &[][..]).unwrap();
+    tar.into_inner().unwrap()
+}
+
+/// The layer `write` writes.
+fn layer(write: impl FnOnce(&mut LayerWriter) -> std::io::Result<()>) -> Vec<u8> {
+    let mut layer = LayerWriter::new(0);
+    write(&mut layer).unwrap();
+    layer.finish().unwrap()
 }
 
 const LISTING: &[&str] = &[
@@ -174,8 +126,8 @@ fn whiteouts_and_opaque_directories_hide_the_layers_below() {
 fn a_layer_that_replaces_a_directory_with_a_file_drops_what_it_held() {
     let staging = tempfile::tempdir().unwrap();
     let layers = [
-        LayerTar::new().file("a/b/c", "c").tar(),
-        LayerTar::new().file("a/b", "now a file").tar(),
+        layer(|l| l.file("a/b/c", 0o644, b"c")),
+        layer(|l| l.file("a/b", 0o644, b"now a file")),
     ];
     let tree = flattened(&layers, staging.path()).unwrap();
     assert_eq!(listing(&tree), ["", "a", "a/b"]);
@@ -183,17 +135,15 @@ fn a_layer_that_replaces_a_directory_with_a_file_drops_what_it_held() {
 
 #[test]
 fn entries_that_leave_the_root_are_refused() {
-    for layer in [
-        LayerTar::new().raw_name("../escaped").tar(),
-        LayerTar::new().raw_name("etc/../../escaped").tar(),
-        LayerTar::new()
-            .link(tar::EntryType::Link, "etc/hard", "../../etc/passwd")
-            .tar(),
+    for escaping in [
+        raw_name("../escaped"),
+        raw_name("etc/../../escaped"),
+        layer(|l| l.hard_link("etc/hard", "../../etc/passwd")),
     ] {
         let outer = tempfile::tempdir().unwrap();
         let staging = outer.path().join("root");
         std::fs::create_dir(&staging).unwrap();
-        let error = flattened(&[layer], &staging).err().unwrap();
+        let error = flattened(&[escaping], &staging).err().unwrap();
         assert!(
             matches!(error, ContainerError::Escapes { layer: 1, .. }),
             "{error}"
@@ -204,10 +154,8 @@ fn entries_that_leave_the_root_are_refused() {
     // Through a symbolic link the layers made: refused too.
     let staging = tempfile::tempdir().unwrap();
     let layers = [
-        LayerTar::new()
-            .link(tar::EntryType::Symlink, "up", "/tmp")
-            .tar(),
-        LayerTar::new().file("up/planted", "x").tar(),
+        layer(|l| l.symlink("up", "/tmp")),
+        layer(|l| l.file("up/planted", 0o644, b"x")),
     ];
     let error = flattened(&layers, staging.path()).err().unwrap();
     assert!(error.to_string().contains("not a directory"), "{error}");
