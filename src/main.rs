@@ -176,7 +176,7 @@ struct GuestArgs {
     /// The disk image (qcow2 or raw), or a container image as skopeo names
     /// it: oci:DIR[:TAG], oci-archive:FILE[:TAG] or
     /// docker-archive:FILE[:NAME:TAG], made into a disk once and cached by
-    /// its digest. Its Env, WorkingDir and Entrypoint/Cmd are the command's
+    /// its digest. Its Env, WorkingDir, User and Entrypoint/Cmd are the command's
     /// defaults.
     #[arg(value_parser = parse_image)]
     image: ImageRef,
@@ -777,9 +777,6 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         )
         .into());
     }
-    if let Some(user) = defaults.user.filter(|user| !is_root(user)) {
-        eprintln!("provm: the image's User {user:?} is not applied: the command runs as root");
-    }
     Ok(RunOptions {
         pinned: args.pinning.pinning(),
         env: defaults.env.into_iter().chain(args.env).collect(),
@@ -787,6 +784,7 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
             .cwd
             .or(defaults.working_dir)
             .unwrap_or_else(|| "/".into()),
+        user: defaults.user,
         root: args.root,
         memory_mib: args.memory,
         timeout: Duration::from_secs(args.timeout),
@@ -797,12 +795,6 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         container: resolved.container,
         ..RunOptions::new(resolved.disk, command)
     })
-}
-
-/// Whether a container image's User is root, which the command runs as.
-fn is_root(user: &str) -> bool {
-    let (name, group) = user.split_once(':').unwrap_or((user, "0"));
-    matches!(name, "0" | "root") && matches!(group, "0" | "root")
 }
 
 /// provm's standard input, for the command: read to its end (like `docker

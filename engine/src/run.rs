@@ -74,6 +74,9 @@ pub struct RunOptions {
     pub command: Vec<OsString>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// Who the command runs as, `USER[:GROUP]` (a container image's
+    /// `User`); `None`: root.
+    pub user: Option<String>,
     pub root: Option<String>,
     pub keep_overlay: Option<PathBuf>,
     pub memory_mib: u64,
@@ -108,6 +111,7 @@ impl RunOptions {
             command,
             env: Vec::new(),
             cwd: "/".into(),
+            user: None,
             root: None,
             keep_overlay: None,
             memory_mib: DEFAULT_MEMORY_MIB,
@@ -251,6 +255,7 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
             .collect(),
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
+        user: options.user.clone().unwrap_or_default().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
         entropy: match &options.pinned {
             Some(pinning) => pinning.entropy(),

@@ -667,7 +667,7 @@ pub fn incompressible(len: usize) -> Vec<u8> {
 /// second whiting out /etc/gone, making /opt opaque (its own /opt/new
 /// stays) and hard-linking /etc/hard to /etc/keep, with a device node,
 /// an owner and an xattr in the first; its configuration gives Env,
-/// WorkingDir and Cmd. As an OCI layout, and as skopeo's docker-archive of
+/// WorkingDir, User (a name in its /etc/passwd) and Cmd. As an OCI layout, and as skopeo's docker-archive of
 /// it. The same bytes in every test process, so it is made into the same
 /// disk, and its booted guest is cached once.
 pub struct ContainerImage {
@@ -680,7 +680,7 @@ pub struct ContainerImage {
 }
 
 /// What the container image's Cmd prints.
-pub const CONTAINER_CMD_OUTPUT: &str = "hello from /work\n";
+pub const CONTAINER_CMD_OUTPUT: &str = "hello from /work as 1000:100\n";
 
 pub fn container_image() -> &'static ContainerImage {
     static IMAGE: OnceLock<ContainerImage> = OnceLock::new();
@@ -691,10 +691,11 @@ pub fn container_image() -> &'static ContainerImage {
         let config = ConfigBuilder::default()
             .env(vec!["PATH=/bin".to_owned(), "GREETING=hello".to_owned()])
             .working_dir("/work".to_owned())
+            .user("app".to_owned())
             .cmd(vec![
                 "sh".to_owned(),
                 "-c".to_owned(),
-                "echo $GREETING from $(pwd)".to_owned(),
+                "echo $GREETING from $(pwd) as $(id -u):$(id -g)".to_owned(),
             ])
             .build()
             .unwrap();
@@ -734,6 +735,12 @@ fn container_layers() -> Vec<Vec<u8>> {
         l.directory("tmp", 0o1777)?;
         l.directory("etc", 0o755)?;
         l.file("etc/keep", 0o644, b"keep\n")?;
+        l.file(
+            "etc/passwd",
+            0o644,
+            b"root:x:0:0::/root:/bin/sh\napp:x:1000:100::/work:/bin/sh\n",
+        )?;
+        l.file("etc/group", 0o644, b"root:x:0:\nusers:x:100:\n")?;
         l.file("etc/gone", 0o644, b"gone\n")?;
         let owned = Attributes {
             uid: 1000,

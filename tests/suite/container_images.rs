@@ -21,9 +21,11 @@ use common::{
 /// /etc/keep, /etc/owned's owner and mode, /srv/null a device node.
 const LISTING: &str = "ls -A /etc /opt; stat -c '%n %u:%g %a %h %F' /etc/owned /etc/hard /srv/null";
 const LISTED: &str = "/etc:
+group
 hard
 keep
 owned
+passwd
 
 /opt:
 new
@@ -41,7 +43,7 @@ fn a_container_image_boots_from_its_layout_and_from_a_docker_archive() {
         assert_eq!(run.status, 0, "{reference}: {}", run.stderr);
         assert_eq!(run.stdout, LISTED, "{reference}");
     }
-    // No command: the image's Cmd, with its Env and WorkingDir.
+    // No command: the image's Cmd, with its Env, WorkingDir and User.
     let default = provm(&["run", &image.docker_archive]);
     assert_eq!(default.stdout, CONTAINER_CMD_OUTPUT, "{}", default.stderr);
     // repro names the image it checked by digest.
