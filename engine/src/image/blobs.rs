@@ -69,25 +69,22 @@ impl Blobs {
         let mut members = HashMap::new();
         for entry in archive.entries().map_err(malformed)? {
             let entry = entry.map_err(malformed)?;
+            // A member named outside the archive's root is never looked up.
             let Some(name) = clean(&String::from_utf8_lossy(&entry.path_bytes())) else {
                 continue;
             };
-            let link_target = || {
-                String::from_utf8_lossy(&entry.link_name_bytes().unwrap_or_default()).into_owned()
-            };
+            let target =
+                String::from_utf8_lossy(&entry.link_name_bytes().unwrap_or_default()).into_owned();
             let member = match entry.header().entry_type() {
                 tar::EntryType::Regular | tar::EntryType::Continuous => Member::Data {
                     offset: entry.raw_file_position(),
                     size: entry.size(),
                 },
-                // Relative to the link's directory.
-                tar::EntryType::Symlink => Member::Link(
-                    (!link_target().starts_with('/'))
-                        .then(|| clean(&format!("{}/../{}", name, link_target())))
-                        .flatten(),
-                ),
+                // Relative to the link's directory; an absolute one leads out.
+                tar::EntryType::Symlink if target.starts_with('/') => Member::Link(None),
+                tar::EntryType::Symlink => Member::Link(clean(&format!("{name}/../{target}"))),
                 // Relative to the archive's root.
-                tar::EntryType::Link => Member::Link(clean(&link_target())),
+                tar::EntryType::Link => Member::Link(clean(&target)),
                 _ => continue,
             };
             members.insert(name, member);

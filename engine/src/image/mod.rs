@@ -163,8 +163,9 @@ fn build_disk(image: &Image, name: &str, disk: &Path) -> Result<(), ContainerErr
     image.verify_layers(name)?;
     let started = Instant::now();
     notice!(
-        "making a disk of {name} ({} layers), once: it is kept in provm's cache",
-        image.layer_count()
+        "making a disk of {name} ({} layer{}), once: it is kept in provm's cache",
+        image.layer_count(),
+        if image.layer_count() == 1 { "" } else { "s" }
     );
     let dir = disk.parent().expect("the cache file is in a directory");
     let write_error = |source| ContainerError::Write {
