@@ -108,6 +108,9 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         }
         writeln!(out, "command    {:?}", m.argv)?;
         writeln!(out, "cwd        {}", m.cwd)?;
+        if let Some(user) = &m.user {
+            writeln!(out, "user       {user}")?;
+        }
         for input in &m.inputs {
             writeln!(
                 out,

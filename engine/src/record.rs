@@ -249,6 +249,7 @@ fn manifest(
             .map(|e| String::from_utf8_lossy(e).into_owned())
             .collect(),
         cwd: options.run.cwd.clone(),
+        user: options.run.user.clone(),
         root_device: prepared.root_device.clone(),
         image: options.run.host_paths.image_identity(
             &options.run.image,

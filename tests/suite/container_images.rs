@@ -100,6 +100,11 @@ fn a_recording_names_its_container_image_and_exports_as_one_that_boots() {
     let inspect = provm(&["inspect", path(&trace)]);
     let named = format!("made of the container image oci:layout:test (manifest {digest})");
     assert!(inspect.stdout.contains(&named), "{}", inspect.stdout);
+    assert!(
+        inspect.stdout.contains("\nuser       app\n"),
+        "{}",
+        inspect.stdout
+    );
     let crate_dir = dir.join("crate");
     let exported = provm(&["export", "ro-crate", path(&trace), "-o", path(&crate_dir)]);
     assert_eq!(exported.status, 0, "{}", exported.stderr);

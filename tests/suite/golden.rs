@@ -181,6 +181,7 @@ fn sample_manifest() -> Manifest {
         argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
         env: vec!["PATH=/bin".into()],
         cwd: "/".into(),
+        user: None,
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),

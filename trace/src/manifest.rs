@@ -23,6 +23,10 @@ pub struct Manifest {
     pub argv: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// Who the command ran as (a container image's `User`, `USER[:GROUP]`);
+    /// absent: root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     pub root_device: String,
     pub image: ImageIdentity,
     pub kernel_sha256: String,

@@ -114,6 +114,7 @@ pub fn sample_sections() -> Sections {
         argv: vec!["true".into()],
         env: Vec::new(),
         cwd: "/".into(),
+        user: None,
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),
