@@ -49,6 +49,8 @@ pub fn build(tree: &Tree, scratch: &Path, output: &Path) -> Result<(), Container
     let (bytes, inodes) = size(tree);
     let config = scratch.join("mke2fs.conf");
     fs::write(&config, MKE2FS_CONF).map_err(write_error(&config))?;
+    // `-T ext4`: the usage type too is ours (by size, mkfs would look up a
+    // "small" or "floppy" type in the configuration, and warn).
     let mut mkfs = Command::new("mkfs.ext4");
     mkfs.env("MKE2FS_CONFIG", &config)
         .env("E2FSPROGS_FAKE_TIME", FIXED_TIME.to_string())
