@@ -108,6 +108,9 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         }
         writeln!(out, "command    {:?}", m.argv)?;
         writeln!(out, "cwd        {}", m.cwd)?;
+        if let Some(user) = &m.user {
+            writeln!(out, "user       {user}")?;
+        }
         for input in &m.inputs {
             writeln!(
                 out,
@@ -179,6 +182,13 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
             m.image.path,
             if trace.has_image { " (embedded)" } else { "" }
         )?;
+        if let Some(container) = &m.image.container {
+            writeln!(
+                out,
+                "  made of the container image {} ({} {})",
+                container.reference, container.digest_of, container.digest
+            )?;
+        }
         for file in &m.image.chain {
             writeln!(
                 out,

@@ -21,6 +21,7 @@ use provm::provenance::{self, Direction, Format};
 use provm::query::OutputFormat;
 use provm::repro::{ReproOptions, Verdict};
 use provm_engine::host_paths::HostPaths;
+use provm_engine::image::{self, ContainerError, ImageRef};
 use provm_engine::pinning::Pinning;
 use provm_engine::record::RecordOptions;
 use provm_engine::replay::{ReplayError, ReplayOptions, ReplayReport};
@@ -55,9 +56,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Boot IMAGE (qcow2 or raw), run CMD inside its root file system and exit
-    /// with CMD's status. The image is never written: guest writes go to a
-    /// temporary overlay.
+    /// Boot IMAGE (qcow2 or raw, or a container image: oci:DIR[:TAG],
+    /// oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG]), run CMD
+    /// inside its root file system and exit with CMD's status. The image is
+    /// never written: guest writes go to a temporary overlay.
     Run(RunArgs),
     /// Like `run`, and record everything the guest receives into a trace
     /// that `provm replay` re-executes exactly.
@@ -153,9 +155,10 @@ struct GuestArgs {
     /// default environment (PATH, HOME, LANG).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
-    /// Working directory of CMD inside the image.
-    #[arg(long, default_value = "/")]
-    cwd: String,
+    /// Working directory of CMD inside the image (default: a container
+    /// image's WorkingDir, else /).
+    #[arg(long)]
+    cwd: Option<String>,
     /// Give CMD the host's file or folder HOST_PATH at GUEST_PATH, read-only
     /// (repeatable). It is copied into guest memory before CMD starts (see
     /// --memory) and hides what the image has there; a recording keeps it
@@ -172,10 +175,16 @@ struct GuestArgs {
     kernel: Option<PathBuf>,
     #[command(flatten)]
     pinning: PinningArgs,
-    /// The disk image: qcow2 or raw.
-    image: PathBuf,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The disk image (qcow2 or raw), or a container image as skopeo names
+    /// it: oci:DIR[:TAG], oci-archive:FILE[:TAG] or
+    /// docker-archive:FILE[:NAME:TAG], made into a disk once and cached by
+    /// its digest. Its Env, WorkingDir, User and Entrypoint/Cmd are the command's
+    /// defaults.
+    #[arg(value_parser = parse_image)]
+    image: ImageRef,
+    /// The command and its arguments (a container image's Entrypoint and
+    /// Cmd when none is given; a command given replaces both).
+    #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
 }
 
@@ -261,24 +270,33 @@ struct TraceArgs {
     #[arg(value_name = "TRACE")]
     trace: PathBuf,
     /// Replay against this image instead of the recorded one (found by its
-    /// recorded name, beside the trace, where this host recorded it, or in
-    /// the trace; its digest must match the recorded one).
-    #[arg(long)]
-    image: Option<PathBuf>,
+    /// recorded name, beside the trace, where this host recorded it, made
+    /// again from the recorded container image, or in the trace; its
+    /// digest must match the recorded one). A container image as `run`
+    /// takes it gives the disk made of it.
+    #[arg(long, value_parser = parse_image)]
+    image: Option<ImageRef>,
     /// Give up replaying after this many seconds.
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
 }
 
 impl TraceArgs {
-    fn replay_options(self, echo_console: bool) -> ReplayOptions {
-        ReplayOptions {
+    fn replay_options(self, echo_console: bool) -> Result<ReplayOptions, ContainerError> {
+        Ok(ReplayOptions {
             trace: self.trace,
-            image: self.image,
+            image: match &self.image {
+                Some(image) => Some(image::resolve(image)?.disk),
+                None => None,
+            },
             timeout: Duration::from_secs(self.timeout),
             echo_console,
-        }
+        })
     }
+}
+
+fn parse_image(text: &str) -> Result<ImageRef, std::convert::Infallible> {
+    Ok(ImageRef::parse(text))
 }
 
 #[derive(clap::Args)]
@@ -630,7 +648,7 @@ fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Err
 fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let output = args
         .output
-        .unwrap_or_else(|| provm_engine::record::default_output(&args.run.guest.image));
+        .unwrap_or_else(|| provm_engine::record::default_output(args.run.guest.image.path()));
     let run = &args.run;
     refuse_existing(
         run.force,
@@ -674,7 +692,7 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         args.force,
         [args.output.as_deref(), args.timing.output.as_deref()],
     )?;
-    let options = args.trace.replay_options(verbose);
+    let options = args.trace.replay_options(verbose)?;
     if let (Some(at), Some(fault)) = (args.fork.fork_at, args.fork.inject) {
         let options = provm::fork::ForkOptions {
             replay: options,
@@ -727,7 +745,7 @@ fn replay_verdict(report: ReplayReport) -> ExitCode {
     }
 }
 
-fn run_options(args: RunArgs, verbose: bool) -> std::io::Result<RunOptions> {
+fn run_options(args: RunArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::error::Error>> {
     Ok(RunOptions {
         keep_overlay: args.keep_overlay,
         outputs: args.outputs,
@@ -737,11 +755,38 @@ fn run_options(args: RunArgs, verbose: bool) -> std::io::Result<RunOptions> {
     })
 }
 
-fn guest_options(args: GuestArgs, verbose: bool) -> std::io::Result<RunOptions> {
+/// The run's options; a container image is resolved to its disk here, and
+/// its configuration gives the command's defaults.
+fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::error::Error>> {
+    let resolved = image::resolve(&args.image)?;
+    let defaults = resolved
+        .container
+        .as_ref()
+        .map(|container| container.config.clone())
+        .unwrap_or_default();
+    let command = match args.command.is_empty() {
+        true => defaults.command.iter().map(OsString::from).collect(),
+        false => args.command,
+    };
+    if command.is_empty() {
+        return Err(format!(
+            "no command: give it after `--` (provm run {} -- CMD ARGS...){}",
+            args.image,
+            match resolved.container {
+                Some(_) => "; the image names none (no Entrypoint or Cmd)",
+                None => "",
+            }
+        )
+        .into());
+    }
     Ok(RunOptions {
         pinned: args.pinning.pinning(),
-        env: args.env,
-        cwd: args.cwd,
+        env: defaults.env.into_iter().chain(args.env).collect(),
+        cwd: args
+            .cwd
+            .or(defaults.working_dir)
+            .unwrap_or_else(|| "/".into()),
+        user: defaults.user,
         root: args.root,
         memory_mib: args.memory,
         timeout: Duration::from_secs(args.timeout),
@@ -749,7 +794,8 @@ fn guest_options(args: GuestArgs, verbose: bool) -> std::io::Result<RunOptions> 
         echo_console: verbose,
         inputs: args.inputs,
         stdin: host_stdin()?,
-        ..RunOptions::new(args.image, args.command)
+        container: resolved.container,
+        ..RunOptions::new(resolved.disk, command)
     })
 }
 
@@ -790,7 +836,7 @@ fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
 
 fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_existing(args.force, [args.output.as_deref()])?;
-    let replay = args.run.replay_options(false);
+    let replay = args.run.replay_options(false)?;
     let mut document = provenance::load_or_derive(&replay, args.from_replay)?;
     if !document.has_processes() {
         return Err(provenance::ProvenanceError::Empty.into());
@@ -870,7 +916,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ExportCommand::Oci { run, output } => {
             refuse_existing(output.force, [Some(output.output.as_path())])?;
             let written = provm::export::oci_archive(
-                &run.replay_options(false),
+                &run.replay_options(false)?,
                 &output.output,
                 output.force,
             )?;
@@ -909,7 +955,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 License::Chosen,
             );
             provm::export::ro_crate::ro_crate(
-                &run.replay_options(false),
+                &run.replay_options(false)?,
                 &output,
                 force,
                 &license,
@@ -921,7 +967,7 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         ExportCommand::Makefile { run, output, force } => {
             refuse_existing(force, [output.as_deref()])?;
-            let makefile = provm::export::makefile(&run.replay_options(false))?;
+            let makefile = provm::export::makefile(&run.replay_options(false)?)?;
             match output {
                 Some(path) => {
                     let mut file = provm::output::AtomicFile::create(&path, force)?;

@@ -5,9 +5,11 @@
 //! layout. `provm record --keep-host-paths` keeps the paths for authors who
 //! want them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use provm_trace::manifest::{ImageFile, ImageIdentity};
+use provm_trace::manifest::{ContainerImage, ImageFile, ImageIdentity};
+
+use crate::image::Container;
 
 /// How a trace names a file of the recording host.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,12 +30,26 @@ impl HostPaths {
         }
     }
 
-    /// The image's identity as the trace records it: `image` as given on the
-    /// command line, `chain` its files as identified on this host.
-    pub fn image_identity(self, image: &Path, chain: &[ImageFile]) -> ImageIdentity {
+    /// The image's identity as the trace records it: `image` the disk the
+    /// guest booted, `chain` its files as identified on this host, and
+    /// the container image the disk was made of, if it was.
+    pub fn image_identity(
+        self,
+        image: &Path,
+        chain: &[ImageFile],
+        container: Option<&Container>,
+    ) -> ImageIdentity {
         ImageIdentity {
             path: self.name(image),
             chain: self.chain(chain),
+            container: container.map(|container| ContainerImage {
+                reference: container
+                    .reference
+                    .with_path(PathBuf::from(self.name(container.reference.path())))
+                    .to_string(),
+                digest: container.digest.clone(),
+                digest_of: container.digest_kind.to_string(),
+            }),
         }
     }
 
@@ -78,16 +94,38 @@ mod tests {
             file("/srv/base.raw", 1),
         ];
         let image = Path::new("/home/alice/vms/top.qcow2");
-        let named = HostPaths::FileNames.image_identity(image, &chain);
+        let named = HostPaths::FileNames.image_identity(image, &chain, None);
         assert_eq!(named.path, "top.qcow2");
         assert_eq!(named.chain[0].path, "top.qcow2");
         assert_eq!(named.chain[1].path, "base.raw");
         assert_eq!(named.chain[1].sha256, chain[1].sha256);
         assert_eq!(named.chain[1].depth, 1);
 
-        let kept = HostPaths::Kept.image_identity(image, &chain);
+        let kept = HostPaths::Kept.image_identity(image, &chain, None);
         assert_eq!(kept.path, "/home/alice/vms/top.qcow2");
         assert_eq!(kept.chain, chain);
+    }
+
+    #[test]
+    fn a_container_image_is_named_by_its_file_name_unless_kept() {
+        let container = Container {
+            reference: crate::image::ImageRef::parse("oci-archive:/home/alice/py.tar:3.12"),
+            digest: format!("sha256:{}", "a".repeat(64)),
+            digest_kind: crate::image::DigestKind::Manifest,
+            config: Default::default(),
+        };
+        let disk = Path::new("/home/alice/.cache/provm/container-disks/v1-a.ext4");
+        let named = HostPaths::FileNames.image_identity(disk, &[], Some(&container));
+        let recorded = named.container.unwrap();
+        assert_eq!(recorded.reference, "oci-archive:py.tar:3.12");
+        assert_eq!(recorded.digest, container.digest);
+        assert_eq!(recorded.digest_of, "manifest");
+        assert_eq!(named.path, "v1-a.ext4");
+        let kept = HostPaths::Kept.image_identity(disk, &[], Some(&container));
+        assert_eq!(
+            kept.container.unwrap().reference,
+            "oci-archive:/home/alice/py.tar:3.12"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod fast_start;
 pub mod holes;
 pub mod host;
 pub mod host_paths;
+pub mod image;
 pub mod initramfs;
 pub mod kernel;
 pub mod machine;

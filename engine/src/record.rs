@@ -249,11 +249,13 @@ fn manifest(
             .map(|e| String::from_utf8_lossy(e).into_owned())
             .collect(),
         cwd: options.run.cwd.clone(),
+        user: options.run.user.clone(),
         root_device: prepared.root_device.clone(),
-        image: options
-            .run
-            .host_paths
-            .image_identity(&options.run.image, &identity.image),
+        image: options.run.host_paths.image_identity(
+            &options.run.image,
+            &identity.image,
+            options.run.container.as_ref(),
+        ),
         kernel_sha256: identity.kernel_sha256.clone(),
         // Filled in by `record`, which reads the profile.
         kernel_profile_sha256: String::new(),

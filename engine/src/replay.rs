@@ -8,7 +8,7 @@ use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
 use provm_seams::{delivery, state_check, ObservedError, RecordedEnd, ReplayEnd, Replayer};
 use provm_trace::format::FormatError;
-use provm_trace::manifest::InterruptDelivery;
+use provm_trace::manifest::{ImageIdentity, InterruptDelivery};
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpu_baseline::Baseline;
@@ -22,6 +22,7 @@ use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::holes;
 use crate::host;
+use crate::image::ImageRef;
 use crate::machine::{Machine, MachineError};
 use crate::notice;
 use crate::observer::{self, GuestKernel, Observer, ObserverError};
@@ -391,8 +392,9 @@ impl Opened {
 
 /// The image to replay against: the one named, else the recorded one
 /// (see `recorded_image`), else where this host last saw an image of its
-/// digest (`seen_images`), else the copy embedded in the trace (extracted,
-/// and returned too so that it outlives the VM).
+/// digest (`seen_images`), else the disk made again of the recorded
+/// container image, else the copy embedded in the trace (extracted, and
+/// returned too so that it outlives the VM).
 pub fn open_image(
     options: &ReplayOptions,
     trace: &Trace,
@@ -411,12 +413,18 @@ pub fn open_image(
         .find(|path| path.exists())
         .cloned()
         .or_else(|| seen_images::recall(&sha256));
-    if let Some(found) = found {
+    if let Some(found) = found.or_else(|| made_again(image)) {
         return Ok((BaseImage::open(&found)?, None));
     }
     if !trace.has_image {
         return Err(ReplayError::ImageMissing {
-            name: image.path.clone(),
+            name: match &image.container {
+                Some(c) => format!(
+                    "{} ({} {}) as the disk {}",
+                    c.reference, c.digest_of, c.digest, image.path
+                ),
+                None => image.path.clone(),
+            },
             sha256,
             looked: candidates,
         });
@@ -424,6 +432,24 @@ pub fn open_image(
     notice!("using the image embedded in the trace");
     let extracted = ExtractedChain::from_trace(trace)?;
     Ok((extracted.open()?, Some(extracted)))
+}
+
+/// The disk made again of the container image the trace was recorded
+/// from, if that image is still where the trace names it (the chain check
+/// then confirms the disk's bytes: the same image makes the same disk).
+fn made_again(image: &ImageIdentity) -> Option<PathBuf> {
+    let container = image.container.as_ref()?;
+    let reference = ImageRef::parse(&container.reference);
+    if !reference.path().exists() {
+        return None;
+    }
+    match crate::image::resolve(&reference) {
+        Ok(resolved) => Some(resolved.disk),
+        Err(error) => {
+            notice!("cannot make the disk of {}: {error}", container.reference);
+            None
+        }
+    }
 }
 
 /// Where the image the manifest names may be, in order: as recorded (a

@@ -22,6 +22,7 @@ use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
 use crate::host_paths::HostPaths;
+use crate::image::Container;
 use crate::initramfs;
 use crate::kernel::{self, KernelError};
 use crate::machine::{MachineError, Prepared};
@@ -61,10 +62,17 @@ const DEFAULT_ENV: &[&str] = &[
 
 #[derive(Clone)]
 pub struct RunOptions {
+    /// The disk the guest boots (for a container image, the disk made of
+    /// it: see `crate::image`).
     pub image: PathBuf,
+    /// The container image `image` was made of, if it was.
+    pub container: Option<Container>,
     pub command: Vec<OsString>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// Who the command runs as, `USER[:GROUP]` (a container image's
+    /// `User`); `None`: root.
+    pub user: Option<String>,
     pub root: Option<String>,
     pub keep_overlay: Option<PathBuf>,
     pub memory_mib: u64,
@@ -95,9 +103,11 @@ impl RunOptions {
     pub fn new(image: PathBuf, command: Vec<OsString>) -> Self {
         RunOptions {
             image,
+            container: None,
             command,
             env: Vec::new(),
             cwd: "/".into(),
+            user: None,
             root: None,
             keep_overlay: None,
             memory_mib: DEFAULT_MEMORY_MIB,
@@ -238,6 +248,7 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
             .collect(),
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
+        user: options.user.clone().unwrap_or_default().into_bytes(),
         root_device: root_device.as_bytes().to_vec(),
         entropy: match &options.pinned {
             Some(pinning) => pinning.entropy(),

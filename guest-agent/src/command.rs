@@ -37,6 +37,7 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
         )
     })?;
     let env = environment(&job.env)?;
+    let ids = crate::user::ids(&job.user)?;
     let not_started = |error: io::Error| {
         let program = String::from_utf8_lossy(program);
         spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"))
@@ -47,7 +48,11 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
         let stdin = stdin
             .try_clone()
             .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
-        Ok(command(program, args, &env, stdin))
+        let mut command = command(program, args, &env, stdin);
+        if let Some((uid, gid)) = ids {
+            command.uid(uid).gid(gid);
+        }
+        Ok(command)
     };
     if job.provenance {
         let mut traced = match provenance::spawn(command_of(program)?) {

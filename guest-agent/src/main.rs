@@ -25,6 +25,7 @@ mod network;
 mod outputs;
 mod provenance;
 mod root;
+mod user;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};

@@ -55,6 +55,10 @@ pub struct Job {
     /// directory made empty beforehand when missing) is sent as
     /// [`GuestMessage::Entry`] messages before Finished.
     pub outputs: Vec<Vec<u8>>,
+    /// Who the command runs as: `USER[:GROUP]`, each a name (looked up in
+    /// the image's /etc/passwd and /etc/group) or a number, as a container
+    /// image's `User` says it; empty: root.
+    pub user: Vec<u8>,
 }
 
 /// How the command ended, as the agent saw it.
@@ -283,6 +287,10 @@ impl HostMessage {
                 put_list(&mut payload, &job.inputs);
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
+                // Only when set: a job as root encodes as it did before.
+                if !job.user.is_empty() {
+                    put_bytes(&mut payload, &job.user);
+                }
                 kind::RUN
             }
             HostMessage::PowerOff => kind::POWER_OFF,
@@ -336,6 +344,10 @@ impl HostMessage {
                     job.inputs = reader.list()?;
                     job.stdin = reader.bool()?;
                     job.outputs = reader.list()?;
+                }
+                // A job run as root ends here too (see `encode`).
+                if !reader.0.is_empty() {
+                    job.user = reader.bytes()?;
                 }
                 HostMessage::Run(job)
             }
@@ -853,6 +865,7 @@ mod tests {
             inputs: vec![b"/data".to_vec()],
             stdin: true,
             outputs: vec![b"/out".to_vec(), b"/tmp/result.csv".to_vec()],
+            user: b"app:staff".to_vec(),
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

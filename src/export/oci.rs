@@ -14,23 +14,18 @@
 //! (/proc, /sys, /dev) are left to the container runtime. Timestamps and
 //! owners are zero, so the same run always gives the same image.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::str::FromStr;
 
 use ext4_view::{Ext4, Ext4Read};
-use oci_spec::image::{
-    Arch, ConfigBuilder, Descriptor, DescriptorBuilder, ImageConfigurationBuilder,
-    ImageIndexBuilder, ImageManifestBuilder, MediaType, Os, RootFsBuilder, Sha256Digest,
-    ANNOTATION_REF_NAME,
-};
+use oci_spec::image::{Arch, ConfigBuilder};
 use provm_guest_agent::paths::normalize;
 use provm_trace::manifest::Manifest;
 use provm_vmm::disk::image::BaseImage;
 use provm_vmm::disk::Disk;
-use sha2::{Digest, Sha256};
 
 use provm_engine::disk::{chain, root};
+use provm_engine::image::layout::{LayerWriter, Layout};
 use provm_engine::replay::{self, ReplayOptions};
 use provm_trace::reader::Trace;
 
@@ -216,36 +211,17 @@ impl Layer<'_> {
 
     /// The layer as an uncompressed tar.
     fn into_tar(self) -> Result<Vec<u8>, ExportError> {
-        let mut tar = tar::Builder::new(Vec::new());
+        let mut tar = LayerWriter::new(0);
         for (path, entry) in &self.entries {
             let name = path.trim_start_matches('/');
-            let mut header = tar::Header::new_ustar();
-            header.set_mtime(0);
-            header.set_uid(0);
-            header.set_gid(0);
-            let written = match entry {
-                Entry::Directory { mode } => {
-                    header.set_entry_type(tar::EntryType::Directory);
-                    header.set_mode(*mode);
-                    header.set_size(0);
-                    tar.append_data(&mut header, format!("{name}/"), std::io::empty())
-                }
-                Entry::File { mode, content } => {
-                    header.set_entry_type(tar::EntryType::Regular);
-                    header.set_mode(*mode);
-                    header.set_size(content.len() as u64);
-                    tar.append_data(&mut header, name, content.as_slice())
-                }
-                Entry::Symlink { target } => {
-                    header.set_entry_type(tar::EntryType::Symlink);
-                    header.set_mode(0o777);
-                    header.set_size(0);
-                    tar.append_link(&mut header, name, target)
-                }
-            };
-            written.map_err(tar_error)?;
+            match entry {
+                Entry::Directory { mode } => tar.directory(name, *mode),
+                Entry::File { mode, content } => tar.file(name, *mode, content),
+                Entry::Symlink { target } => tar.symlink(name, target),
+            }
+            .map_err(tar_error)?;
         }
-        tar.into_inner().map_err(tar_error)
+        tar.finish().map_err(tar_error)
     }
 }
 
@@ -266,84 +242,16 @@ fn elf_interpreter(content: &[u8]) -> Option<String> {
 /// The image layout, in a tar: `oci-layout`, `index.json` and the blobs
 /// (the layer, the configuration and the manifest).
 fn archive(manifest: &Manifest, cwd: &str, layer: Vec<u8>) -> Result<Vec<u8>, ExportError> {
-    let mut blobs = Vec::new();
-    let layer_descriptor = blob(&mut blobs, MediaType::ImageLayer, layer);
-    let config = ImageConfigurationBuilder::default()
-        .architecture(Arch::Amd64)
-        .os(Os::Linux)
-        .config(
-            ConfigBuilder::default()
-                .entrypoint(manifest.argv.clone())
-                .env(manifest.env.clone())
-                .working_dir(cwd.to_owned())
-                .build()
-                .map_err(oci_error)?,
-        )
-        .rootfs(
-            RootFsBuilder::default()
-                .diff_ids(vec![layer_descriptor.digest().to_string()])
-                .build()
-                .map_err(oci_error)?,
-        )
+    let config = ConfigBuilder::default()
+        .entrypoint(manifest.argv.clone())
+        .env(manifest.env.clone())
+        .working_dir(cwd.to_owned())
         .build()
         .map_err(oci_error)?;
-    let config = config.to_string().map_err(oci_error)?.into_bytes();
-    let config_descriptor = blob(&mut blobs, MediaType::ImageConfig, config);
-    let image_manifest = ImageManifestBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageManifest)
-        .config(config_descriptor)
-        .layers(vec![layer_descriptor])
-        .build()
-        .map_err(oci_error)?;
-    let image_manifest = image_manifest.to_string().map_err(oci_error)?.into_bytes();
-    let manifest_descriptor = blob(&mut blobs, MediaType::ImageManifest, image_manifest);
-    let manifest_descriptor = DescriptorBuilder::default()
-        .media_type(MediaType::ImageManifest)
-        .size(manifest_descriptor.size())
-        .digest(manifest_descriptor.digest().clone())
-        .annotations(HashMap::from([(
-            ANNOTATION_REF_NAME.to_owned(),
-            TAG.to_owned(),
-        )]))
-        .build()
-        .map_err(oci_error)?;
-    let index = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(vec![manifest_descriptor])
-        .build()
-        .map_err(oci_error)?;
-
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, content: &[u8]| {
-        let mut header = tar::Header::new_ustar();
-        header.set_mode(0o644);
-        header.set_size(content.len() as u64);
-        tar.append_data(&mut header, name, content)
-            .map_err(tar_error)
-    };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    add(
-        "index.json",
-        index.to_string().map_err(oci_error)?.as_bytes(),
-    )?;
-    for (digest, content) in &blobs {
-        add(&format!("blobs/sha256/{digest}"), content)?;
-    }
-    tar.into_inner().map_err(tar_error)
-}
-
-/// Stores `content` as a blob; its descriptor.
-fn blob(blobs: &mut Vec<(String, Vec<u8>)>, media_type: MediaType, content: Vec<u8>) -> Descriptor {
-    let digest = provm_trace::hex(&Sha256::digest(&content));
-    let descriptor = Descriptor::new(
-        media_type,
-        content.len() as u64,
-        Sha256Digest::from_str(&digest).expect("SHA-256 in hex is a digest"),
-    );
-    blobs.push((digest, content));
-    descriptor
+    Layout::new(Arch::Amd64, config, vec![layer], TAG)
+        .map_err(oci_error)?
+        .tar()
+        .map_err(tar_error)
 }
 
 fn ext4_error(error: ext4_view::Ext4Error) -> ExportError {

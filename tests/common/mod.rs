@@ -662,3 +662,103 @@ pub fn incompressible(len: usize) -> Vec<u8> {
     bytes.truncate(len);
     bytes
 }
+
+/// The container image the tests build: busybox in three layers, the
+/// second whiting out /etc/gone, making /opt opaque (its own /opt/new
+/// stays) and hard-linking /etc/hard to /etc/keep, with a device node,
+/// an owner and an xattr in the first; its configuration gives Env,
+/// WorkingDir, User (a name in its /etc/passwd) and Cmd. As an OCI layout, and as skopeo's docker-archive of
+/// it. The same bytes in every test process, so it is made into the same
+/// disk, and its booted guest is cached once.
+pub struct ContainerImage {
+    /// `oci:DIR:TAG`.
+    pub oci: String,
+    /// `docker-archive:FILE:NAME:TAG`.
+    pub docker_archive: String,
+    /// The layout's directory.
+    pub layout: PathBuf,
+}
+
+/// What the container image's Cmd prints.
+pub const CONTAINER_CMD_OUTPUT: &str = "hello from /work as 1000:100\n";
+
+pub fn container_image() -> &'static ContainerImage {
+    static IMAGE: OnceLock<ContainerImage> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        use oci_spec::image::{Arch, ConfigBuilder};
+        let dir = images().dir.join("container-image");
+        let layout = dir.join("layout");
+        let config = ConfigBuilder::default()
+            .env(vec!["PATH=/bin".to_owned(), "GREETING=hello".to_owned()])
+            .working_dir("/work".to_owned())
+            .user("app".to_owned())
+            .cmd(vec![
+                "sh".to_owned(),
+                "-c".to_owned(),
+                "echo $GREETING from $(pwd) as $(id -u):$(id -g)".to_owned(),
+            ])
+            .build()
+            .unwrap();
+        provm_engine::image::layout::Layout::new(Arch::Amd64, config, container_layers(), "test")
+            .unwrap()
+            .write_dir(&layout)
+            .unwrap();
+        let archive = dir.join("docker.tar");
+        run(Command::new("skopeo")
+            .arg("copy")
+            .arg(format!("oci:{}:test", layout.display()))
+            .arg(format!("docker-archive:{}:provm/test:1", archive.display())));
+        ContainerImage {
+            oci: format!("oci:{}:test", layout.display()),
+            docker_archive: format!("docker-archive:{}:provm/test:1", archive.display()),
+            layout,
+        }
+    })
+}
+
+fn container_layers() -> Vec<Vec<u8>> {
+    use provm_engine::image::layout::{Attributes, LayerWriter};
+    let written = |write: &dyn Fn(&mut LayerWriter) -> std::io::Result<()>| {
+        let mut layer = LayerWriter::new(1);
+        write(&mut layer).unwrap();
+        layer.finish().unwrap()
+    };
+    let base = written(&|l| {
+        l.directory("bin", 0o755)?;
+        l.file("bin/busybox", 0o755, &std::fs::read("/bin/busybox")?)?;
+        let list = Command::new("/bin/busybox").arg("--list").output()?;
+        for applet in String::from_utf8_lossy(&list.stdout).lines() {
+            if applet != "busybox" {
+                l.symlink(&format!("bin/{applet}"), "busybox")?;
+            }
+        }
+        l.directory("tmp", 0o1777)?;
+        l.directory("etc", 0o755)?;
+        l.file("etc/keep", 0o644, b"keep\n")?;
+        l.file(
+            "etc/passwd",
+            0o644,
+            b"root:x:0:0::/root:/bin/sh\napp:x:1000:100::/work:/bin/sh\n",
+        )?;
+        l.file("etc/group", 0o644, b"root:x:0:\nusers:x:100:\n")?;
+        l.file("etc/gone", 0o644, b"gone\n")?;
+        let owned = Attributes {
+            uid: 1000,
+            gid: 100,
+            xattrs: &[("user.provm", b"yes")],
+        };
+        l.file_with("etc/owned", 0o600, &owned, b"owned\n")?;
+        l.directory("opt", 0o755)?;
+        l.file("opt/old", 0o644, b"old\n")?;
+        l.file("opt/old-dir/inside", 0o644, b"old\n")?;
+        l.char_device("srv/null", 0o666, 1, 3)
+    });
+    let middle = written(&|l| {
+        l.whiteout("etc/gone")?;
+        l.file("opt/new", 0o644, b"new\n")?;
+        l.opaque("opt")?;
+        l.hard_link("etc/hard", "etc/keep")
+    });
+    let top = written(&|l| l.file("work/hello", 0o644, b"hello\n"));
+    vec![base, middle, top]
+}

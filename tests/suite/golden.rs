@@ -181,6 +181,7 @@ fn sample_manifest() -> Manifest {
         argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
         env: vec!["PATH=/bin".into()],
         cwd: "/".into(),
+        user: None,
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),
@@ -191,6 +192,7 @@ fn sample_manifest() -> Manifest {
                 size: 65536,
                 sha256: "a".repeat(64),
             }],
+            container: None,
         },
         kernel_sha256: "b".repeat(64),
         kernel_profile_sha256: "c".repeat(64),

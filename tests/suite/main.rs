@@ -6,6 +6,7 @@
 
 mod analysis;
 mod blame;
+mod container_images;
 mod corpus;
 mod data_io;
 mod docs;

@@ -23,6 +23,10 @@ pub struct Manifest {
     pub argv: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// Who the command ran as (a container image's `User`, `USER[:GROUP]`);
+    /// absent: root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     pub root_device: String,
     pub image: ImageIdentity,
     pub kernel_sha256: String,
@@ -126,6 +130,23 @@ pub struct ImageIdentity {
     /// Every file the image reads from: the image itself first, then its
     /// qcow2 backing chain. Replay checks each one.
     pub chain: Vec<ImageFile>,
+    /// The container image the disk was made of (`provm record
+    /// oci:DIR:TAG`, `oci-archive:`, `docker-archive:`), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerImage>,
+}
+
+/// A container image, as the recording named it: the disk provm made of it
+/// is the chain's one file, the same bytes whenever the image is the same.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContainerImage {
+    /// As given, its path named as `ImageIdentity::path` is.
+    pub reference: String,
+    /// `sha256:...`: the digest of its manifest, or of a docker archive's
+    /// configuration (its image ID), as `digest_of` says.
+    pub digest: String,
+    /// `manifest` or `image ID`.
+    pub digest_of: String,
 }
 
 /// One file of an image's backing chain.

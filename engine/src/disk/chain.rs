@@ -266,6 +266,7 @@ mod tests {
         ImageIdentity {
             path: base.path().display().to_string(),
             chain: identify(base).unwrap(),
+            container: None,
         }
     }
 

@@ -78,7 +78,16 @@ pub fn install(program: &[libc::sock_filter]) -> io::Result<()> {
         filter: program.as_ptr() as *mut _,
     };
     // The agent runs as root (CAP_SYS_ADMIN), so no_new_privs is not needed
-    // and set-user-ID programs in the image keep working.
+    // and set-user-ID programs in the image keep working. A command run as
+    // another user (a container image's User) has dropped root already
+    // (std sets the ids before the pre-exec hooks): without CAP_SYS_ADMIN
+    // the kernel takes a filter only under no_new_privs.
+    // SAFETY: geteuid(2) touches no memory of ours.
+    let root = unsafe { libc::geteuid() } == 0;
+    // SAFETY: prctl(2) with integer arguments touches no memory of ours.
+    if !root && unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: `fprog` points at `program`, whose `len` instructions
     // it describes; both live past the call, and the kernel copies the filter
     // in. Installing a filter affects only this process (the child about to

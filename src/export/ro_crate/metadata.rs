@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use provm_trace::manifest::{ImageFile, Manifest, Outcome};
+use provm_trace::manifest::{ContainerImage, ImageFile, Manifest, Outcome};
 
 use super::super::makefile::shell_line;
 use crate::provenance::{self, Entity, EntityKind, Provenance};
@@ -209,6 +209,7 @@ fn license(license: &License) -> (String, Value) {
 fn objects(run: &Run) -> (Vec<Value>, Vec<Value>) {
     let manifest = run.manifest;
     let mut entities: Vec<Value> = manifest.image.chain.iter().map(image_file).collect();
+    entities.extend(manifest.image.container.as_ref().map(container_image));
     entities.extend([
         json!({
             "@id": "#kernel",
@@ -290,6 +291,20 @@ fn image_file(file: &ImageFile) -> Value {
         ),
         "contentSize": file.size.to_string(),
         "sha256": file.sha256,
+    })
+}
+
+/// The container image the guest's disk was made of, named by its digest.
+fn container_image(container: &ContainerImage) -> Value {
+    json!({
+        "@id": "#container-image",
+        "@type": "SoftwareApplication",
+        "name": container.reference,
+        "identifier": container.digest,
+        "description": format!(
+            "The container image the guest's disk was made of (its {} digest is the identifier), not in this crate: the same image makes the same disk, which `provm replay --image {}` checks by its digest.",
+            container.digest_of, container.reference
+        ),
     })
 }
 

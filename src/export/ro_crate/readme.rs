@@ -57,6 +57,13 @@ pub fn readme(manifest: &Manifest, trace: &CrateFile, embeds_image: bool) -> Str
                 )?;
             }
             writeln!(out)?;
+            if let Some(container) = &manifest.image.container {
+                writeln!(
+                    out,
+                    "   The disk was made of the container image {} ({} {}), which makes the same disk again: `provm replay --image {} {name}`.\n",
+                    container.reference, container.digest_of, container.digest, container.reference
+                )?;
+            }
         }
         writeln!(
             out,

@@ -114,6 +114,7 @@ pub fn sample_sections() -> Sections {
         argv: vec!["true".into()],
         env: Vec::new(),
         cwd: "/".into(),
+        user: None,
         root_device: "/dev/vda".into(),
         image: ImageIdentity {
             path: "image.qcow2".into(),
@@ -124,6 +125,7 @@ pub fn sample_sections() -> Sections {
                 size: 0,
                 sha256: sha(b""),
             }],
+            container: None,
         },
         kernel_sha256: sha(&kernel),
         kernel_profile_sha256: sha(KERNEL_PROFILE),
