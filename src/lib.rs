@@ -4,6 +4,7 @@
 //! command line (`main.rs`) parses arguments and dispatches to them.
 
 pub mod blame;
+pub mod explain;
 pub mod export;
 pub mod fork;
 pub mod gdb;
