@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -54,6 +55,49 @@ fn python_multiprocessing_pool_records_and_replays() {
     // (user-mode RDTSC, unlogged there), until the guest kernel was told
     // to zero freed memory (`holes::kernel_args`).
     assert_replay_matches(&trace);
+}
+
+/// A dynamically linked program reads the TSC at its start (glibc's
+/// ld.so times itself); on PVM that is unlogged (the hole "user-rdtsc"),
+/// and while the program lives its pages hold the values: a periodic
+/// check (every 3,000 events here) then differs, and the replay names the
+/// process's page that holds this host's TSC and the hole. Where RDTSC is
+/// trapped (SVM, VMX) the replay matches.
+#[test]
+fn a_live_program_s_unlogged_tsc_is_named_at_a_periodic_check() {
+    let image = debian_image();
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&common::scratch(module_path!()), "live-tsc");
+    let args = [
+        "record",
+        "-o",
+        trace.to_str().unwrap(),
+        image.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        "print(sum(range(10**6)))",
+    ];
+    let recorded = common::provm_with_env(&args, &[("PROVM_STATE_CHECKS", Path::new("3000"))]);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let holes = provm_trace::reader::Trace::open(&trace)
+        .unwrap()
+        .manifest
+        .holes
+        .unwrap_or_default();
+    if !holes.iter().any(|hole| hole == "user-rdtsc") {
+        assert_replay_matches(&trace);
+        return;
+    }
+    let replay = common::provm(&["replay", trace.to_str().unwrap()]);
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    for part in [
+        "expected: state check: memory digest",
+        "(python3) at 0x7f",
+        "hole: user-rdtsc: the page holds this host's time-stamp counter as the replay read it (as a 64-bit value",
+    ] {
+        assert!(replay.stdout.contains(part), "{part}: {}", replay.stdout);
+    }
 }
 
 /// The guest's wall clock is the host's at each job, even in a guest
