@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{path, provm, provm_with_env, Finished};
 use provm_trace::events::EventKind;
+use provm_trace::format::SectionKind;
 use provm_trace::reader::Trace;
 
 const RUNS: usize = 5;
@@ -47,13 +48,13 @@ fn main() {
 
     println!("state checks on and off, {RUNS} of each (seconds: median, min, max)");
     println!(
-        "| workload | events | state checks | record, checks off | record, checks on | record cost \
+        "| workload | events | state checks | page digests, bytes | record, checks off | record, checks on | record cost \
          | replay, checks off | replay, checks on | replay cost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (workload, (name, script)) in WORKLOADS.iter().enumerate() {
         let mut times = [(); 4].map(|_| Vec::new());
-        let mut counts = (0, 0);
+        let mut counts = (0, 0, 0);
         for round in 0..RUNS {
             for (checked, slot) in [(false, 0), (true, 1)] {
                 let trace = dir
@@ -87,9 +88,10 @@ fn main() {
             format!("{:+.1}%", (on.0 / off.0 - 1.0) * 100.0)
         };
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             counts.0,
             counts.1,
+            counts.2,
             cell(record_off),
             cell(record_on),
             cost(record_off, record_on),
@@ -101,7 +103,8 @@ fn main() {
     let (median, min, max) = stats(digests);
     println!();
     println!(
-        "One memory digest of {MEMORY_MIB} MiB (xxh3-64 over all guest RAM): \
+        "One memory digest of {MEMORY_MIB} MiB (xxh3-64 over all guest RAM, and 16 bits for \
+         each 256 bytes, the page digests): \
          median {:.1} ms, min {:.1}, max {:.1}. State checks: memory every {} events, \
          and memory, registers and devices at the guest's power-off. Times are whole \
          commands, the guest restored from its cached snapshot.",
@@ -132,8 +135,9 @@ fn record(trace: &Path, script: &str, checked: bool) -> Finished {
     provm_with_env(&args, env)
 }
 
-/// The trace's events, and its state checks (periodic and final).
-fn checks(trace: &Path) -> (u64, u64) {
+/// The trace's events, its state checks (periodic and final), and the
+/// bytes their page digests take in it.
+fn checks(trace: &Path) -> (u64, u64, u64) {
     let trace = Trace::open(trace).unwrap();
     let periodic = trace
         .count_events()
@@ -141,7 +145,12 @@ fn checks(trace: &Path) -> (u64, u64) {
         .get(&EventKind::StateCheck)
         .copied();
     let final_check = u64::from(trace.outcome.state_check.is_some());
-    (trace.outcome.events, periodic.unwrap_or(0) + final_check)
+    let pages = trace.stored_bytes.get(&SectionKind::PageDigests).copied();
+    (
+        trace.outcome.events,
+        periodic.unwrap_or(0) + final_check,
+        pages.unwrap_or(0),
+    )
 }
 
 /// Median, min and max, in seconds.

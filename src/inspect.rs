@@ -6,9 +6,10 @@ use std::fmt::Write;
 use std::path::Path;
 
 use provm_seams::state_check;
-use provm_trace::events::EventKind;
+use provm_trace::events::{Event, EventKind};
 use provm_trace::format::{FormatError, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::InterruptDelivery;
+use provm_trace::page_digests::{self, CheckPoint};
 use provm_trace::reader::{Trace, Unreadable};
 use provm_vmm::machine_version;
 
@@ -28,6 +29,52 @@ pub fn inspect(path: &Path) -> Result<String, FormatError> {
         }
         Err(error) => Err(error),
     }
+}
+
+/// `provm inspect --state`: every state check the trace holds, the memory
+/// digest each compares, and whether it kept the page digests that name
+/// the pages where memory differs (format 8 on).
+pub fn state_checks(path: &Path) -> Result<String, FormatError> {
+    let trace = Trace::open(path)?;
+    let kept = match &trace.page_digests {
+        Some(payload) => page_digests::decode(payload)?,
+        None => Vec::new(),
+    };
+    let pages = |at: CheckPoint| match kept.iter().find(|check| check.at == at) {
+        Some(check) => format!(
+            "{} pages digested",
+            check.pieces.len() / page_digests::PIECES_PER_PAGE
+        ),
+        None => "no page digests".into(),
+    };
+    let mut out = String::new();
+    let mut events = trace.events()?;
+    let mut index = 0;
+    while let Some(event) = events.next_event()? {
+        if let Event::StateCheck { memory } = event {
+            let _ = writeln!(
+                out,
+                "event {index:>10}  memory {memory:016x}, {}",
+                pages(CheckPoint::Event(index))
+            );
+        }
+        index += 1;
+    }
+    match &trace.outcome.state_check {
+        Some(last) => {
+            let _ = writeln!(
+                out,
+                "power-off         memory {}, registers {}, {} devices, {}",
+                last.memory,
+                last.registers,
+                last.devices.len(),
+                pages(CheckPoint::PowerOff)
+            );
+        }
+        None if out.is_empty() => out.push_str("no state checks\n"),
+        None => {}
+    }
+    Ok(out)
 }
 
 /// What a trace of another format holds, as far as this provm can tell.

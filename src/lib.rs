@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod blame;
+pub mod explain;
 pub mod export;
 pub mod fork;
 pub mod gdb;

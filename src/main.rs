@@ -79,6 +79,11 @@ enum Command {
     Inspect {
         /// The trace (.provm).
         trace: PathBuf,
+        /// List the trace's state checks instead: each one's event, memory
+        /// digest, and whether it kept the page digests that name where
+        /// memory differs.
+        #[arg(long)]
+        state: bool,
     },
     /// Show the provenance of a run captured with `--prov` (RUN: the file it
     /// wrote, or the trace of `provm record --prov`): which processes read
@@ -299,6 +304,12 @@ fn parse_image(text: &str) -> Result<ImageRef, std::convert::Infallible> {
     Ok(ImageRef::parse(text))
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum VerdictFormat {
+    Text,
+    Json,
+}
+
 #[derive(clap::Args)]
 struct ReplayArgs {
     /// Run analyses on the replay (repeatable, or comma-separated):
@@ -333,6 +344,16 @@ struct ReplayArgs {
     /// Overwrite --output if it exists.
     #[arg(long)]
     force: bool,
+    /// How to print the verdict: words, or a JSON object (the verdict, its
+    /// words, and a divergence's explanation: event, process, the pages
+    /// that differ and their owners).
+    #[arg(long, value_enum, default_value = "text")]
+    format: VerdictFormat,
+    /// Where a state check finds memory differing in a file's pages, replay
+    /// again with the provenance analysis to name the processes that wrote
+    /// the file (the pages and their owners are named without it).
+    #[arg(long)]
+    explain: bool,
     #[command(flatten)]
     fork: ForkArgs,
     #[command(flatten)]
@@ -582,12 +603,16 @@ fn main() -> ExitCode {
         Command::Record(args) => record(args, cli.verbose > 0),
         Command::Replay(args) => replay(args, cli.verbose > 0),
         Command::Repro(args) => repro(args, cli.verbose > 0),
-        Command::Inspect { trace } => provm::inspect::inspect(&trace)
-            .map(|text| {
-                print!("{text}");
-                ExitCode::SUCCESS
-            })
-            .map_err(Into::into),
+        Command::Inspect { trace, state } => if state {
+            provm::inspect::state_checks(&trace)
+        } else {
+            provm::inspect::inspect(&trace)
+        }
+        .map(|text| {
+            print!("{text}");
+            ExitCode::SUCCESS
+        })
+        .map_err(Into::into),
         Command::Graph(args) => graph(args),
         Command::Query(args) => query(args),
         Command::Export { what } => export(what),
@@ -732,12 +757,35 @@ fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         }
         provm::output::AtomicFile::write(output, args.force, &lines)?;
     }
-    Ok(replay_verdict(report))
+    if let VerdictFormat::Json = args.format {
+        println!("{}", report.json());
+        return Ok(verdict_status(&report));
+    }
+    let writers = match (&report, args.explain) {
+        (
+            ReplayReport::Diverged {
+                explanation: Some(explanation),
+                ..
+            },
+            true,
+        ) => provm::explain::writers(&options, explanation)?,
+        _ => Vec::new(),
+    };
+    let status = replay_verdict(report);
+    for line in writers {
+        println!("{line}");
+    }
+    Ok(status)
 }
 
 /// Prints the replay's verdict; its exit code.
 fn replay_verdict(report: ReplayReport) -> ExitCode {
     println!("{}", report.summary());
+    verdict_status(&report)
+}
+
+/// The exit code of a replay that ended with `report`.
+fn verdict_status(report: &ReplayReport) -> ExitCode {
     match report {
         ReplayReport::Matched { .. } => ExitCode::SUCCESS,
         ReplayReport::CutShort { .. } => ExitCode::from(REPLAY_CUT_SHORT),

@@ -11,6 +11,7 @@ pub mod api;
 pub mod builtin;
 pub mod guest;
 pub mod instrument;
+pub mod page_owner;
 pub mod profile;
 pub mod syscall;
 

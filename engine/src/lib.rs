@@ -17,6 +17,7 @@ mod cached_section;
 pub mod cpu_model;
 pub mod digest;
 pub mod disk;
+pub mod explain;
 pub mod fast_start;
 pub mod holes;
 pub mod host;

@@ -183,6 +183,10 @@ pub fn record(
         Ok(())
     })
     .map_err(RunError::Observer)?;
+    // Where memory differs, for a replay whose state check finds it does.
+    if let Some(pages) = recorder.page_digests() {
+        after.push((SectionKind::PageDigests, pages));
+    }
     if options.embed_image {
         // The files on this host: the manifest may name them by file name only.
         after.push((

@@ -6,21 +6,25 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
-use provm_seams::{delivery, state_check, ObservedError, RecordedEnd, ReplayEnd, Replayer};
+use provm_seams::{
+    delivery, state_check, Divergence, ObservedError, RecordedEnd, ReplayEnd, Replayer,
+};
 use provm_trace::format::FormatError;
 use provm_trace::manifest::{ImageIdentity, InterruptDelivery};
+use provm_trace::page_digests;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::machine_version::{self, MachineVersionError};
-use provm_vmm::vm::{self, VmError, VmSnapshot};
+use provm_vmm::vm::{self, Vm, VmError, VmSnapshot};
 
 use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
-use crate::holes;
+use crate::explain::{self, Explanation};
+use crate::holes::{self, Hole};
 use crate::host;
 use crate::image::ImageRef;
 use crate::machine::{Machine, MachineError};
@@ -122,6 +126,9 @@ pub enum ReplayReport {
     },
     Diverged {
         report: String,
+        /// The divergence for a person: where, which process, and where
+        /// memory differs (`explain`).
+        explanation: Option<Box<Explanation>>,
     },
 }
 
@@ -143,8 +150,36 @@ impl ReplayReport {
                 unchecked,
                 state_checks,
             } => format!("replay matched up to where the recording was cut short: {events} events, {guest_seconds:.3} guest-seconds, {}\n(the recording ended: {why}){}", state_checked(*state_checks), unchecked_inputs(unchecked)),
-            ReplayReport::Diverged { report } => report.clone(),
+            ReplayReport::Diverged {
+                report,
+                explanation,
+            } => match explanation {
+                Some(explanation) => format!("{report}\n{}", explanation.text()),
+                None => report.clone(),
+            },
         }
+    }
+
+    /// The verdict for tools: its kind, its words, and for a divergence
+    /// its explanation.
+    pub fn json(&self) -> serde_json::Value {
+        let verdict = match self {
+            ReplayReport::Matched { .. } => "matched",
+            ReplayReport::CutShort { .. } => "cut-short",
+            ReplayReport::Diverged { .. } => "diverged",
+        };
+        let explanation = match self {
+            ReplayReport::Diverged {
+                explanation: Some(explanation),
+                ..
+            } => serde_json::to_value(explanation).expect("serialises"),
+            _ => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "verdict": verdict,
+            "summary": self.summary(),
+            "explanation": explanation,
+        })
     }
 
     /// Whether what analyses saw in this replay is the run's: the replay
@@ -157,7 +192,7 @@ impl ReplayReport {
                 notice!("the recording was cut short ({why}); the analysis covers its first {events} events");
                 Ok(())
             }
-            ReplayReport::Diverged { report } => Err(report.clone()),
+            ReplayReport::Diverged { report, .. } => Err(report.clone()),
         }
     }
 }
@@ -236,6 +271,7 @@ pub fn replay_observed(
     observer::each(observers, |observer| observer.attach(&mut vm, &kernel))
         .map_err(ReplayError::Observer)?;
     let deadline = Instant::now() + options.timeout;
+    let tsc_at_start = explain::host_tsc();
     let (end, analyses) = if analyses.is_empty() {
         (replayer.replay(&mut vm, deadline)?, analyses)
     } else {
@@ -256,7 +292,13 @@ pub fn replay_observed(
         }
         (end, instrument.into_analyses())
     };
-    Ok((opened.report(end), analyses))
+    let explanation = match &end {
+        ReplayEnd::Diverged { divergence, .. } => {
+            opened.explain(&vm, divergence, tsc_at_start..explain::host_tsc())
+        }
+        _ => None,
+    };
+    Ok((opened.report(end, explanation), analyses))
 }
 
 /// A trace opened for replay: checked against this host, with the image
@@ -326,12 +368,17 @@ impl Opened {
     /// The replayer of the whole log, from the snapshot; on a fork's trace
     /// it fails the disk access the fork failed.
     pub fn replayer(&self) -> Result<Replayer, ReplayError> {
+        let page_digests = match &self.trace.page_digests {
+            Some(payload) => page_digests::decode(payload)?,
+            None => Vec::new(),
+        };
         let replayer = Replayer::new(
             self.trace.events()?,
             self.start_ns,
             RecordedEnd::of(&self.trace.outcome),
         )
-        .delivering(delivery::replayed(self.trace.manifest.interrupt_delivery));
+        .delivering(delivery::replayed(self.trace.manifest.interrupt_delivery))
+        .with_page_digests(page_digests);
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
         }
@@ -355,7 +402,31 @@ impl Opened {
         holes::describe(self.trace.manifest.holes.as_deref().unwrap_or_default())
     }
 
-    pub fn report(&self, end: ReplayEnd) -> ReplayReport {
+    /// `divergence` explained from the stopped replay's `vm`; `None` if
+    /// the guest or the trace's kernel cannot be read.
+    pub fn explain(
+        &self,
+        vm: &Vm,
+        divergence: &Divergence,
+        tsc_during_replay: std::ops::Range<u64>,
+    ) -> Option<Box<Explanation>> {
+        let view = vm.view().ok()?;
+        let kernel = self.kernel_info().ok()?;
+        let vmlinux = self.trace.kernel().ok()?;
+        let ids = self.trace.manifest.holes.as_deref().unwrap_or_default();
+        let holes: Vec<Hole> = ids.iter().filter_map(|id| Hole::from_id(id)).collect();
+        let context = explain::Context {
+            view: &view,
+            kernel: &kernel,
+            profile_json: &self.trace.kernel_profile,
+            vmlinux: &vmlinux,
+            holes: &holes,
+            tsc_during_replay,
+        };
+        Some(Box::new(explain::explain(divergence, &context)))
+    }
+
+    pub fn report(&self, end: ReplayEnd, explanation: Option<Box<Explanation>>) -> ReplayReport {
         let guest_seconds = |guest_ns: u64| guest_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         match end {
             ReplayEnd::Matched {
@@ -385,6 +456,7 @@ impl Opened {
                     "replay diverged at {divergence}  guest RIP at the divergence: {rip:#x}\n  the recording ended: {}",
                     self.trace.outcome.ended
                 ),
+                explanation,
             },
         }
     }

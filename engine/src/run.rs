@@ -13,6 +13,7 @@ use provm_guest_agent::{Job, Outcome};
 use provm_seams::{Recorder, NEVER_INTERRUPTED};
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::cpu_baseline::Baseline;
+use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{BootSource, VmError};
@@ -21,6 +22,7 @@ use crate::digest::HashingWriter;
 use crate::disk::overlay::OverlayLocation;
 use crate::disk::root::{self, RootError};
 use crate::fast_start::{self, FastStartError, Identity};
+use crate::holes;
 use crate::host_paths::HostPaths;
 use crate::image::Container;
 use crate::initramfs;
@@ -223,7 +225,10 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
 /// booted snapshot (a job then only makes it writable), and the network
 /// card's configuration with `--net`.
 fn machine_args(options: &RunOptions, root_device: &str) -> String {
-    let mut args = format!("{KERNEL_ARGS} provm.root={root_device}");
+    let mut args = format!(
+        "{KERNEL_ARGS} {} provm.root={root_device}",
+        holes::kernel_args(Platform::detect()),
+    );
     if options.net {
         args = format!("{args} {}", net::kernel_arg());
     }

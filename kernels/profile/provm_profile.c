@@ -9,6 +9,8 @@
 #include <linux/kbuild.h>
 #include <linux/sched.h>
 #include <linux/mm_types.h>
+#include <linux/mmzone.h>
+#include <linux/page-flags.h>
 #include <linux/fs.h>
 #include <linux/fs_struct.h>
 #include <linux/fdtable.h>
@@ -30,12 +32,40 @@ void provm_profile(void)
 	OFFSET(task_struct_mm, task_struct, mm);
 	OFFSET(task_struct_fs, task_struct, fs);
 	OFFSET(task_struct_files, task_struct, files);
+	OFFSET(task_struct_tasks, task_struct, tasks);
 	DEFINE(task_struct_comm_len, TASK_COMM_LEN);
 
 	OFFSET(mm_struct_pgd, mm_struct, pgd);
 	OFFSET(mm_struct_exe_file, mm_struct, exe_file);
 	OFFSET(mm_struct_arg_start, mm_struct, arg_start);
 	OFFSET(mm_struct_arg_end, mm_struct, arg_end);
+	OFFSET(mm_struct_start_brk, mm_struct, start_brk);
+	OFFSET(mm_struct_brk, mm_struct, brk);
+	OFFSET(mm_struct_start_stack, mm_struct, start_stack);
+
+	/* Who owns a physical page: its struct page, found through the
+	 * sparse memory model's sections (no vmemmap in this kernel). */
+	DEFINE(section_size_bits, SECTION_SIZE_BITS);
+	DEFINE(sections_per_root, SECTIONS_PER_ROOT);
+	DEFINE(mem_section_size, sizeof(struct mem_section));
+	OFFSET(mem_section_section_mem_map, mem_section, section_mem_map);
+	DEFINE(section_map_mask, SECTION_MAP_MASK);
+	DEFINE(page_size, sizeof(struct page));
+	OFFSET(page_flags, page, flags);
+	OFFSET(page_mapping, page, mapping);
+	OFFSET(page_index, page, index);
+	OFFSET(page_page_type, page, page_type);
+	OFFSET(page_refcount, page, _refcount);
+	DEFINE(pg_slab, PG_slab);
+	DEFINE(page_type_base, PAGE_TYPE_BASE);
+	DEFINE(pg_buddy, PG_buddy);
+	DEFINE(pg_table, PG_table);
+	DEFINE(page_mapping_anon, PAGE_MAPPING_ANON);
+	OFFSET(address_space_host, address_space, host);
+	OFFSET(inode_i_dentry, inode, i_dentry);
+	OFFSET(inode_i_sb, inode, i_sb);
+	OFFSET(super_block_s_id, super_block, s_id);
+	OFFSET(dentry_d_alias, dentry, d_u.d_alias);
 
 	OFFSET(fs_struct_root, fs_struct, root);
 	OFFSET(fs_struct_pwd, fs_struct, pwd);

@@ -12,10 +12,11 @@ use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
 use provm_trace::manifest::FinalStateCheck;
+use provm_trace::page_digests::{self, CheckPoint, PageDigests};
 use provm_vmm::clock::{Clock, HostClock, PinnedClock};
 use provm_vmm::network::{HostNetwork, Network};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
-use provm_vmm::state_digest::StateDigest;
+use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 use crate::clock::RecorderClock;
 use crate::exit_event;
@@ -42,6 +43,9 @@ pub struct Recorder {
     memory_check_events: Option<u64>,
     /// The state check at the guest's power-off, once taken.
     final_check: Mutex<Option<FinalStateCheck>>,
+    /// The page digests of the checks taken so far, as the trace's
+    /// section holds them (`page_digests::encode_check`).
+    page_digests: Mutex<Vec<u8>>,
     /// The network the guest's network card is connected to (`--net`).
     network: Option<HostNetwork>,
 }
@@ -123,6 +127,7 @@ impl Recorder {
             exits: Mutex::new((Instant::now(), Duration::ZERO)),
             memory_check_events: state_check::interval().filter(|_| traced),
             final_check: Mutex::new(None),
+            page_digests: Mutex::new(Vec::new()),
             network: None,
         }
     }
@@ -137,6 +142,22 @@ impl Recorder {
     /// The state check taken when the guest powered off, if it was.
     pub fn final_check(&self) -> Option<FinalStateCheck> {
         self.final_check.lock().unwrap().clone()
+    }
+
+    /// The page digests of the state checks taken, as the trace's "page
+    /// digests" section holds them; `None` if it took none.
+    pub fn page_digests(&self) -> Option<Vec<u8>> {
+        let digests = self.page_digests.lock().unwrap();
+        (!digests.is_empty()).then(|| digests.clone())
+    }
+
+    fn keep_pages(&self, at: CheckPoint, digest: MemoryDigest) {
+        let check = PageDigests {
+            at,
+            pieces: digest.pieces,
+        };
+        let encoded = page_digests::encode_check(&check);
+        self.page_digests.lock().unwrap().extend(encoded);
     }
 
     /// The longest the guest ran between two exits (host time): a replay
@@ -267,8 +288,18 @@ impl Seam for Recorder {
         events >= log.checked_at + interval
     }
 
-    fn memory_checked(&self, digest: u64) {
-        self.log(Event::StateCheck { memory: digest });
+    fn memory_checked(&self, digest: MemoryDigest) {
+        let event = self
+            .log
+            .lock()
+            .unwrap()
+            .writer
+            .as_ref()
+            .map_or(0, EventLogWriter::events);
+        self.log(Event::StateCheck {
+            memory: digest.whole,
+        });
+        self.keep_pages(CheckPoint::Event(event), digest);
         let mut log = self.log.lock().unwrap();
         log.checked_at = log.writer.as_ref().map_or(0, EventLogWriter::events);
     }
@@ -279,6 +310,7 @@ impl Seam for Recorder {
 
     fn final_state(&self, digest: &StateDigest) {
         *self.final_check.lock().unwrap() = Some(state_check::recorded(digest));
+        self.keep_pages(CheckPoint::PowerOff, digest.memory.clone());
     }
 
     fn logging_ns(&self) -> u64 {

@@ -10,10 +10,11 @@ use provm_trace::event_log::{DiskWritesDigest, EventStream};
 use provm_trace::events::Event;
 use provm_trace::format::FormatError;
 use provm_trace::manifest::{FinalStateCheck, Outcome};
+use provm_trace::page_digests::{CheckPoint, PageDifference, PageDigests};
 use provm_vmm::clock::Clock;
 use provm_vmm::guest_debug::DebugStop;
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
-use provm_vmm::state_digest::StateDigest;
+use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 use crate::exit_event;
@@ -97,6 +98,9 @@ pub struct Divergence {
     pub actual: String,
     /// The events before it, with their indices.
     pub recent: Vec<(u64, Event)>,
+    /// Where memory differs, when a state check found it did and the
+    /// trace kept the check's page digests (format 8 on).
+    pub pages: Option<Vec<PageDifference>>,
 }
 
 impl fmt::Display for Divergence {
@@ -209,6 +213,10 @@ struct State {
     final_check: Option<FinalStateCheck>,
     /// See `Replayer::skip_register_check`.
     registers_unchecked: bool,
+    /// The recording's page digests, check by check (`with_page_digests`).
+    page_digests: Vec<PageDigests>,
+    /// The replayed memory's piece digests at its power-off.
+    final_pieces: Option<Vec<u16>>,
 }
 
 impl Replayer {
@@ -234,6 +242,8 @@ impl Replayer {
                 state_checks: 0,
                 final_check: None,
                 registers_unchecked: false,
+                page_digests: Vec::new(),
+                final_pieces: None,
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -245,6 +255,14 @@ impl Replayer {
     /// the guest's doorbell unless told otherwise).
     pub fn delivering(mut self, delivery: Delivery) -> Self {
         self.delivery = delivery;
+        self
+    }
+
+    /// Compares memory page by page where a state check finds it differs,
+    /// against the recording's `checks` (the trace's page digests), so
+    /// that the divergence names the pages.
+    pub fn with_page_digests(self, checks: Vec<PageDigests>) -> Self {
+        self.state.lock().unwrap().page_digests = checks;
         self
     }
 
@@ -597,7 +615,15 @@ impl State {
             expected,
             actual,
             recent: self.recent.iter().cloned().collect(),
+            pages: None,
         }
+    }
+
+    /// The pages whose digests differ at the check `at` from `replayed`'s,
+    /// if the recording kept that check's.
+    fn pages_differing(&self, at: CheckPoint, replayed: &[u16]) -> Option<Vec<PageDifference>> {
+        let recorded = self.page_digests.iter().find(|check| check.at == at)?;
+        Some(recorded.differences(replayed))
     }
 
     /// The replay ended (`why`) where the log holds its next event, or ends.
@@ -637,7 +663,15 @@ impl State {
         } else {
             return;
         };
-        self.divergence = Some(self.divergence_at(Expected::Outcome(expected), actual));
+        let mut divergence = self.divergence_at(Expected::Outcome(expected), actual);
+        let memory_differs = matches!(
+            (&self.recorded.final_check, &self.final_check),
+            (Some(recorded), Some(replayed)) if recorded.memory != replayed.memory
+        );
+        if let (true, Some(pieces)) = (memory_differs, &self.final_pieces) {
+            divergence.pages = self.pages_differing(CheckPoint::PowerOff, pieces);
+        }
+        self.divergence = Some(divergence);
     }
 
     /// What differs in the replayed machine's final state from the
@@ -840,15 +874,24 @@ impl Seam for Replayer {
             && matches!(state.events.peek(), Ok(Some(Event::StateCheck { .. })))
     }
 
-    fn memory_checked(&self, digest: u64) {
+    fn memory_checked(&self, digest: MemoryDigest) {
         let event = self.position().events;
-        let actual = Event::StateCheck { memory: digest };
+        let whole = digest.whole;
+        let actual = Event::StateCheck { memory: whole };
         let matched = self.expect(
-            || format!("state check at event {event}: memory differs (digest {digest:016x})"),
+            || format!("state check at event {event}: memory differs (digest {whole:016x})"),
             |e| *e == actual,
         );
+        let mut state = self.state.lock().unwrap();
         if matched.is_some() {
-            self.state.lock().unwrap().state_checks += 1;
+            state.state_checks += 1;
+            return;
+        }
+        let pages = state.pages_differing(CheckPoint::Event(event), &digest.pieces);
+        if let Some(divergence) = state.divergence.as_mut() {
+            if divergence.event == event && divergence.actual.starts_with("state check") {
+                divergence.pages = pages;
+            }
         }
     }
 
@@ -857,7 +900,9 @@ impl Seam for Replayer {
     }
 
     fn final_state(&self, digest: &StateDigest) {
-        self.state.lock().unwrap().final_check = Some(state_check::recorded(digest));
+        let mut state = self.state.lock().unwrap();
+        state.final_check = Some(state_check::recorded(digest));
+        state.final_pieces = Some(digest.memory.pieces.clone());
     }
 
     fn pause_here(&self) -> bool {

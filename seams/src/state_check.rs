@@ -31,7 +31,7 @@ pub(crate) fn interval() -> Option<u64> {
 pub fn recorded(digest: &StateDigest) -> FinalStateCheck {
     let hex = |digest: u64| format!("{digest:016x}");
     FinalStateCheck {
-        memory: hex(digest.memory),
+        memory: hex(digest.memory.whole),
         registers: hex(digest.registers),
         devices: digest
             .devices

@@ -13,10 +13,13 @@ use provm_seams::{state_check, Divergence, Expected, RecordedEnd, Recorder, Repl
 use provm_trace::event_log::{chunk_frame, encode_chunk, EventStream};
 use provm_trace::events::{self, Decoder, Encoder, Event};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
+use provm_trace::page_digests::{self, PageDifference};
 use provm_vmm::clock::Clock;
+use provm_vmm::memory;
 use provm_vmm::seam::{Exit, Place, Seam};
-use provm_vmm::state_digest::StateDigest;
+use provm_vmm::state_digest::{self, MemoryDigest, StateDigest};
 use provm_vmm::vm::{VmError, VmEvent};
+use vm_memory::{Bytes, GuestAddress};
 
 static NOT_INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -47,8 +50,8 @@ enum Call {
     AgentInput(&'static [u8]),
     AgentOutput(&'static [u8]),
     DiskWrite(u64, &'static [u8]),
-    /// A state check of guest memory, with its digest.
-    MemoryCheck(u64),
+    /// A state check of guest memory, with its digests.
+    MemoryCheck(MemoryDigest),
 }
 
 /// A guest's worth of seam calls: every kind of event.
@@ -83,9 +86,17 @@ fn script() -> Vec<Call> {
         Call::Exit(Exit::Halt, at(0xffff_ffff_8100_1000)),
         Call::ClockEchoed,
         Call::Wall,
-        Call::MemoryCheck(0x5eed_0000_1234_5678),
+        Call::MemoryCheck(digest(0x5eed_0000_1234_5678)),
         Call::AgentOutput(finished(0)),
     ]
+}
+
+/// A memory digest whose whole is `whole` (of two pages of zeroes).
+fn digest(whole: u64) -> MemoryDigest {
+    MemoryDigest {
+        whole,
+        pieces: vec![0; 2 * page_digests::PIECES_PER_PAGE],
+    }
 }
 
 /// The agent's frame of `message`, as the script holds it.
@@ -126,7 +137,7 @@ fn run(seam: &dyn Seam, calls: &[Call]) -> Vec<u64> {
             Call::AgentInput(bytes) => seam.agent_input(bytes),
             Call::AgentOutput(bytes) => seam.agent_output(bytes),
             Call::DiskWrite(offset, data) => seam.disk_write(*offset, data),
-            Call::MemoryCheck(digest) => seam.memory_checked(*digest),
+            Call::MemoryCheck(digest) => seam.memory_checked(digest.clone()),
         }
     }
     readings
@@ -262,7 +273,7 @@ fn a_guest_that_does_one_thing_differently_diverges_there() {
         Call::AgentInput(_) => Call::AgentInput(b"run another job"),
         Call::AgentOutput(_) => Call::AgentOutput(stdout(b"hello from another guest")),
         Call::DiskWrite(offset, data) => Call::DiskWrite(offset + 512, data),
-        Call::MemoryCheck(digest) => Call::MemoryCheck(digest ^ 1),
+        Call::MemoryCheck(digest) => Call::MemoryCheck(self::digest(digest.whole ^ 1)),
     };
     for at in 0..calls.len() {
         let mut altered = calls.clone();
@@ -622,12 +633,54 @@ fn a_memory_check_that_differs_is_a_divergence_named_by_its_event() {
         .position(|call| matches!(call, Call::MemoryCheck(_)))
         .unwrap();
     let mut altered = calls.clone();
-    altered[at] = Call::MemoryCheck(7);
+    altered[at] = Call::MemoryCheck(digest(7));
     let (_, divergence, _) = replay(&path, &altered);
     let event = first_event_of(&calls, at);
     assert_eq!(
         divergence.unwrap().actual,
         format!("state check at event {event}: memory differs (digest 0000000000000007)")
+    );
+}
+
+/// A byte of guest memory that differs at a state check is named by its
+/// page and the piece of it that holds the byte, from the page digests
+/// the recording kept (who owns the page needs a Linux guest: the RDTSC
+/// probe in tests/suite/state_check.rs names it there).
+#[test]
+fn a_byte_corrupted_in_memory_is_named_by_its_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.provm");
+    let ram = memory::create(memory::MIN_MEMORY_MIB).unwrap();
+    ram.write_slice(b"the recorded bytes", GuestAddress(0x12_3450))
+        .unwrap();
+    let mut calls = script();
+    let at = calls
+        .iter()
+        .position(|call| matches!(call, Call::MemoryCheck(_)))
+        .unwrap();
+    calls[at] = Call::MemoryCheck(state_digest::memory(&ram));
+    let recorder = Recorder::new(
+        SectionWriter::create(&path).unwrap(),
+        START_NS,
+        &NOT_INTERRUPTED,
+    );
+    run(&recorder, &calls);
+    let kept = page_digests::decode(&recorder.page_digests().unwrap()).unwrap();
+    let (trace, _) = recorder.finish().unwrap();
+    trace.unwrap().finish().unwrap();
+
+    ram.write_slice(b"X", GuestAddress(0x12_3456)).unwrap();
+    calls[at] = Call::MemoryCheck(state_digest::memory(&ram));
+    let replayer = replayer_of(&path, &complete()).with_page_digests(kept);
+    run(&replayer, &calls);
+    let divergence = replayer.divergence().expect("memory differs");
+    assert!(divergence.actual.contains("memory differs"), "{divergence}");
+    assert_eq!(
+        divergence.pages,
+        Some(vec![PageDifference {
+            address: 0x12_3000,
+            first_piece: 0x400,
+        }])
     );
 }
 
@@ -639,7 +692,7 @@ fn the_final_state_check_names_what_differs() {
     let path = dir.path().join("t.provm");
     let (_, end) = record(&path, &script());
     let state = |pit: u64| StateDigest {
-        memory: 1,
+        memory: digest(1),
         registers: 2,
         devices: vec![("pic", 3), ("pit", pit)],
     };

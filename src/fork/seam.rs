@@ -13,7 +13,7 @@ use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
 use provm_vmm::clock::{Clock, PinnedClock, PINNED_EXIT_STEP_NS};
 use provm_vmm::seam::{Delivery, Exit, Place, Seam};
-use provm_vmm::state_digest::StateDigest;
+use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 /// Why the VM stops once, right after the fork point: the host may have
 /// input to send there (see `fork::run_fork`).
@@ -324,10 +324,11 @@ impl Seam for ForkSeam {
         }
     }
 
-    fn memory_checked(&self, digest: u64) {
+    fn memory_checked(&self, digest: MemoryDigest) {
+        let whole = digest.whole;
         self.cross(
             |seam| seam.memory_checked(digest),
-            || Event::StateCheck { memory: digest },
+            || Event::StateCheck { memory: whole },
         );
     }
 

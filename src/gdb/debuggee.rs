@@ -200,7 +200,7 @@ impl Debuggee {
 
     /// How the replay ended, once it has.
     pub fn report(&self) -> Option<ReplayReport> {
-        self.end.clone().map(|end| self.opened.report(end))
+        self.end.clone().map(|end| self.opened.report(end, None))
     }
 
     /// Where the replay is and which process runs.

@@ -206,42 +206,6 @@ pub fn trace_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{}.provm", name.replace(['/', ' '], "-")))
 }
 
-/// Replays `trace`, asserts that every output matched to the guest's
-/// power-off, and returns what replay printed. The state then matched too,
-/// unless the recording host left inputs unlogged (the manifest's holes:
-/// on PVM, user-mode RDTSC, CPUID and RDRAND, and AVX state the guest
-/// kernel cannot save): then the final state check may find memory that
-/// differs, and says so.
-pub fn assert_outputs_replay(trace: &Path) -> String {
-    let replay = provm(&["replay", path(trace)]);
-    if replay.status == 0 {
-        assert!(
-            replay.stdout.starts_with("replay matched: "),
-            "{}",
-            replay.stdout
-        );
-        return replay.stdout;
-    }
-    let holes = provm_trace::reader::Trace::open(trace)
-        .unwrap()
-        .manifest
-        .holes
-        .unwrap_or_default();
-    assert!(
-        replay.status == 1
-            && !holes.is_empty()
-            && replay
-                .stdout
-                .contains("expected: the recorded machine state at the guest's power-off")
-            && replay.stdout.contains("memory differs"),
-        "{}: holes {holes:?}: {}{}",
-        trace.display(),
-        replay.stdout,
-        replay.stderr
-    );
-    replay.stdout
-}
-
 /// Replays `trace`, asserts it matched to its end, and returns what replay
 /// printed.
 pub fn assert_replay_matches(trace: &Path) -> String {

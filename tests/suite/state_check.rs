@@ -54,14 +54,16 @@ fn inspected_checks(trace: &Path) -> String {
 /// RDTSC (SVM, VMX: the guest kernel answers it from the logged clock) it
 /// is an input like any other and the replay matches. On PVM it runs
 /// natively, unlogged (the manifest's hole "user-rdtsc"): only the guest's
-/// memory differs, and the state check must say so.
+/// memory differs, and the state check must say so, and where: the page
+/// of /dev/shm/tsc, the hole that fits it, and (`--explain`) the process
+/// that wrote it.
 #[test]
 fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
     let _guest = one_guest_at_a_time();
     let (trace, recorded) = record("tsc-in-tmpfs", None, "host_tsc > /dev/shm/tsc");
     assert_eq!(recorded.stdout, "");
     let holes = Trace::open(&trace).unwrap().manifest.holes.unwrap();
-    let replay = provm(&["replay", path(&trace)]);
+    let replay = provm(&["replay", "--explain", path(&trace)]);
     if !holes.iter().any(|hole| hole == "user-rdtsc") {
         assert_eq!(replay.status, 0, "{}{}", replay.stdout, replay.stderr);
         assert!(
@@ -76,9 +78,19 @@ fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
     for part in [
         "replay diverged at event".to_owned(),
         format!("actual:   state check at event {events}: memory differs"),
+        "memory differs in 1 page:".to_owned(),
+        "owner: the file /tsc on tmpfs, at offset 0x0".to_owned(),
+        "hole: user-rdtsc: the page holds this host's time-stamp counter as the replay read it (in decimal".to_owned(),
+        "the file /tsc was written by: pid ".to_owned(),
+        "host_tsc) as /dev/shm/tsc".to_owned(),
     ] {
         assert!(replay.stdout.contains(&part), "{part}: {}", replay.stdout);
     }
+    let json = provm(&["replay", "--format", "json", path(&trace)]);
+    let verdict: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(verdict["verdict"], "diverged", "{}", json.stdout);
+    let page = &verdict["explanation"]["memory"]["pages"][0];
+    assert_eq!(page["owner"]["kernel"]["path"], "/tsc", "{}", json.stdout);
 }
 
 /// The same, checking memory every 200 events: the replay names the first
@@ -112,10 +124,19 @@ fn a_periodic_check_names_the_first_event_where_memory_differs() {
         replay.stdout.contains("memory differs")
             && replay
                 .stdout
-                .contains("expected: state check: memory digest"),
+                .contains("expected: state check: memory digest")
+            && replay.stdout.contains("owner: the file /tsc on tmpfs"),
         "{}",
         replay.stdout
     );
+    let state = provm(&["inspect", "--state", path(&trace)]);
+    assert_eq!(state.status, 0, "{}", state.stderr);
+    let periodic = state
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("event ") && line.ends_with(" pages digested"))
+        .count();
+    assert!(periodic >= 1, "{}", state.stdout);
 }
 
 /// An ordinary workload replays matched with state checks taken, at the

@@ -39,11 +39,14 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// events and the outcome's `state_check`; a format-5 trace has none, and
 /// its replay says its state was not checked. Version 7: the network
 /// card's frames (`--net`), the log's `NetReceived` and `NetSent` events;
-/// a format-6 trace has none.
+/// a format-6 trace has none. Version 8: the page digests of every state
+/// check (`page_digests`), a section after the outcome, which names the
+/// pages that differ; a format-7 trace has none, and its replay says only
+/// that memory differs.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
@@ -84,10 +87,12 @@ pub enum SectionKind {
     /// JSON: where the host's time went, exit by exit, aggregated per guest
     /// process and device (`provm blame`). Not an input: replay ignores it.
     Timing,
+    /// The page digests of the state checks (see `page_digests`).
+    PageDigests,
 }
 
 impl SectionKind {
-    const ALL: [SectionKind; 10] = [
+    const ALL: [SectionKind; 11] = [
         SectionKind::Manifest,
         SectionKind::Kernel,
         SectionKind::KernelProfile,
@@ -98,6 +103,7 @@ impl SectionKind {
         SectionKind::Image,
         SectionKind::Provenance,
         SectionKind::Timing,
+        SectionKind::PageDigests,
     ];
 
     fn tag(self) -> [u8; 4] {
@@ -112,6 +118,7 @@ impl SectionKind {
             SectionKind::Image => b"IMAG",
             SectionKind::Provenance => b"PROV",
             SectionKind::Timing => b"TIME",
+            SectionKind::PageDigests => b"PAGE",
         }
     }
 
@@ -131,6 +138,7 @@ impl SectionKind {
             SectionKind::Image => "image",
             SectionKind::Provenance => "provenance",
             SectionKind::Timing => "timing",
+            SectionKind::PageDigests => "page digests",
         }
     }
 }

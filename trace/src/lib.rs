@@ -8,6 +8,7 @@ pub mod event_log;
 pub mod events;
 pub mod format;
 pub mod manifest;
+pub mod page_digests;
 pub mod reader;
 pub mod snapshot;
 pub mod writer;

@@ -27,6 +27,9 @@ pub struct Trace {
     pub provenance: Option<Vec<u8>>,
     /// The run's exit timing (JSON), when it was captured.
     pub timing: Option<Vec<u8>>,
+    /// The state checks' page digests (`page_digests`), as stored: traces
+    /// of format 8 on.
+    pub page_digests: Option<Vec<u8>>,
     /// Bytes per section kind, as stored (compressed where compressed).
     pub stored_bytes: BTreeMap<SectionKind, u64>,
     pub has_image: bool,
@@ -58,7 +61,7 @@ impl Trace {
         let mut stored_bytes = BTreeMap::new();
         *stored_bytes.entry(first.kind).or_default() += first.payload.len() as u64;
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
-        let mut timing = None;
+        let (mut timing, mut page_digests) = (None, None);
         let mut kernel_profile = None;
         let (mut chunks, mut has_image) = (0u32, false);
         let mut after_outcome = Vec::new();
@@ -69,6 +72,7 @@ impl Trace {
                     SectionKind::Provenance,
                     SectionKind::Image,
                     SectionKind::Timing,
+                    SectionKind::PageDigests,
                 ]
                 .contains(&header.kind)
                 {
@@ -103,6 +107,9 @@ impl Trace {
                 }
                 SectionKind::Provenance => provenance = Some(reader.read_payload(header)?.payload),
                 SectionKind::Timing => timing = Some(reader.read_payload(header)?.payload),
+                SectionKind::PageDigests => {
+                    page_digests = Some(reader.read_payload(header)?.payload)
+                }
                 // Verified, not kept: reading the next header skips it.
                 SectionKind::Image => has_image = true,
             }
@@ -139,6 +146,7 @@ impl Trace {
             kernel_profile,
             provenance,
             timing,
+            page_digests,
             stored_bytes,
             has_image,
         })

@@ -13,7 +13,7 @@
 //! replays it.
 
 /// The machine new recordings run on.
-pub const CURRENT: u32 = 2;
+pub const CURRENT: u32 = 3;
 
 /// One machine version this provm records or replays.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +38,12 @@ pub const MACHINE_VERSIONS: &[MachineVersion] = &[
             0xd0003000, IRQ 3; MAC 52:54:00:12:34:56, MTU 65520, receive checksums \
             offloaded) whose state is the VM state's `net`; without --net the same \
             machine as version 1",
+    },
+    MachineVersion {
+        number: 3,
+        description: "version 2, and on PVM hosts the guest kernel zeroes the memory it \
+            frees (init_on_free=1 on its command line, engine's `holes::kernel_args`); \
+            the same VM state",
     },
 ];
 

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::clock::{Clock, HostClock};
 use crate::disk::Disk;
 use crate::network::{HostNetwork, Network};
-use crate::state_digest::StateDigest;
+use crate::state_digest::{MemoryDigest, StateDigest};
 pub use crate::vcpu::Place;
 
 /// What the guest did to cause a VM exit.
@@ -166,7 +166,7 @@ pub trait Seam: Clock {
 
     /// The digest of all guest memory (`state_digest::memory`) at a check
     /// `memory_check_due` asked for.
-    fn memory_checked(&self, _digest: u64) {}
+    fn memory_checked(&self, _digest: MemoryDigest) {}
 
     /// Whether to digest the whole machine when the guest powers off: `Vm::run`
     /// then hands it to `final_state` before returning `VmEvent::Halted`.

@@ -27,26 +27,50 @@ use crate::vcpu::VcpuState;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateDigest {
     /// All guest RAM.
-    pub memory: u64,
+    pub memory: MemoryDigest,
     /// The vCPU's state, less what differs legitimately (`registers`).
     pub registers: u64,
     /// Each device's saved state, by name.
     pub devices: Vec<(&'static str, u64)>,
 }
 
-/// The digest of all guest RAM, every byte: no page is left out, whatever
-/// it holds.
-pub fn memory(memory: &GuestMemory) -> u64 {
+/// Bytes of RAM one piece digest covers: a page (4 KiB) is digested in 16
+/// pieces, so that a check that differs names the page and the bytes
+/// (`provm_trace::page_digests`, which stores them, has the same sizes).
+pub const PIECE_SIZE: usize = 256;
+
+/// All guest RAM as a check digests it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryDigest {
+    /// Of every byte: no page is left out, whatever it holds.
+    pub whole: u64,
+    /// Of each `PIECE_SIZE` bytes from address 0 (16 bits each): where it
+    /// differs.
+    pub pieces: Vec<u16>,
+}
+
+/// The digests of all guest RAM, in one pass: the pieces' digests are
+/// taken while each piece is in the cache for the whole digest.
+pub fn memory(memory: &GuestMemory) -> MemoryDigest {
     let mut hash = Xxh3::new();
+    let mut pieces = Vec::new();
     for region in memory.iter() {
         let len = usize::try_from(region.len()).expect("a mapped region fits the address space");
         // SAFETY: the region stays mapped for its whole length while
         // `memory` lives, and nothing writes it meanwhile: the one vCPU is
         // run by the thread digesting it, and is out of the guest.
         let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
-        hash.update(bytes);
+        pieces.reserve(len / PIECE_SIZE);
+        for page in bytes.chunks(4096) {
+            hash.update(page);
+            // Truncated: a piece's digest only says where, not whether.
+            pieces.extend(page.chunks(PIECE_SIZE).map(|piece| xxh3_64(piece) as u16));
+        }
     }
-    hash.digest()
+    MemoryDigest {
+        whole: hash.digest(),
+        pieces,
+    }
 }
 
 /// The vCPU's state as a register check compares it.
@@ -116,9 +140,22 @@ mod tests {
         let last = ram.last_addr().0;
         for address in [0, 4096, last] {
             ram.write_obj(1u8, GuestAddress(address)).unwrap();
-            assert_ne!(memory(&ram), before, "a write at {address:#x}");
+            let after = memory(&ram);
+            assert_ne!(after.whole, before.whole, "a write at {address:#x}");
+            let piece = address as usize / PIECE_SIZE;
+            let changed: Vec<usize> = (0..before.pieces.len())
+                .filter(|&i| after.pieces[i] != before.pieces[i])
+                .collect();
+            assert_eq!(changed, [piece], "a write at {address:#x}");
             ram.write_obj(0u8, GuestAddress(address)).unwrap();
             assert_eq!(memory(&ram), before);
         }
+    }
+
+    #[test]
+    fn pieces_are_the_sizes_the_trace_stores() {
+        use provm_trace::page_digests;
+        assert_eq!(PIECE_SIZE, page_digests::PIECE_SIZE);
+        assert_eq!(4096, page_digests::PAGE_SIZE);
     }
 }
