@@ -382,7 +382,13 @@ impl Opened {
         if let Some(access) = self.trace.outcome.disk_error_access {
             replayer.fail_disk_access(access);
         }
-        if !host::same_kvm(&self.trace.manifest.host) {
+        // A window recording's replay stops the guest at hardware
+        // breakpoints (`vmm::logged_window`), which leave marks in the
+        // debug registers the recording never had, as a debugger's do:
+        // seen on the SVM test bed's 6.12, the corpus's window trace
+        // matching its memory and devices but not its registers.
+        let breakpoints = self.trace.manifest.interrupt_delivery == InterruptDelivery::WindowExit;
+        if breakpoints || !host::same_kvm(&self.trace.manifest.host) {
             replayer.skip_register_check();
         }
         Ok(replayer)
