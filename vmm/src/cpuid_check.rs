@@ -76,15 +76,11 @@ pub const FEATURE_WORDS: &[(u32, u32, Register)] = &[
 
 /// Words that are not flags but describe what the hardware does, which a
 /// VMM cannot change: a recorded value must be the replaying host's. The
-/// vendor (KVM would present another, but instructions such as SYSCALL and
-/// SYSENTER keep the hardware's semantics), the XSAVE state components'
-/// sizes and offsets (the XSAVE instructions run on the hardware, in its
-/// layout: Intel and AMD place PKRU differently), and the AMX tile and
-/// TMUL geometry; over the subleaves given.
+/// XSAVE state components' sizes and offsets (the XSAVE instructions run on
+/// the hardware, in its layout: Intel and AMD place PKRU differently), and
+/// the AMX tile and TMUL geometry; over the subleaves given. (The vendor is
+/// such a word too: see `vendor_differs`.)
 pub const HARDWARE_WORDS: &[(u32, RangeInclusive<u32>, Register, &str)] = &[
-    (0, 0..=0, Register::Ebx, "vendor"),
-    (0, 0..=0, Register::Ecx, "vendor"),
-    (0, 0..=0, Register::Edx, "vendor"),
     (0xd, 2..=63, Register::Eax, "XSAVE component size"),
     (0xd, 2..=63, Register::Ebx, "XSAVE component offset"),
     (0x1d, 0..=u32::MAX, Register::Eax, "AMX palette"),
@@ -243,7 +239,9 @@ pub fn lacking(
     supported: &[CpuidEntry],
     presented: &[CpuidEntry],
 ) -> Vec<String> {
-    let mut missing = Vec::new();
+    let mut missing: Vec<String> = vendor_differs(recorded, supported, presented)
+        .into_iter()
+        .collect();
     for &(leaf, subleaf, register) in FEATURE_WORDS {
         let word = |table| find(table, leaf, subleaf).map_or(0, |e| e.register(register));
         let absent = word(recorded) & !word(supported) & !word(presented);
@@ -274,6 +272,37 @@ pub fn lacking(
         }
     }
     missing
+}
+
+/// The CPU vendor's name in leaf 0 (EBX, EDX, ECX: "GenuineIntel").
+fn vendor(table: &[CpuidEntry]) -> Option<String> {
+    let entry = find(table, 0, 0)?;
+    let bytes: Vec<u8> = [entry.ebx, entry.edx, entry.ecx]
+        .iter()
+        .flat_map(|word| word.to_le_bytes())
+        .collect();
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A trace moves only between hosts of the vendor it was recorded on: KVM
+/// would present another vendor's name, but the hardware keeps its own
+/// semantics where the vendors differ (SYSCALL and SYSENTER outside 64-bit
+/// mode, SYSRET's faults, flags the manuals leave undefined), and the guest
+/// kernel chose its paths by the name. Says so when the recorded vendor is
+/// neither this host's KVM's nor its guests'.
+fn vendor_differs(
+    recorded: &[CpuidEntry],
+    supported: &[CpuidEntry],
+    presented: &[CpuidEntry],
+) -> Option<String> {
+    let was = vendor(recorded)?;
+    let here = vendor(supported).or_else(|| vendor(presented))?;
+    let differs = was != here && vendor(presented).is_none_or(|shown| shown != was);
+    differs.then(|| {
+        format!(
+            "the CPU vendor: recorded {was}, this host's {here} (a trace replays on CPUs of the vendor it was recorded on)"
+        )
+    })
 }
 
 /// Where `presented` (read back from KVM) differs from `recorded`, one line
@@ -399,9 +428,10 @@ mod tests {
         let genuine_intel = [vendor(0x756e_6547, 0x6c65_746e, 0x4965_6e69)];
         let authentic_amd = [vendor(0x6874_7541, 0x444d_4163, 0x6974_6e65)];
         assert_eq!(
-            lacking(&genuine_intel, &authentic_amd, &authentic_amd)[0],
-            "CPUID leaf 0x0.0 Ebx (vendor): recorded 0x756e6547, this host's 0x68747541"
+            lacking(&genuine_intel, &authentic_amd, &authentic_amd),
+            ["the CPU vendor: recorded GenuineIntel, this host's AuthenticAMD (a trace replays on CPUs of the vendor it was recorded on)"]
         );
+        assert!(lacking(&genuine_intel, &[], &authentic_amd).len() == 1);
         assert!(lacking(&genuine_intel, &genuine_intel, &[]).is_empty());
         assert!(lacking(&intel, &[], &intel).is_empty());
         // Subleaves 0 and 1 of leaf 0xd are flags and sizes, not layout.
