@@ -94,9 +94,16 @@ pub enum DebugError {
     PastTheEnd { asked: u64, events: u64 },
     #[error(
         "going back one instruction: single-stepping from the last VM exit did not come \
-         back to rip {rip:#x} (breakpoint hit {hits} after log event {event})"
+         back to rip {rip:#x} (breakpoint hit {hits} after log event {event}); it ended at \
+         rip {ended_rip:#x}, {ended:?}"
     )]
-    NotFoundAgain { event: u64, hits: u64, rip: u64 },
+    NotFoundAgain {
+        event: u64,
+        hits: u64,
+        rip: u64,
+        ended: Point,
+        ended_rip: u64,
+    },
 }
 
 /// One time-travel snapshot.
@@ -371,6 +378,8 @@ impl Debuggee {
                     event: here.event,
                     hits: here.hits,
                     rip,
+                    ended: self.here,
+                    ended_rip: self.vm.rip(),
                 });
             }
             return Ok(ControlFlow::Continue(Some(before)));
@@ -510,6 +519,7 @@ impl Debuggee {
             match self.replayer.run_to_stop(&mut self.vm, deadline)? {
                 Stopped::Debug(stop) => {
                     self.here = self.after_stop(stop);
+                    tracing::trace!(?stop, here = ?self.here, "debug stop");
                     return Ok(match stop {
                         DebugStop::Breakpoint { .. } => Halt::Breakpoint,
                         DebugStop::Step { .. } => Halt::Step,

@@ -127,6 +127,48 @@ pub fn arm(
 /// are mapped, read through the guest's page tables (`paging`), not
 /// KVM_TRANSLATE: that walks them as a supervisor read, which SMAP refuses
 /// for user pages (measured on the SVM test bed).
+/// On a host that steps with the trap flag (PVM): if the instruction at RIP
+/// returns to user mode, `debug` without the trap flag and with
+/// breakpoints where the kernel is entered again (the system-call entry and
+/// the page-fault handler, as far as the debug registers go). PVM neither
+/// stops in guest user mode nor keeps the flag from it: a step over SYSRET
+/// or IRET gave the user process a debug exception (SIGTRAP), which the
+/// recording never had. So the step runs the user code in one go and ends
+/// at the kernel's next instruction, or, entered another way, at the first
+/// stop after the next VM exit. `None` for any other instruction.
+pub fn arm_past_user_mode(
+    debug: &GuestDebug,
+    regs: &kvm_regs,
+    sregs: &kvm_sregs,
+    syscall_entry: u64,
+    memory: &GuestMemory,
+) -> Option<GuestDebug> {
+    let code = code_at(memory, sregs.cr3, regs.rip);
+    let guest = Guest {
+        code: &code,
+        regs,
+        sregs,
+        memory,
+    };
+    if !guest.returns_to_user_mode() {
+        return None;
+    }
+    let mut breakpoints = debug.breakpoints.clone();
+    let page_fault = guest.interrupt_handler(PAGE_FAULT);
+    for entry in [Some(syscall_entry), page_fault].into_iter().flatten() {
+        if breakpoints.len() < HW_BREAKPOINTS && !breakpoints.contains(&entry) {
+            breakpoints.push(entry);
+        }
+    }
+    Some(GuestDebug {
+        breakpoints,
+        single_step: false,
+    })
+}
+
+/// The page-fault exception's vector.
+const PAGE_FAULT: u8 = 14;
+
 fn code_at(memory: &GuestMemory, cr3: u64, rip: u64) -> Vec<u8> {
     const LONGEST: usize = 15;
     let on_page = ((4096 - rip % 4096) as usize).min(LONGEST);
@@ -189,6 +231,23 @@ impl Guest<'_> {
                 Code::Int_imm8 => Some(vec![self.interrupt_handler(instruction.immediate8())?]),
                 _ => None,
             },
+        }
+    }
+
+    /// Whether the instruction at RIP is SYSRET, or IRET to a frame whose
+    /// code segment has privilege level 3.
+    fn returns_to_user_mode(&self) -> bool {
+        if self.sregs.cs.l != 1 {
+            return false;
+        }
+        let instruction =
+            Decoder::with_ip(64, self.code, self.regs.rip, DecoderOptions::NONE).decode();
+        match instruction.code() {
+            Code::Sysretq | Code::Sysretd => true,
+            Code::Iretq => self
+                .read_u64(self.regs.rsp.wrapping_add(8))
+                .is_some_and(|cs| cs & 3 == 3),
+            _ => false,
         }
     }
 
@@ -286,6 +345,18 @@ mod tests {
     /// The breakpoints that step `code` at RIP after the debugger's
     /// `theirs`, in 64-bit code, with RAX and RCX as given.
     fn step_over(code: &[u8], theirs: &[u64], rax: u64, rcx: u64) -> Option<Vec<u64>> {
+        armed_by(arm, code, theirs, rax, rcx)
+    }
+
+    /// What `arm_with` makes of `code` at RIP (see `step_over`); the stack
+    /// is on RIP's page, 0x100 past it.
+    fn armed_by(
+        arm_with: fn(&GuestDebug, &kvm_regs, &kvm_sregs, u64, &GuestMemory) -> Option<GuestDebug>,
+        code: &[u8],
+        theirs: &[u64],
+        rax: u64,
+        rcx: u64,
+    ) -> Option<Vec<u64>> {
         use vm_memory::{Bytes, GuestAddress};
         let memory = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 16)]).unwrap();
         // Four-level tables at 0x1000-0x4000 mapping RIP's page to 0x5000.
@@ -299,6 +370,7 @@ mod tests {
         memory.write_slice(code, GuestAddress(0x5000)).unwrap();
         let regs = kvm_regs {
             rip: RIP,
+            rsp: RIP + 0x100,
             rax,
             rcx,
             ..Default::default()
@@ -310,7 +382,7 @@ mod tests {
             breakpoints: theirs.to_vec(),
             single_step: true,
         };
-        let armed = arm(&debug, &regs, &sregs, LSTAR, &memory)?;
+        let armed = arm_with(&debug, &regs, &sregs, LSTAR, &memory)?;
         assert!(!armed.single_step);
         Some(armed.breakpoints)
     }
@@ -347,6 +419,34 @@ mod tests {
             Some(vec![0x1000, RIP + 2, 0x3000, RIP + 0x12])
         );
         assert_eq!(step_over(&[0x74, 0x10], &[1, 2, 3], 0, 0), None);
+    }
+
+    /// With the trap flag, only a return to user mode is stepped with
+    /// breakpoints: on the kernel's entries, after the debugger's.
+    #[test]
+    fn a_trap_flag_step_leaves_user_mode_without_the_flag() {
+        let past_user_mode =
+            |code: &[u8], theirs: &[u64]| armed_by(arm_past_user_mode, code, theirs, 0, 0x40_1000);
+        let sysretq = [0x48, 0x0f, 0x07];
+        assert_eq!(
+            past_user_mode(&sysretq, &[0x1000]),
+            Some(vec![0x1000, LSTAR])
+        );
+        assert_eq!(
+            past_user_mode(&sysretq, &[1, 2, 3, 4]),
+            Some(vec![1, 2, 3, 4])
+        );
+        assert_eq!(past_user_mode(&[0x90], &[]), None);
+        assert_eq!(past_user_mode(&[0x0f, 0x05], &[]), None);
+        // IRETQ (then the frame: RIP, CS): to user mode only if CS's RPL is 3.
+        let iretq_to = |cs: u64| {
+            let mut code = vec![0x48, 0xcf];
+            code.resize(0x108, 0);
+            code.extend_from_slice(&cs.to_le_bytes());
+            past_user_mode(&code, &[])
+        };
+        assert_eq!(iretq_to(0x33), Some(vec![LSTAR]));
+        assert_eq!(iretq_to(0x10), None);
     }
 
     /// PVM's ring-0 emulator steps with no flag the guest sees; SVM and

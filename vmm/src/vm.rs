@@ -897,15 +897,17 @@ impl Vm {
         Ok(())
     }
 
-    /// Before entering a guest that single-steps on a host whose guest
-    /// would see the trap flag: puts breakpoints where the instruction at
-    /// RIP continues (see `breakpoint_step`), after the debugger's own.
+    /// Before entering a guest that single-steps: on a host whose guest
+    /// would see the trap flag, puts breakpoints where the instruction at
+    /// RIP continues (see `breakpoint_step::arm`), after the debugger's own;
+    /// on a host that steps with the flag, takes it off for a return to
+    /// user mode (see `breakpoint_step::arm_past_user_mode`).
     fn arm_breakpoint_step(&mut self) -> Result<(), VmError> {
-        self.step_breakpoints = None;
+        let was_armed = self.step_breakpoints.take().is_some();
         // Before every entry: nothing to do (and nothing to copy) unless
-        // this host steps with breakpoints and the guest is stepping.
+        // the guest is stepping.
         let stepping = self.stepping_over || self.guest_debug.single_step;
-        if !stepping || self.step_method != StepMethod::Breakpoints {
+        if !stepping {
             return Ok(());
         }
         let in_force = if self.stepping_over {
@@ -916,14 +918,22 @@ impl Vm {
         let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
         let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
         let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
-        let armed = breakpoint_step::arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
+        let arm = match self.step_method {
+            StepMethod::Breakpoints => breakpoint_step::arm,
+            StepMethod::TrapFlag => breakpoint_step::arm_past_user_mode,
+        };
+        let armed = arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
         // A step is one instruction: a logged window it lands on is seen
         // at its stop, and needs no breakpoint of its own.
         match armed {
             Some(armed) => {
+                tracing::trace!(rip = regs.rip, ?armed, "step armed");
                 self.apply_without_window(&armed)?;
                 self.step_breakpoints = Some(in_force.breakpoints.len());
             }
+            // With the trap flag, what was in force stays unless a return
+            // to user mode took the flag off at the last entry.
+            None if self.step_method == StepMethod::TrapFlag && !was_armed => {}
             None => self.apply_without_window(&in_force)?,
         }
         Ok(())
