@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use crate::{FileVersion, Process, ProvRecord};
+use super::{FileVersion, Process, ProvRecord};
 
 /// Relations between processes and file versions, in order.
 #[derive(Clone, Default)]
