@@ -38,7 +38,7 @@ pub fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
     let analyses = args
         .analyze
         .iter()
-        .map(|name| provm_analysis::builtin::by_name(name).expect("clap checked the name"))
+        .map(|name| provm::analyses::by_name(name).expect("clap checked the name"))
         .collect();
     let mut timing = args.timing.options(false).observer("replay");
     let (report, analyses) =

@@ -59,7 +59,7 @@ pub struct ReplayArgs {
     /// shows the process tree, `provenance` what the job's processes read
     /// and wrote (`provm graph` draws it). Text goes to standard output.
     #[arg(long, value_name = "NAME", value_delimiter = ',',
-          value_parser = clap::builder::PossibleValuesParser::new(provm_analysis::builtin::NAMES))]
+          value_parser = clap::builder::PossibleValuesParser::new(provm::analyses::NAMES))]
     pub analyze: Vec<String>,
     /// Write the analyses' findings here as JSON lines (with --analyze), or
     /// the kernel (with --extract-kernel).
