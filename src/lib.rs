@@ -1,10 +1,11 @@
 //! provm's features over its engine (`provm_engine`): the debugger, hypervisor
 //! blame, forks, queries and exports, reproducibility checks, provenance
 //! graphs and trace inspection. Each is a module with one entry point; the
-//! command line (`main.rs`) parses arguments and dispatches to them.
+//! command line (`main.rs` and `cli/`) parses arguments and dispatches to them.
 
 #![forbid(unsafe_code)]
 
+pub mod analyses;
 pub mod blame;
 pub mod explain;
 pub mod export;

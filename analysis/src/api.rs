@@ -3,9 +3,9 @@
 //! An analysis implements [`Analysis`]; every callback has a default that
 //! ignores it, so an analysis implements only what it looks at. Several run
 //! in one replay (see `Instrument`), each called in turn at each point. To
-//! add one: implement the trait (see `builtin::processes` for a small
-//! example), and list it in `builtin::by_name` to make it a
-//! `provm replay --analyze` name.
+//! add one: implement the trait (see provm's `analyses::processes` for a
+//! small example), and list it in `analyses::by_name` (src/analyses/) to
+//! make it a `provm replay --analyze` name.
 
 use std::any::Any;
 use std::io::{self, Write};

@@ -3,7 +3,7 @@
 //! travels as entries in walk order (a directory before what it holds), a
 //! regular file as its `File` entry then its content in `Data` entries.
 
-use crate::{put_bytes, put_u32, DecodeError, Reader};
+use crate::codec::{put_bytes, put_u32, DecodeError, Reader};
 
 /// The most content bytes one `Data` entry carries: well inside a frame.
 pub const DATA_CHUNK: usize = 256 * 1024;

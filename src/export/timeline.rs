@@ -31,10 +31,9 @@ use provm_trace::events::Event;
 use provm_vmm::vm::{mmio_device, port_device};
 use serde_json::{json, Value};
 
-use provm_analysis::builtin::processes::ProcessTree;
-use provm_analysis::builtin::syscalls::SyscallLog;
-
 use super::ExportError;
+use crate::analyses::processes::ProcessTree;
+use crate::analyses::syscalls::SyscallLog;
 use crate::blame::TimingReport;
 use crate::output::AtomicFile;
 use crate::provenance::{Provenance, VM_ACTIVITY};

@@ -18,7 +18,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use capture::{build, Boundary, VmBoundary};
-pub use derived::{load_or_derive, of_trace};
+pub use derived::{load_or_derive, of_trace, DerivedProvenance};
 pub use files::{inputs as input_files, outputs as output_files, Output};
 pub use inputs::{of_machine as machine_inputs, of_trace as trace_inputs};
 pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};

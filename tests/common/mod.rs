@@ -28,7 +28,7 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
     provm_engine::run::job(&options, "/dev/vda").unwrap()
 }
 
-/// provm's own failures exit with this status (see main.rs).
+/// provm's own failures exit with this status (see src/cli/status.rs).
 pub const PROVM_FAILED: i32 = 125;
 /// `provm replay`'s status for a trace cut short that matched up to there.
 pub const REPLAY_CUT_SHORT: i32 = 3;

@@ -171,11 +171,56 @@ fn without_tests(text: &str) -> String {
     kept
 }
 
+/// The files of the modules that `files` declare for tests only
+/// (`#[cfg(test)] mod NAME;`): each `NAME.rs`, and its folder `NAME/`.
+fn test_module_files(files: &[(PathBuf, String)]) -> BTreeSet<PathBuf> {
+    let mut found = BTreeSet::new();
+    for (path, text) in files {
+        let parent = path.parent().unwrap();
+        // Where this file's child modules are.
+        let dir = match path.file_stem().unwrap().to_str().unwrap() {
+            "mod" | "lib" | "main" => parent.to_owned(),
+            stem => parent.join(stem),
+        };
+        for (at, attribute) in text.match_indices("#[cfg(test)]") {
+            let item = &text[at + attribute.len()..];
+            // A declaration ends at its `;` (a `mod tests { .. }` block is
+            // inline: `without_tests` cuts it).
+            let Some(end) = item
+                .find([';', '{'])
+                .filter(|&end| item[end..].starts_with(';'))
+            else {
+                continue;
+            };
+            let declaration = item[..end].trim();
+            let name = ["pub(crate) mod ", "pub mod ", "mod "]
+                .iter()
+                .find_map(|keyword| declaration.strip_prefix(keyword));
+            if let Some(name) =
+                name.filter(|name| name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+            {
+                found.insert(dir.join(format!("{name}.rs")));
+                found.insert(dir.join(name));
+            }
+        }
+    }
+    found
+}
+
 /// The top-level modules of the crate in `src` and those each names
-/// (`crate::NAME`), tests left out.
+/// (`crate::NAME`), tests left out: test blocks, and the files of modules
+/// declared for tests only.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (path, text) in sources(src) {
+    let sources = sources(src);
+    let test_files = test_module_files(&sources);
+    for (path, text) in sources {
+        if test_files
+            .iter()
+            .any(|test_file| path.starts_with(test_file))
+        {
+            continue;
+        }
         let relative = path.strip_prefix(src).unwrap();
         let module = relative.iter().next().unwrap().to_string_lossy();
         let module = module.trim_end_matches(".rs").to_owned();
@@ -301,4 +346,35 @@ fn test_items_are_left_out_and_what_follows_them_is_read() {
         !kept.contains("crate::b") && !kept.contains("mod fuzz"),
         "{kept}"
     );
+}
+
+#[test]
+fn the_files_of_modules_declared_for_tests_are_test_code() {
+    let files = vec![
+        (
+            PathBuf::from("src/lib.rs"),
+            "#[cfg(test)]\nmod fuzz;\npub mod probes;\n".to_owned(),
+        ),
+        (
+            PathBuf::from("src/probes/mod.rs"),
+            "pub mod port_exit;\n#[cfg(test)]\nmod stability;\n#[cfg(test)]\nmod tests {}\n"
+                .to_owned(),
+        ),
+        (
+            PathBuf::from("src/vm.rs"),
+            "#[cfg(test)]\npub(crate) mod harness;\n".to_owned(),
+        ),
+    ];
+    let expected: BTreeSet<PathBuf> = [
+        "src/fuzz.rs",
+        "src/fuzz",
+        "src/probes/stability.rs",
+        "src/probes/stability",
+        "src/vm/harness.rs",
+        "src/vm/harness",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .collect();
+    assert_eq!(test_module_files(&files), expected);
 }

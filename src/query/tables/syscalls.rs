@@ -3,10 +3,10 @@
 //! them: filling the table replays the run, which `provm query` does only
 //! for a query that reads it, and `export sqlite` only when asked.
 
-use provm_analysis::builtin::syscalls::SyscallLog;
 use provm_analysis::syscall::Arg;
 
 use super::{column, Rows, Table};
+use crate::analyses::syscalls::SyscallLog;
 use crate::query::{QueryError, Run};
 use provm_engine::replay::{self, ReplayOptions};
 

@@ -4,8 +4,8 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::api::Analysis;
-use crate::syscall::Syscall;
+use provm_analysis::api::Analysis;
+use provm_analysis::syscall::Syscall;
 
 #[derive(Default)]
 pub struct SyscallLog {

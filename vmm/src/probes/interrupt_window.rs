@@ -14,11 +14,11 @@
 //! it either side of STI;HLT. So recordings wait at the guest kernel's
 //! doorbell on every host (`provm_seams::delivery`), and replays of older
 //! window recordings run to the logged place (`logged_window`).
-//! `probe_stability` reports this probe beside the ones provm uses.
+//! `stability` reports this probe beside the ones provm uses.
 
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::{CodeGuest, CODE};
+use super::code_guest::{CodeGuest, CODE};
 use crate::vcpu::VcpuError;
 
 /// 32-bit code: with interrupts off, exit (where the VMM asks for the

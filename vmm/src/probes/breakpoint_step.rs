@@ -23,7 +23,7 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::{probe_once, CodeGuest};
+use super::code_guest::{probe_once, CodeGuest};
 use crate::guest_debug::{GuestDebug, HW_BREAKPOINTS};
 use crate::memory::GuestMemory;
 use crate::paging;

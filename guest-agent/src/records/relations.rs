@@ -1,11 +1,11 @@
 //! A job's provenance records as they are found: the relations in the order
 //! they happened, and the assembled list. The agent's tracer and the host's
-//! replay analysis (provm-analysis's builtin::provenance) both build them
+//! replay analysis (provm's provenance::DerivedProvenance) both build them
 //! so, which keeps the two graphs comparable.
 
 use std::collections::HashSet;
 
-use crate::{FileVersion, Process, ProvRecord};
+use super::{FileVersion, Process, ProvRecord};
 
 /// Relations between processes and file versions, in order.
 #[derive(Clone, Default)]

@@ -1,9 +1,14 @@
 //! Provenance derived at replay: `provm graph` on a trace recorded without
-//! `--prov` replays it with the `provenance` analysis (provm-analysis's
-//! builtin::provenance) and builds the same document from its records.
+//! `--prov` replays it with the `provenance` analysis (`analysis.rs`, the
+//! one `--analyze provenance` runs; file versions as a replay sees them in
+//! `versions.rs`) and builds the same document from its records.
 
-use provm_analysis::builtin::provenance::DerivedProvenance;
+mod analysis;
+mod versions;
+
 use provm_trace::reader::Trace;
+
+pub use analysis::DerivedProvenance;
 
 use super::{build, text_boundary, Provenance, ProvenanceError, VmBoundary};
 use provm_engine::replay::{self, ReplayOptions};

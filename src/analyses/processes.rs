@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use provm_seams::Position;
 use serde::Serialize;
 
-use crate::api::{Analysis, ProcessEvent};
+use provm_analysis::api::{Analysis, ProcessEvent};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Process {
@@ -135,7 +135,7 @@ impl Analysis for ProcessTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guest::Task;
+    use provm_analysis::guest::Task;
 
     fn task(pid: i32, ppid: i32, comm: &str) -> Task {
         Task {

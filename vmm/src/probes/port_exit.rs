@@ -15,7 +15,7 @@ use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use kvm_bindings::kvm_sregs;
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::code_guest::{probe_once, CodeGuest, CODE};
+use super::code_guest::{probe_once, CodeGuest, CODE};
 use crate::vcpu::{Vcpu, VcpuError};
 
 /// How this host's KVM reports RIP at a non-string OUT exit.

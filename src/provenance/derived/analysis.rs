@@ -1,8 +1,9 @@
 //! `--analyze provenance`, and `provm graph` on a trace recorded without
 //! `--prov`: the run's provenance derived at replay from the system calls,
 //! as the records the agent's in-guest tracer makes (guest-agent's
-//! provenance::recorder), so that one model and one set of exports serve
-//! both, and recording costs nothing extra for provenance.
+//! provenance::recorder), so that one model (guest-agent's `records`) and
+//! one set of exports serve both, and recording costs nothing extra for
+//! provenance.
 //!
 //! The job is every process the agent (the guest's PID 1) forked, from its
 //! exec on, and their descendants. A *process* in the records is one
@@ -10,8 +11,6 @@
 //! exec names it; each later exec starts another (`exec: true`). A fork
 //! that never exec'd and renamed itself is that program (busybox's shell
 //! runs applets so).
-
-mod files;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
@@ -22,12 +21,12 @@ use provm_seams::Position;
 use serde_json::json;
 use syscalls::x86_64::Sysno;
 
-use self::files::{
+use super::versions::{
     is_kernel_file, Change, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY,
     O_PATH, O_RDONLY, O_TRUNC, O_WRONLY,
 };
-use crate::api::{Analysis, ProcessEvent};
-use crate::syscall::{Arg, Syscall};
+use provm_analysis::api::{Analysis, ProcessEvent};
+use provm_analysis::syscall::{Arg, Syscall};
 
 /// The guest agent's pid: what it forks is the job.
 const AGENT_PID: i32 = 1;
@@ -592,7 +591,7 @@ fn record_json(record: &ProvRecord) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guest::Task;
+    use provm_analysis::guest::Task;
     use sha2::{Digest, Sha256};
 
     fn task(pid: i32, comm: &str) -> Task {

@@ -1,6 +1,6 @@
 //! Every host probe gives one verdict per host: each runs 20 times in one
 //! process, with the other core kept busy, and the test prints the table
-//! (`cargo test -p provm-vmm probe_stability -- --nocapture`).
+//! (`cargo test -p provm-vmm probes::stability -- --nocapture`).
 //!
 //! A probe whose verdict changed from one run to the next would make a
 //! recording or a replay depend on which run won a race: a replay on
@@ -15,8 +15,9 @@ use std::thread;
 
 use kvm_ioctls::Kvm;
 
+use super::{breakpoint_step, interrupt_window, port_exit};
 use crate::cpu_baseline::Baseline;
-use crate::{breakpoint_step, interrupt_window, port_exit, vm};
+use crate::vm;
 
 const RUNS: usize = 20;
 

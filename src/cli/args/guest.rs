@@ -1,0 +1,203 @@
+//! The options of the commands that run a guest (`run`, `record`,
+//! `repro`): the command and its machine, pinning and exit timing.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use provm::blame::TimingOptions;
+use provm_engine::image::ImageRef;
+use provm_engine::pinning::Pinning;
+use provm_vmm::cpu_baseline::Baseline;
+use provm_vmm::exit_timing::ExitDelay;
+
+use super::parse_image;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Keep the overlay holding the guest's writes at this path (a qcow2
+    /// whose backing file is IMAGE).
+    #[arg(long, value_name = "PATH")]
+    pub keep_overlay: Option<PathBuf>,
+    /// Capture the command's provenance (its processes and the files they
+    /// read and wrote) and write it to FILE, for `provm graph FILE`; a
+    /// recording also keeps it in its trace (`provm graph TRACE`).
+    #[arg(long = "prov", value_name = "FILE")]
+    pub provenance: Option<PathBuf>,
+    /// After the command, copy what it left at GUEST_PATH in the guest (a
+    /// directory, made empty beforehand if the image lacks it, or a file) to
+    /// HOST_PATH, whole or not at all (repeatable). A recording keeps it in
+    /// the trace too: `provm export files` gets it back.
+    #[arg(long = "output", value_name = "GUEST_PATH:HOST_PATH",
+          value_parser = provm_engine::transfer::Output::parse)]
+    pub outputs: Vec<provm_engine::transfer::Output>,
+    /// Overwrite output files that exist (the trace, --output, --prov,
+    /// --keep-overlay).
+    #[arg(long)]
+    pub force: bool,
+    /// Give the guest a network card behind provm's NAT: the guest is
+    /// 10.0.2.15 and reaches the host's 127.0.0.1 as 10.0.2.2 (outbound
+    /// TCP only, no DNS). A recording logs every frame the guest receives,
+    /// so its replay needs no network.
+    #[arg(long)]
+    pub net: bool,
+    #[command(flatten)]
+    pub timing: TimingArgs,
+    #[command(flatten)]
+    pub guest: GuestArgs,
+}
+
+/// The command and the machine it runs in: what `run`, `record` and
+/// `repro` share.
+#[derive(clap::Args)]
+pub struct GuestArgs {
+    /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
+    /// ring 0 is emulated).
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
+    pub memory: u64,
+    /// Give up (and stop the guest) after this many seconds.
+    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
+    pub timeout: u64,
+    /// Set an environment variable for CMD (repeatable); added to a minimal
+    /// default environment (PATH, HOME, LANG).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory of CMD inside the image (default: a container
+    /// image's WorkingDir, else /).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Give CMD the host's file or folder HOST_PATH at GUEST_PATH, read-only
+    /// (repeatable). It is copied into guest memory before CMD starts (see
+    /// --memory) and hides what the image has there; a recording keeps it
+    /// in the trace, so a replay needs nothing from the host.
+    #[arg(long = "input", value_name = "HOST_PATH:GUEST_PATH",
+          value_parser = provm_engine::transfer::Input::parse)]
+    pub inputs: Vec<provm_engine::transfer::Input>,
+    /// The root file system's device: /dev/vdaN, vdaN or N. By default the
+    /// whole disk if it holds a file system, else the Linux root partition.
+    #[arg(long)]
+    pub root: Option<String>,
+    /// Boot this vmlinux instead of the one `provm kernel build` made.
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    #[command(flatten)]
+    pub pinning: PinningArgs,
+    /// The disk image (qcow2 or raw), or a container image as skopeo names
+    /// it: oci:DIR[:TAG], oci-archive:FILE[:TAG] or
+    /// docker-archive:FILE[:NAME:TAG], made into a disk once and cached by
+    /// its digest. Its Env, WorkingDir, User and Entrypoint/Cmd are the command's
+    /// defaults.
+    #[arg(value_parser = parse_image)]
+    pub image: ImageRef,
+    /// The command and its arguments (a container image's Entrypoint and
+    /// Cmd when none is given; a command given replaces both).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(clap::Args)]
+pub struct ReproArgs {
+    /// How many runs with varied inputs to compare (at least 2).
+    #[arg(long, default_value_t = 2, value_parser = parse_runs)]
+    pub runs: usize,
+    #[command(flatten)]
+    pub guest: GuestArgs,
+}
+
+#[derive(clap::Args)]
+pub struct PinningArgs {
+    /// Make the run reproducible: guest time is logical (it starts at
+    /// --epoch and moves with the guest's progress, never with the host's)
+    /// and the guest's entropy comes from --seed. Two pinned runs of a
+    /// command on an image are the same run: same output, same event log
+    /// (its SHA-256 is printed on stderr).
+    #[arg(long)]
+    pub pinned: bool,
+    /// The pinned run's entropy seed: up to 64 hex digits.
+    #[arg(long, value_name = "HEX", requires = "pinned", value_parser = provm_engine::pinning::parse_seed)]
+    pub seed: Option<[u8; 32]>,
+    /// The pinned run's wall-clock time at the start: RFC 3339
+    /// (2000-01-01T00:00:00Z, the default) or seconds since the Unix epoch.
+    #[arg(long, value_name = "TIME", requires = "pinned", value_parser = provm_engine::pinning::parse_epoch)]
+    pub epoch: Option<u64>,
+}
+
+impl PinningArgs {
+    pub fn pinning(&self) -> Option<Pinning> {
+        let default = Pinning::default();
+        self.pinned.then(|| Pinning {
+            seed: self.seed.unwrap_or(default.seed),
+            epoch_ns: self.epoch.unwrap_or(default.epoch_ns),
+            ..default
+        })
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RecordArgs {
+    /// Where to write the trace (default: IMAGE's name and the time, here).
+    #[arg(short = 'o', long = "trace", value_name = "TRACE")]
+    pub output: Option<PathBuf>,
+    /// Embed the base image too (compressed): the trace alone replays.
+    #[arg(long)]
+    pub embed_image: bool,
+    /// After this many seconds without a VM exit while a timer interrupt
+    /// waits (0: never): stop a guest kernel that spent them going round
+    /// the same register states, spinning with interrupts on (it can only
+    /// get the tick at an exit; a kernel still working goes on), and warn,
+    /// once, about guest user code computing (a long computation is normal).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub exitless_limit: u64,
+    /// Leave the exit timing (`provm blame`) out of the trace.
+    #[arg(long)]
+    pub no_timing: bool,
+    /// Name the host's files (the image and its backing files, the kernel)
+    /// by their paths in the trace and its provenance, instead of by file
+    /// name and digest alone: a published trace then shows your user name
+    /// and directory layout.
+    #[arg(long)]
+    pub keep_host_paths: bool,
+    /// The guest's CPU: `host`, this host's (less what provm hides), or a
+    /// named baseline that keeps only that x86-64 level's features, so that
+    /// the trace replays on any host that can offer it (not on PVM).
+    #[arg(long, value_name = "MODEL", default_value = "host",
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::builder::PossibleValuesParser::new(Baseline::NAMES),
+              |name| name.parse::<Baseline>().expect("one of the names")))]
+    pub cpu: Baseline,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Exit timing and injected delays, for `run`, `record` and `replay`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TimingArgs {
+    /// Capture where the host's time goes at every VM exit, per guest
+    /// process and device, and write it to FILE as JSON (`provm blame FILE`).
+    /// A recording keeps it in its trace anyway.
+    #[arg(id = "timing", long = "timing", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Wait DURATION more after each exit of DEVICE before re-entering the
+    /// guest (e.g. virtio-blk:200us): a known cost, to check blame against.
+    #[arg(long, value_name = "DEVICE:DURATION", value_parser = provm::blame::inject::parse_exit_delay)]
+    pub inject_exit_delay: Option<ExitDelay>,
+}
+
+impl TimingArgs {
+    /// The options; `capture` when the run keeps timing without `--timing`
+    /// (a recording).
+    pub fn options(&self, capture: bool) -> TimingOptions {
+        TimingOptions {
+            capture,
+            output: self.output.clone(),
+            delay: self.inject_exit_delay.clone(),
+        }
+    }
+}
+
+/// `--runs N`: a comparison needs two runs at least.
+fn parse_runs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(runs) if runs >= 2 => Ok(runs),
+        _ => Err("give a number of runs of 2 or more (a comparison needs two)".into()),
+    }
+}

@@ -1,0 +1,164 @@
+//! The commands that run a guest: `run`, `record` and `repro`.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use provm::observers::RunObservers;
+use provm::output::refuse_existing;
+use provm::repro::{ReproOptions, Verdict};
+use provm_engine::host_paths::HostPaths;
+use provm_engine::image;
+use provm_engine::record::RecordOptions;
+use provm_engine::run::RunOptions;
+
+use super::args::{GuestArgs, RecordArgs, ReproArgs, RunArgs};
+
+pub fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    refuse_existing(
+        args.force,
+        [
+            args.provenance.as_deref(),
+            args.keep_overlay.as_deref(),
+            args.timing.output.as_deref(),
+        ],
+    )?;
+    let timing = args.timing.options(false);
+    let provenance = args.provenance.clone();
+    let options = run_options(args, verbose)?;
+    let mut observers = RunObservers::new(&options, "run", &timing, provenance);
+    let ran = provm_engine::run::run(
+        &options,
+        &mut observers.all(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )?;
+    observers.finish()?;
+    if let Some(digest) = &ran.events_sha256 {
+        eprintln!("provm: event log sha256 {digest}");
+    }
+    Ok(ExitCode::from(ran.outcome.shell_status() as u8))
+}
+
+pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let output = args
+        .output
+        .unwrap_or_else(|| provm_engine::record::default_output(args.run.guest.image.path()));
+    let run = &args.run;
+    refuse_existing(
+        run.force,
+        [
+            Some(output.as_path()),
+            run.provenance.as_deref(),
+            run.keep_overlay.as_deref(),
+            run.timing.output.as_deref(),
+        ],
+    )?;
+    let timing = args.run.timing.options(!args.no_timing);
+    let provenance = args.run.provenance.clone();
+    let mut run = run_options(args.run, verbose)?;
+    run.cpu = args.cpu;
+    if args.keep_host_paths {
+        run.host_paths = HostPaths::Kept;
+    }
+    let options = RecordOptions {
+        run,
+        output,
+        embed_image: args.embed_image,
+        exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
+    };
+    let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
+    let recorded = provm_engine::record::record(
+        &options,
+        &mut observers.all(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    );
+    // A recording cut short still has its timing.
+    observers.finish()?;
+    let recorded = recorded?;
+    eprintln!("provm: recorded {}", recorded.trace.display());
+    eprintln!("provm: event log sha256 {}", recorded.events_sha256);
+    Ok(ExitCode::from(recorded.outcome.shell_status() as u8))
+}
+
+fn run_options(args: RunArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::error::Error>> {
+    Ok(RunOptions {
+        keep_overlay: args.keep_overlay,
+        outputs: args.outputs,
+        force_outputs: args.force,
+        net: args.net,
+        ..guest_options(args.guest, verbose)?
+    })
+}
+
+/// The run's options; a container image is resolved to its disk here, and
+/// its configuration gives the command's defaults.
+fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::error::Error>> {
+    let resolved = image::resolve(&args.image)?;
+    let defaults = resolved
+        .container
+        .as_ref()
+        .map(|container| container.config.clone())
+        .unwrap_or_default();
+    let command = match args.command.is_empty() {
+        true => defaults.command.iter().map(OsString::from).collect(),
+        false => args.command,
+    };
+    if command.is_empty() {
+        return Err(format!(
+            "no command: give it after `--` (provm run {} -- CMD ARGS...){}",
+            args.image,
+            match resolved.container {
+                Some(_) => "; the image names none (no Entrypoint or Cmd)",
+                None => "",
+            }
+        )
+        .into());
+    }
+    Ok(RunOptions {
+        pinned: args.pinning.pinning(),
+        env: defaults.env.into_iter().chain(args.env).collect(),
+        cwd: args
+            .cwd
+            .or(defaults.working_dir)
+            .unwrap_or_else(|| "/".into()),
+        user: defaults.user,
+        root: args.root,
+        memory_mib: args.memory,
+        timeout: Duration::from_secs(args.timeout),
+        kernel: args.kernel,
+        echo_console: verbose,
+        inputs: args.inputs,
+        stdin: host_stdin()?,
+        container: resolved.container,
+        ..RunOptions::new(resolved.disk, command)
+    })
+}
+
+/// provm's standard input, for the command: read to its end (like `docker
+/// run -i`), unless it is a terminal, which would wait for a user who
+/// meant no input; `None` for a terminal or nothing.
+fn host_stdin() -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{IsTerminal, Read};
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    stdin.lock().read_to_end(&mut bytes)?;
+    Ok((!bytes.is_empty()).then_some(bytes))
+}
+
+pub fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let options = ReproOptions {
+        run: guest_options(args.guest, verbose)?,
+        runs: args.runs,
+    };
+    let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
+    println!("{verdict}");
+    Ok(match verdict {
+        Verdict::Reproducible { .. } => ExitCode::SUCCESS,
+        Verdict::Irreproducible { .. } => ExitCode::from(1),
+    })
+}

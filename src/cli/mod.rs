@@ -1,0 +1,50 @@
+//! The command line's parts, one job each: its grammar (`args`), a module
+//! per family of commands that turns their arguments into the engine's and
+//! the features' options and prints the result, the exit status
+//! (`status`) and where the log goes (`logging`).
+
+pub mod args;
+mod export;
+mod guest;
+pub mod logging;
+mod replay;
+mod reports;
+pub mod status;
+
+use std::process::ExitCode;
+
+use args::{Command, KernelAction};
+
+/// Runs `command`: its exit code, or what failed.
+pub fn dispatch(command: Command, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    match command {
+        Command::Run(args) => guest::run(args, verbose),
+        Command::Record(args) => guest::record(args, verbose),
+        Command::Replay(args) => replay::replay(args, verbose),
+        Command::Repro(args) => guest::repro(args, verbose),
+        Command::Inspect { trace, state } => if state {
+            provm::inspect::state_checks(&trace)
+        } else {
+            provm::inspect::inspect(&trace)
+        }
+        .map(|text| {
+            print!("{text}");
+            ExitCode::SUCCESS
+        })
+        .map_err(Into::into),
+        Command::Graph(args) => reports::graph(args),
+        Command::Query(args) => reports::query(args),
+        Command::Export { what } => export::export(what),
+        Command::Blame(args) => reports::blame(args),
+        Command::Kernel { action } => kernel(action),
+    }
+}
+
+fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let path = match action {
+        KernelAction::Build => provm_engine::kernel::build()?,
+        KernelAction::Path => provm_engine::kernel::find()?,
+    };
+    println!("{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
