@@ -73,8 +73,9 @@ pub struct Routes {
 impl Routes {
     /// The host's end for the guest's `dialled` one: the gateway is the
     /// host's loopback, the resolver's port 53 is the upstream resolver,
-    /// other addresses of the guest's own network have no host behind them
-    /// (the reason, with what would fix it), and the rest are themselves.
+    /// multicast, broadcast and other addresses of the guest's own network
+    /// have no host behind them (the reason, with what would fix it), and
+    /// the rest are themselves.
     fn host_end(&self, dialled: SocketAddrV4) -> Result<SocketAddr, String> {
         let network = u32::MAX << (32 - PREFIX_LEN);
         match *dialled.ip() {
@@ -86,6 +87,9 @@ impl Routes {
                 "{RESOLVER} answers DNS only, on port {}",
                 resolver::DNS_PORT
             )),
+            address if address.is_multicast() || address.is_broadcast() => {
+                Err("multicast and broadcast stay inside the guest".to_owned())
+            }
             address if u32::from(address) & network == u32::from(GUEST) & network => Err(format!(
                 "of the guest's network only {GATEWAY}, the host, and {RESOLVER}, its resolver, answer"
             )),
@@ -137,6 +141,9 @@ mod tests {
         assert!(end(Ipv4Addr::new(10, 0, 2, 9), 80)
             .unwrap_err()
             .contains("only 10.0.2.2"));
+        assert!(end(Ipv4Addr::new(224, 0, 0, 251), 5353)
+            .unwrap_err()
+            .contains("multicast"));
         let outside = Ipv4Addr::new(192, 0, 2, 1);
         assert_eq!(end(outside, 53), Ok("192.0.2.1:53".parse().unwrap()));
         let none = Routes { resolver: None };
