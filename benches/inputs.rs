@@ -98,7 +98,8 @@ fn record_and_replay(dir: &Path, mib: Option<u64>) -> (Duration, Duration) {
         report.summary()
     );
     eprintln!(
-        "{mib:?} MiB: record {:.2} s, replay {:.2} s",
+        "{} MiB: record {:.2} s, replay {:.2} s",
+        mib.unwrap_or(0),
         recorded_in.as_secs_f64(),
         replayed_in.as_secs_f64()
     );
@@ -116,7 +117,7 @@ fn cells(mib: u64, times: &mut [Duration], bare: Duration) -> String {
     let median = median(times);
     let moving = median.saturating_sub(bare).as_secs_f64();
     format!(
-        " {:.1} | {:.1} | {:.1} | {:.2} ",
+        " {:.1} | {:.1} | {:.1} | {:.3} ",
         median.as_secs_f64(),
         times[0].as_secs_f64(),
         times[times.len() - 1].as_secs_f64(),
