@@ -10,8 +10,10 @@
 # (benches/gdb.rs), and hypervisor blame: the cost of exit timing, the
 # injected-delay validation sweep and a what-if replay against its
 # measurement (benches/blame.rs), what state checks cost
-# (benches/state_check.rs), and a 100 MB download through the guest's
-# network under run and record (benches/net.rs).
+# (benches/state_check.rs), a 100 MB download through the guest's
+# network under run and record (benches/net.rs), and --input's rate under
+# record and replay (benches/inputs.rs; 1 MiB here: through the agent
+# channel 64 MiB takes most of an hour on PVM, PROVM_INPUT_MIB says more).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,3 +52,5 @@ echo
 cargo bench -q --bench state_check 2>/dev/null
 echo
 cargo bench -q --bench net 2>/dev/null
+echo
+PROVM_INPUT_MIB="${PROVM_INPUT_MIB:-1}" cargo bench -q --bench inputs 2>/dev/null

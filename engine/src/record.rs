@@ -149,7 +149,7 @@ pub fn record(
             None => {
                 let recorder = Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery);
                 match options.run.net {
-                    true => recorder.with_network(crate::net::nat()),
+                    true => recorder.with_network(crate::net::nat(options.run.dns)),
                     false => recorder,
                 }
             }

@@ -97,6 +97,9 @@ pub struct RunOptions {
     pub force_outputs: bool,
     /// A network card behind provm's NAT (`--net`); none by default.
     pub net: bool,
+    /// Where the guest's resolver forwards (`--dns`); by default the
+    /// host's resolver.
+    pub dns: Option<std::net::SocketAddr>,
 }
 
 impl RunOptions {
@@ -124,6 +127,7 @@ impl RunOptions {
             outputs: Vec::new(),
             force_outputs: false,
             net: false,
+            dns: None,
         }
     }
 
@@ -295,7 +299,7 @@ pub fn start(
         let (mut vm, _) = machine.restore(snapshot, |start_ns| {
             let seam = LiveSeam::starting_at(start_ns);
             match options.net {
-                true => seam.with_network(net::nat()),
+                true => seam.with_network(net::nat(options.dns)),
                 false => seam,
             }
         })?;

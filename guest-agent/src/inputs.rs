@@ -177,7 +177,7 @@ fn place(guest_path: &Path, staging: &Path) -> Result<(), String> {
     detach(&staging_name).map_err(|error| failed("unstage", error))
 }
 
-fn make_mount_point(path: &Path, dir: bool) -> std::io::Result<()> {
+pub fn make_mount_point(path: &Path, dir: bool) -> std::io::Result<()> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent)?;
     }

@@ -24,6 +24,7 @@ mod inputs;
 mod network;
 mod outputs;
 mod provenance;
+mod resolver;
 mod root;
 mod user;
 
@@ -35,6 +36,7 @@ use std::{mem, panic, ptr};
 
 use inputs::Inputs;
 use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
+use resolver::ResolverConfig;
 use root::{Mounted, Root};
 
 /// The agent channel: the host's virtio console.
@@ -71,6 +73,8 @@ struct Agent {
     premounted: Option<Mounted>,
     /// The image's root, once a job has entered it.
     root: Option<Root>,
+    /// The resolver configuration the image's root gets (`--net`).
+    resolver: Option<ResolverConfig>,
     /// The environment entries every command gets (`cpu::library_switches`)
     /// when user space may use vector state the guest kernel does not save;
     /// none otherwise.
@@ -94,7 +98,7 @@ impl Agent {
             log(&format!("cannot read /proc/cmdline: {error}"));
             String::new()
         });
-        bring_up_network_card(&cmdline);
+        let resolver = bring_up_network_card(&cmdline);
         let premounted = premount_root(&cmdline);
         let channel = open_channel().unwrap_or_else(|error| {
             log(&format!("cannot set up {CHANNEL}: {error}"));
@@ -110,6 +114,7 @@ impl Agent {
             null,
             premounted,
             root: None,
+            resolver,
             library_switches: library_switches(&cmdline),
         };
         agent.send(&GuestMessage::Ready);
@@ -221,7 +226,10 @@ impl Agent {
                         Root::enter(device)?
                     }
                     None => Root::enter(device)?,
-                })
+                });
+                if let Some(resolver) = &self.resolver {
+                    resolver.bind()?;
+                }
             }
             Some(root) if root.device() != device => {
                 let (mounted, asked) = (root.device(), device);
@@ -310,17 +318,26 @@ fn premount_root(cmdline: &str) -> Option<Mounted> {
 }
 
 /// Brings up the network card as the kernel command line says, if it
-/// says (`provm run --net`); a failure is said on the console, and the
-/// command then runs without a network.
-fn bring_up_network_card(cmdline: &str) {
-    let configured = network::CardConfig::from_cmdline(cmdline).and_then(|config| match config {
-        Some(config) => network::bring_up_card(&config)
-            .map_err(|error| format!("cannot bring up the network card: {error}")),
-        None => Ok(()),
+/// says (`provm run --net`), and writes the configuration of the resolver
+/// it names; a failure is said on the console, and the command then runs
+/// without a network or without names.
+fn bring_up_network_card(cmdline: &str) -> Option<ResolverConfig> {
+    let configured = network::CardConfig::from_cmdline(cmdline).and_then(|config| {
+        let Some(config) = config else {
+            return Ok(None);
+        };
+        network::bring_up_card(&config)
+            .map_err(|error| format!("cannot bring up the network card: {error}"))?;
+        config
+            .resolver
+            .map(ResolverConfig::write)
+            .transpose()
+            .map_err(|error| format!("cannot configure the guest's resolver: {error}"))
     });
-    if let Err(reason) = configured {
+    configured.unwrap_or_else(|reason| {
         log(&reason);
-    }
+        None
+    })
 }
 
 /// Makes sure file descriptors 0-2 are open. The kernel opens them on

@@ -12,12 +12,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// The network card's interface.
 const CARD: &str = "eth0";
 
-/// eth0's configuration: `provm.net=ADDRESS/PREFIX,GATEWAY`.
+/// eth0's configuration: `provm.net=ADDRESS/PREFIX,GATEWAY[,RESOLVER]`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct CardConfig {
     pub address: Ipv4Addr,
     pub prefix_len: u8,
     pub gateway: Ipv4Addr,
+    /// The name server (traces recorded before it was given have none).
+    pub resolver: Option<Ipv4Addr>,
 }
 
 impl CardConfig {
@@ -31,18 +33,25 @@ impl CardConfig {
             return Ok(None);
         };
         let parse = || -> Option<CardConfig> {
-            let (network, gateway) = value.split_once(',')?;
-            let (address, prefix_len) = network.split_once('/')?;
+            let mut fields = value.split(',');
+            let (address, prefix_len) = fields.next()?.split_once('/')?;
             let prefix_len = prefix_len.parse().ok().filter(|len| *len <= 32)?;
+            let gateway = fields.next()?.parse().ok()?;
+            let resolver = match fields.next() {
+                Some(resolver) => Some(resolver.parse().ok()?),
+                None => None,
+            };
+            fields.next().is_none().then_some(())?;
             Some(CardConfig {
                 address: address.parse().ok()?,
                 prefix_len,
-                gateway: gateway.parse().ok()?,
+                gateway,
+                resolver,
             })
         };
         parse()
             .map(Some)
-            .ok_or_else(|| format!("provm.net={value} is not ADDRESS/PREFIX,GATEWAY"))
+            .ok_or_else(|| format!("provm.net={value} is not ADDRESS/PREFIX,GATEWAY[,RESOLVER]"))
     }
 
     fn netmask(&self) -> Ipv4Addr {
@@ -141,17 +150,22 @@ mod tests {
 
     #[test]
     fn the_card_is_configured_from_the_command_line_or_not_at_all() {
-        let config = CardConfig::from_cmdline("quiet provm.net=10.0.2.15/24,10.0.2.2 panic=-1")
-            .unwrap()
-            .unwrap();
+        let config =
+            CardConfig::from_cmdline("quiet provm.net=10.0.2.15/24,10.0.2.2,10.0.2.3 panic=-1")
+                .unwrap()
+                .unwrap();
         assert_eq!(
             config,
             CardConfig {
                 address: Ipv4Addr::new(10, 0, 2, 15),
                 prefix_len: 24,
                 gateway: Ipv4Addr::new(10, 0, 2, 2),
+                resolver: Some(Ipv4Addr::new(10, 0, 2, 3)),
             }
         );
+        let without_resolver = CardConfig::from_cmdline("provm.net=10.0.2.15/24,10.0.2.2");
+        assert_eq!(without_resolver.unwrap().unwrap().resolver, None);
+        assert!(CardConfig::from_cmdline("provm.net=10.0.2.15/24,10.0.2.2,10.0.2.3,x").is_err());
         assert_eq!(config.netmask(), Ipv4Addr::new(255, 255, 255, 0));
         assert_eq!(CardConfig::from_cmdline("quiet panic=-1"), Ok(None));
         assert!(CardConfig::from_cmdline("provm.net=10.0.2.15")

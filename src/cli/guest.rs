@@ -88,6 +88,7 @@ fn run_options(args: RunArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::
         outputs: args.outputs,
         force_outputs: args.force,
         net: args.net,
+        dns: args.dns,
         ..guest_options(args.guest, verbose)?
     })
 }

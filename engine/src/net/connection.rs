@@ -3,7 +3,7 @@
 //! `TcpStream`), and the connect that comes first.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddrV4, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::Duration;
@@ -23,10 +23,10 @@ pub struct Connecting {
 }
 
 impl Connecting {
-    pub fn start(to: SocketAddrV4) -> Connecting {
+    pub fn start(to: SocketAddr) -> Connecting {
         let (sender, result) = mpsc::channel();
         std::thread::spawn(move || {
-            let connected = TcpStream::connect_timeout(&to.into(), CONNECT_TIMEOUT);
+            let connected = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT);
             let _ = sender.send(connected);
         });
         Connecting { result }

@@ -1,6 +1,7 @@
 //! The user-mode NAT: smoltcp is the guest's peer on its Ethernet (the
-//! gateway's ARP, IPv4, TCP), and each guest TCP connection is carried
-//! over a host socket (`connection`).
+//! gateway's and the resolver's ARP, IPv4, TCP), each guest TCP connection
+//! is carried over a host socket (`connection`), and so is each UDP flow
+//! (`udp`), past smoltcp.
 //!
 //! smoltcp has no NAT: it accepts a connection only on a socket listening
 //! for it. So the NAT looks at each frame the guest sends, and holds a SYN
@@ -14,7 +15,7 @@
 //! VM exits, `wait_for_frame` while the guest is halted.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use provm_vmm::devices::virtio::net::MAX_FRAME;
@@ -24,16 +25,13 @@ use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant as NetInstant;
 use smoltcp::wire::{
-    EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, IpCidr, IpListenEndpoint,
-    IpProtocol, Ipv4Packet, TcpPacket,
+    EthernetAddress, HardwareAddress, IpCidr, IpListenEndpoint, IpProtocol, TcpPacket,
 };
 
 use super::connection::{Connecting, Connection, Interest};
-use super::{host_address, GATEWAY, PREFIX_LEN};
+use super::udp::{self, Udp};
+use super::{ipv4_packet, Ends, Routes, GATEWAY, GATEWAY_MAC, PREFIX_LEN, RESOLVER};
 use crate::notice;
-
-/// The gateway's MAC address (QEMU's user networking has this one too).
-const GATEWAY_MAC: [u8; 6] = [0x52, 0x55, 0x0a, 0x00, 0x02, 0x02];
 /// Each connection's buffers in the NAT: the guest's unread bytes, and the
 /// host's bytes not yet acknowledged by the guest.
 const GUEST_TO_HOST_BUFFER: usize = 256 * 1024;
@@ -43,13 +41,6 @@ const HOST_TO_GUEST_BUFFER: usize = 1024 * 1024;
 const PUMP_INTERVAL: Duration = Duration::from_micros(200);
 /// How often a halted guest's wait looks at connects under way.
 const CONNECT_POLL: Duration = Duration::from_millis(1);
-
-/// One guest connection by its two ends: the guest's, the one it dialled.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Ends {
-    guest: SocketAddrV4,
-    dialled: SocketAddrV4,
-}
 
 /// A guest SYN held while the host connects.
 struct Held {
@@ -64,22 +55,27 @@ pub struct Nat {
     sockets: SocketSet<'static>,
     connections: Vec<(Ends, Connection)>,
     held: Vec<Held>,
+    udp: Udp,
+    routes: Routes,
     epoch: Instant,
     last_pump: Instant,
 }
 
 impl Nat {
-    /// A NAT whose TCP initial sequence numbers come from `seed`.
-    pub fn new(seed: u64) -> Nat {
+    /// A NAT whose TCP initial sequence numbers come from `seed`, taking
+    /// what the guest sends where `routes` say.
+    pub fn new(seed: u64, routes: Routes) -> Nat {
         let mut frames = Frames::default();
         let epoch = Instant::now();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(GATEWAY_MAC)));
         config.random_seed = seed;
         let mut iface = Interface::new(config, &mut frames, NetInstant::from_micros(0));
         iface.update_ip_addrs(|addresses| {
-            addresses
-                .push(IpCidr::new(GATEWAY.into(), PREFIX_LEN))
-                .expect("room for one address");
+            for address in [GATEWAY, RESOLVER] {
+                addresses
+                    .push(IpCidr::new(address.into(), PREFIX_LEN))
+                    .expect("room for two addresses");
+            }
         });
         // Every address the guest dials is the NAT's (each connection gets
         // a socket listening on exactly its own).
@@ -90,6 +86,8 @@ impl Nat {
             sockets: SocketSet::new(Vec::new()),
             connections: Vec::new(),
             held: Vec::new(),
+            udp: Udp::default(),
+            routes,
             epoch,
             last_pump: epoch,
         }
@@ -100,11 +98,12 @@ impl Nat {
     }
 
     /// Everything the NAT does on the host's side: connects that finished,
-    /// the guest's frames, the bytes of every connection, and what smoltcp
-    /// sends the guest in return.
+    /// the guest's frames, the bytes of every connection, what smoltcp
+    /// sends the guest in return, and the datagrams the host has for it.
     fn pump(&mut self) {
         self.last_pump = Instant::now();
         self.finish_connects();
+        self.udp.pump(&mut self.frames.to_guest);
         let now = self.now();
         self.iface.poll(now, &mut self.frames, &mut self.sockets);
         for (_, connection) in &mut self.connections {
@@ -143,7 +142,13 @@ impl Nat {
             });
             match connected {
                 Ok(connection) => self.connections.push((held.ends, connection)),
-                Err(error) => connect_failed(held.ends.dialled, &error),
+                Err(error) => {
+                    let dialled = held.ends.dialled;
+                    notice!(
+                        "network: the guest's connection to {dialled} failed ({error}): {}",
+                        self.routes.fix(dialled)
+                    );
+                }
             }
             self.frames.from_guest.push_back(held.syn);
         }
@@ -172,22 +177,22 @@ impl Nat {
         if self.held.iter().any(|held| held.ends == ends) {
             return;
         }
-        let Some(host) = host_address(*ends.dialled.ip()) else {
-            // Nobody there: smoltcp resets it.
-            connect_failed(
-                ends.dialled,
-                &std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no such host on the guest's network",
-                ),
-            );
-            self.frames.from_guest.push_back(frame.to_vec());
-            return;
+        let host = match self.routes.host_end(ends.dialled) {
+            Ok(host) => host,
+            Err(reason) => {
+                // Nobody there: smoltcp resets it.
+                notice!(
+                    "network: the guest's connection to {} failed: {reason}",
+                    ends.dialled
+                );
+                self.frames.from_guest.push_back(frame.to_vec());
+                return;
+            }
         };
         self.held.push(Held {
             ends,
             syn: frame.to_vec(),
-            connecting: Connecting::start(SocketAddrV4::new(host, ends.dialled.port())),
+            connecting: Connecting::start(host),
         });
     }
 
@@ -198,12 +203,16 @@ impl Nat {
             .map(|(_, connection)| {
                 connection.interest(self.sockets.get::<tcp::Socket>(connection.socket))
             })
+            .chain(self.udp.interests())
             .collect()
     }
 }
 
 impl Network for Nat {
     fn send(&mut self, frame: &[u8]) {
+        if let Some(datagram) = udp::datagram(frame) {
+            return self.udp.send(datagram, &self.routes);
+        }
         match new_connection(frame) {
             Some(ends) if !self.connections.iter().any(|(known, _)| *known == ends) => {
                 self.hold_syn(ends, frame)
@@ -241,26 +250,9 @@ impl Network for Nat {
     }
 }
 
-/// Says why a guest connection failed, and what would fix it.
-fn connect_failed(dialled: SocketAddrV4, error: &std::io::Error) {
-    let fix = match host_address(*dialled.ip()) {
-        Some(Ipv4Addr::LOCALHOST) => format!(
-            "start the server on the host first, listening on 127.0.0.1:{} (the guest's {GATEWAY} is the host's 127.0.0.1)",
-            dialled.port()
-        ),
-        Some(_) => "the host must be able to reach that address itself: provm's NAT connects from the host".to_owned(),
-        None => format!("of the guest's network only {GATEWAY}, the host, answers"),
-    };
-    notice!("network: the guest's connection to {dialled} failed ({error}): {fix}");
-}
-
 /// The two ends of the TCP connection that `frame` opens, if it is a SYN.
 fn new_connection(frame: &[u8]) -> Option<Ends> {
-    let ethernet = EthernetFrame::new_checked(frame).ok()?;
-    if ethernet.ethertype() != EthernetProtocol::Ipv4 {
-        return None;
-    }
-    let ip = Ipv4Packet::new_checked(ethernet.payload()).ok()?;
+    let ip = ipv4_packet(frame)?;
     if ip.next_header() != IpProtocol::Tcp {
         return None;
     }
@@ -341,6 +333,7 @@ impl phy::TxToken for Sent<'_> {
 mod tests {
     use super::*;
     use provm_vmm::devices::virtio::net::GUEST_MAC;
+    use smoltcp::wire::Ipv4Packet;
 
     /// The guest MAC the NAT answers is the card's.
     #[test]

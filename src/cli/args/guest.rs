@@ -35,11 +35,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub force: bool,
     /// Give the guest a network card behind provm's NAT: the guest is
-    /// 10.0.2.15 and reaches the host's 127.0.0.1 as 10.0.2.2 (outbound
-    /// TCP only, no DNS). A recording logs every frame the guest receives,
-    /// so its replay needs no network.
+    /// 10.0.2.15, reaches the host's 127.0.0.1 as 10.0.2.2 and has a
+    /// resolver at 10.0.2.3 that forwards to the host's (outbound TCP and
+    /// UDP; no ICMP). A recording logs every frame the guest receives, so
+    /// its replay needs no network and resolves nothing.
     #[arg(long)]
     pub net: bool,
+    /// With --net: the DNS server the guest's resolver forwards to, an IP
+    /// address and port (default: the first nameserver of the host's
+    /// /etc/resolv.conf).
+    #[arg(long, value_name = "HOST:PORT", requires = "net",
+          value_parser = provm_engine::net::resolver::parse_dns)]
+    pub dns: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub timing: TimingArgs,
     #[command(flatten)]
