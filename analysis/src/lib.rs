@@ -7,10 +7,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address_space;
 pub mod api;
+pub mod backtrace;
 pub mod builtin;
 pub mod guest;
 pub mod instrument;
+pub mod maple;
 pub mod page_owner;
 pub mod profile;
 pub mod syscall;
