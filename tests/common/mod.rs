@@ -500,7 +500,7 @@ const TEST_PROGRAMS: [&str; 11] = [
     "ymm_hold",
     "ymm_signal",
     "host_tsc",
-    "tsc_spin",
+    "tsc_kept",
     "sysv_shm",
     "tcp_echo",
     "timed_loop",

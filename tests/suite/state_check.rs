@@ -93,15 +93,16 @@ fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
     assert_eq!(page["owner"]["kernel"]["path"], "/tsc", "{}", json.stdout);
 }
 
-/// User-mode RDTSC kept on a process's stack while it computes, checking
-/// memory every 200 events: the replay names the first periodic check
-/// whose memory differs, before the end, with the process running there
-/// (tsc_spin, built with frame pointers: its backtrace runs from spin to
-/// main, in its file) and its stack's page as the page that differs.
+/// User-mode RDTSC kept on a process's stack while it reads the clock
+/// (VM exits), checking memory every 50 events: the replay names the first
+/// periodic check whose memory differs, before the end, with the process
+/// running there (tsc_kept, built with frame pointers: its backtrace runs
+/// from read_clock to main, in its file) and its stack's page as the page
+/// that differs.
 #[test]
 fn a_periodic_check_names_the_first_event_and_the_process_running() {
     let _guest = one_guest_at_a_time();
-    let (trace, _) = record("tsc-on-stack-periodic", Some("200"), "tsc_spin 300000000");
+    let (trace, _) = record("tsc-on-stack-periodic", Some("50"), "tsc_kept 300");
     let recorded = Trace::open(&trace).unwrap();
     let replay = provm(&["replay", path(&trace)]);
     if !recorded
@@ -125,12 +126,12 @@ fn a_periodic_check_names_the_first_event_and_the_process_running() {
     for part in [
         "expected: state check: memory digest",
         "memory differs in 1 page:",
-        " (tsc_spin, parent ",
+        " (tsc_kept, parent ",
         "its user-space backtrace (by frame pointers):",
         "#0 0x",
         "#1 0x",
-        " in file /bin/tsc_spin+0x",
-        "(tsc_spin) at 0x",
+        " in file /bin/tsc_kept+0x",
+        "(tsc_kept) at 0x",
         " (stack)",
     ] {
         assert!(replay.stdout.contains(part), "{part}: {}", replay.stdout);
@@ -139,12 +140,12 @@ fn a_periodic_check_names_the_first_event_and_the_process_running() {
     let verdict: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     let explanation = &verdict["explanation"];
     assert_eq!(
-        explanation["process"]["comm"], "tsc_spin",
+        explanation["process"]["comm"], "tsc_kept",
         "{}",
         json.stdout
     );
     assert_eq!(
-        explanation["backtrace"][1]["region"]["file"]["path"], "/bin/tsc_spin",
+        explanation["backtrace"][1]["region"]["file"]["path"], "/bin/tsc_kept",
         "{}",
         json.stdout
     );
