@@ -194,7 +194,7 @@ impl<'a> Guest<'a> {
         };
         let path = match anonymous {
             Some(what) => format!("{what}:[{}]", self.read_u64(inode + o.inode_i_ino)?),
-            None => self.path(task, file + o.file_f_path)?,
+            None => self.file_path(task, file)?,
         };
         Ok(Some(OpenFile {
             path,
@@ -213,7 +213,18 @@ impl<'a> Guest<'a> {
         if file == 0 {
             return Ok(None);
         }
-        self.path(task, file + o.file_f_path).map(Some)
+        self.file_path(task, file).map(Some)
+    }
+
+    /// The path of the open file at `file` (a `struct file`) as `task`
+    /// sees it.
+    pub fn file_path(&self, task: u64, file: u64) -> Result<String, Unmapped> {
+        self.path(task, file + self.kernel.offsets.file_f_path)
+    }
+
+    /// The kernel's structure offsets.
+    pub fn offsets(&self) -> &crate::profile::Offsets {
+        &self.kernel.offsets
     }
 
     /// The working directory of `task`.

@@ -9,9 +9,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address_space;
 pub mod api;
+pub mod backtrace;
 pub mod guest;
 pub mod instrument;
+pub mod maple;
 pub mod page_owner;
 pub mod profile;
 pub mod syscall;

@@ -1,7 +1,7 @@
 //! Who owns a guest-physical page, read from the guest kernel's own
 //! structures at a stop: the processes that map it (pid, name, virtual
-//! address, and whether it is their heap, stack, a file or anonymous
-//! memory), and what the kernel uses it for (its image, a file's page
+//! address, and what they have there: their heap, stack, a file at an
+//! offset, a private copy of a file's page, or anonymous memory), and what the kernel uses it for (its image, a file's page
 //! cache, a slab, a page table, or nothing: free). A state check that
 //! finds memory differing names these for each page.
 //!
@@ -15,26 +15,23 @@ use object::{Object, ObjectSymbol};
 use provm_vmm::paging::Unmapped;
 use serde::{Deserialize, Serialize};
 
-use crate::guest::Guest;
+use crate::address_space::{AddressSpace, Region, SpaceOffsets};
+use crate::guest::{Guest, Task};
 use crate::profile::{ProfileError, START_KERNEL_MAP};
 
 /// The profile's offsets for page ownership: kernels built by provm
 /// from this one on (traces before it have no such profile).
 #[derive(Clone, Debug, Deserialize)]
 pub struct PageOffsets {
-    /// Negative as the profile writes it (the assembler's signed
-    /// immediates), as are `section_map_mask` and `page_type_base`.
-    pub page_offset: i64,
+    #[serde(flatten)]
+    pub space: SpaceOffsets,
     pub task_struct_tasks: u64,
-    pub task_struct_mm: u64,
-    pub mm_struct_pgd: u64,
-    pub mm_struct_start_brk: u64,
-    pub mm_struct_brk: u64,
-    pub mm_struct_start_stack: u64,
     pub section_size_bits: u64,
     pub sections_per_root: u64,
     pub mem_section_size: u64,
     pub mem_section_section_mem_map: u64,
+    /// Negative as the profile writes it (the assembler's signed
+    /// immediates), as is `page_type_base`.
     pub section_map_mask: i64,
     pub page_size: u64,
     pub page_flags: u64,
@@ -56,12 +53,6 @@ pub struct PageOffsets {
     pub qstr_name: u64,
 }
 
-/// How far below the start of a process's stack its stack may reach
-/// (the default RLIMIT_STACK).
-const STACK_REACH: u64 = 8 << 20;
-/// How far above the start of its stack the stack's top lies (argument
-/// and environment strings, the auxiliary vector).
-const STACK_TOP_REACH: u64 = 1 << 20;
 /// The most processes, and parent directories, a walk follows.
 const MAX_WALK: usize = 4096;
 const PAGE: u64 = 4096;
@@ -70,20 +61,6 @@ const LARGE_PAGE: u64 = 1 << 7;
 const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
 /// The user half of an address space: PML4 entries below this.
 const USER_PML4_ENTRIES: u64 = 256;
-
-/// What a process has at the address where it maps a page.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Region {
-    Heap,
-    Stack,
-    /// A file's page, at this offset in the file.
-    File {
-        path: String,
-        offset: u64,
-    },
-    Anonymous,
-}
 
 /// A live process that maps the page.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -180,8 +157,11 @@ pub struct PageOwners<'a> {
     offsets: PageOffsets,
     symbols: &'a KernelSymbols,
     mem_section: u64,
-    /// Each live process's user pages: physical page to mappers.
-    mapped: BTreeMap<u64, Vec<Mapper>>,
+    /// Each live process: who it is, and its address space.
+    processes: Vec<(Task, AddressSpace)>,
+    /// Each live process's user pages: physical page to (index in
+    /// `processes`, virtual address).
+    mapped: BTreeMap<u64, Vec<(usize, u64)>>,
 }
 
 impl<'a> PageOwners<'a> {
@@ -200,6 +180,7 @@ impl<'a> PageOwners<'a> {
             offsets,
             symbols,
             mem_section: symbols.address("mem_section")?,
+            processes: Vec::new(),
             mapped: BTreeMap::new(),
         };
         let init_task = symbols.address("init_task")?;
@@ -218,22 +199,39 @@ impl<'a> PageOwners<'a> {
             (Ok(used), _) => used,
             (Err(_), None) => KernelUse::Other,
         };
-        let mut mapped_by = self.mapped.get(&page).cloned().unwrap_or_default();
-        if let KernelUse::File { path, offset, .. } = &kernel {
-            for mapper in &mut mapped_by {
-                mapper.region = Region::File {
-                    path: path.clone(),
-                    offset: *offset,
+        let copied = kernel == KernelUse::Anonymous;
+        let mapped_by = self
+            .mapped
+            .get(&page)
+            .into_iter()
+            .flatten()
+            .map(|&(process, address)| {
+                let (task, space) = &self.processes[process];
+                let region = match (space.region(address, copied), &kernel) {
+                    // A profile without VMAs names no file: the page does.
+                    (Region::Anonymous, KernelUse::File { path, offset, .. }) => Region::File {
+                        path: path.clone(),
+                        offset: *offset,
+                    },
+                    (region, _) => region,
                 };
-            }
-        }
+                Mapper {
+                    pid: task.pid,
+                    comm: task.comm.clone(),
+                    address,
+                    region,
+                }
+            })
+            .collect();
         PageOwner { kernel, mapped_by }
     }
 
     /// `len` bytes of guest-physical memory at `address`.
     pub fn physical(&self, address: u64, len: usize) -> Result<Vec<u8>, Unmapped> {
-        self.guest
-            .read_bytes((self.offsets.page_offset as u64).wrapping_add(address), len)
+        self.guest.read_bytes(
+            (self.offsets.space.page_offset as u64).wrapping_add(address),
+            len,
+        )
     }
 
     fn read_u64(&self, virt: u64) -> Result<u64, Unmapped> {
@@ -325,31 +323,21 @@ impl<'a> PageOwners<'a> {
             }
             let task = link - o.task_struct_tasks;
             link = self.read_u64(link)?;
-            let mm = self.read_u64(task + o.task_struct_mm)?;
-            if mm == 0 {
-                continue;
-            }
-            let Ok(identity) = self.guest.task(task) else {
+            let (Ok(identity), Ok(Some(space))) = (
+                self.guest.task(task),
+                AddressSpace::of_task(&self.guest, &o.space, task),
+            ) else {
                 continue;
             };
-            let regions = UserRegions {
-                heap: self.read_u64(mm + o.mm_struct_start_brk)?
-                    ..self.read_u64(mm + o.mm_struct_brk)?,
-                stack_start: self.read_u64(mm + o.mm_struct_start_stack)?,
-            };
-            let pgd = self
-                .read_u64(mm + o.mm_struct_pgd)?
-                .wrapping_sub(o.page_offset as u64);
             let mut pages = Vec::new();
-            self.walk(pgd, 4, 0, &mut pages)?;
+            self.walk(space.page_table, 4, 0, &mut pages)?;
             for (physical, address) in pages {
-                self.mapped.entry(physical).or_default().push(Mapper {
-                    pid: identity.pid,
-                    comm: identity.comm.clone(),
-                    address,
-                    region: regions.of(address),
-                });
+                self.mapped
+                    .entry(physical)
+                    .or_default()
+                    .push((self.processes.len(), address));
             }
+            self.processes.push((identity, space));
         }
         Ok(())
     }
@@ -386,28 +374,6 @@ impl<'a> PageOwners<'a> {
     }
 }
 
-/// Where a process's heap and stack are.
-struct UserRegions {
-    heap: std::ops::Range<u64>,
-    stack_start: u64,
-}
-
-impl UserRegions {
-    /// The region of `address`, as far as the address tells it: a file's
-    /// page is named from its page structure instead (`PageOwners::owner`).
-    fn of(&self, address: u64) -> Region {
-        let stack =
-            self.stack_start.saturating_sub(STACK_REACH)..self.stack_start + STACK_TOP_REACH;
-        if self.heap.contains(&address) {
-            Region::Heap
-        } else if stack.contains(&address) {
-            Region::Stack
-        } else {
-            Region::Anonymous
-        }
-    }
-}
-
 impl std::fmt::Display for PageOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kernel {
@@ -426,16 +392,10 @@ impl std::fmt::Display for PageOwner {
             KernelUse::Other => f.write_str("kernel memory")?,
         }
         for mapper in &self.mapped_by {
-            let region = match &mapper.region {
-                Region::Heap => "heap".to_owned(),
-                Region::Stack => "stack".to_owned(),
-                Region::File { path, offset } => format!("file {path}+{offset:#x}"),
-                Region::Anonymous => "anonymous".to_owned(),
-            };
             write!(
                 f,
-                "; mapped by pid {} ({}) at {:#x} ({region})",
-                mapper.pid, mapper.comm, mapper.address
+                "; mapped by pid {} ({}) at {:#x} ({})",
+                mapper.pid, mapper.comm, mapper.address, mapper.region
             )?;
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! A divergence explained for a person (and, as JSON, for tools): where
-//! the replay was (event, vCPU, the process running, the events before
-//! it) and, where a state check found memory differing, which pages, who
+//! the replay was (event, vCPU, the process running and its user-space
+//! backtrace, the events before it) and, where a state check found memory differing, which pages, who
 //! owns them, what they hold, and which of the trace's holes fits.
 //!
 //! Read from the stopped replay's guest, which nothing changes any more:
@@ -8,6 +8,8 @@
 //! has run on to its next exit, so a page's bytes may be a little later
 //! than the check's.
 
+use provm_analysis::address_space::{AddressSpace, SpaceOffsets};
+use provm_analysis::backtrace::{user_backtrace, Frame};
 use provm_analysis::guest::{Guest, Task};
 use provm_analysis::page_owner::{KernelSymbols, PageOwner, PageOwners};
 use provm_analysis::KernelInfo;
@@ -35,6 +37,9 @@ pub struct Explanation {
     pub vcpu: u32,
     /// The process the guest kernel was running (its current task).
     pub process: Option<Task>,
+    /// Its user-space backtrace, innermost first, as far as frame
+    /// pointers lead (empty for a kernel thread, or none running).
+    pub backtrace: Vec<Frame>,
     pub recent: Vec<RecentEvent>,
     pub memory: MemoryExplanation,
     /// The holes the trace names (`holes`).
@@ -94,11 +99,15 @@ pub struct Context<'a> {
 /// Explains `divergence` from the guest where the replay stopped.
 pub fn explain(divergence: &Divergence, context: &Context) -> Explanation {
     let guest = Guest::new(context.view, context.kernel);
-    let process = guest
+    let running = guest
         .current_task()
-        .and_then(|task| guest.task(task))
+        .and_then(|address| Ok((address, guest.task(address)?)))
         .ok()
-        .filter(|task| task.pid != 0);
+        .filter(|(_, task)| task.pid != 0);
+    let backtrace = running
+        .as_ref()
+        .map(|(address, _)| backtrace(&guest, context.profile_json, *address))
+        .unwrap_or_default();
     let recent = divergence.recent[divergence.recent.len().saturating_sub(RECENT)..]
         .iter()
         .map(|(index, event)| RecentEvent {
@@ -118,10 +127,22 @@ pub fn explain(divergence: &Divergence, context: &Context) -> Explanation {
         event: divergence.event,
         exit: divergence.exit,
         vcpu: 0,
-        process,
+        process: running.map(|(_, task)| task),
+        backtrace,
         recent,
         memory,
         holes: context.holes.iter().map(|hole| hole.id()).collect(),
+    }
+}
+
+/// The user-space backtrace of the running `task`.
+fn backtrace(guest: &Guest, profile_json: &[u8], task: u64) -> Vec<Frame> {
+    let Ok(offsets) = serde_json::from_slice::<SpaceOffsets>(profile_json) else {
+        return Vec::new();
+    };
+    match AddressSpace::of_task(guest, &offsets, task) {
+        Ok(Some(space)) => user_backtrace(guest, &space),
+        _ => Vec::new(),
     }
 }
 
@@ -218,6 +239,12 @@ impl Explanation {
                 )
             }
             None => out += ", in the kernel (no process)",
+        }
+        if !self.backtrace.is_empty() {
+            out += "\n  its user-space backtrace (by frame pointers):";
+            for (depth, frame) in self.backtrace.iter().enumerate() {
+                out += &format!("\n    #{depth} {:#x} in {}", frame.address, frame.region);
+            }
         }
         out += "\n  the last events before it:";
         for recent in &self.recent {

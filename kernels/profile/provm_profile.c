@@ -9,6 +9,7 @@
 #include <linux/kbuild.h>
 #include <linux/sched.h>
 #include <linux/mm_types.h>
+#include <linux/maple_tree.h>
 #include <linux/mmzone.h>
 #include <linux/page-flags.h>
 #include <linux/fs.h>
@@ -66,6 +67,30 @@ void provm_profile(void)
 	OFFSET(inode_i_sb, inode, i_sb);
 	OFFSET(super_block_s_id, super_block, s_id);
 	OFFSET(dentry_d_alias, dentry, d_u.d_alias);
+
+	/* A process's mappings: its VMAs, the entries of a maple tree. */
+	OFFSET(mm_struct_mm_mt, mm_struct, mm_mt);
+	OFFSET(maple_tree_ma_root, maple_tree, ma_root);
+	DEFINE(maple_node_mask, MAPLE_NODE_MASK);
+	DEFINE(maple_node_type_shift, MAPLE_NODE_TYPE_SHIFT);
+	DEFINE(maple_node_type_mask, MAPLE_NODE_TYPE_MASK);
+	DEFINE(maple_leaf_64, maple_leaf_64);
+	DEFINE(maple_range_64, maple_range_64);
+	DEFINE(maple_arange_64, maple_arange_64);
+	DEFINE(maple_range64_slots, MAPLE_RANGE64_SLOTS);
+	DEFINE(maple_arange64_slots, MAPLE_ARANGE64_SLOTS);
+	OFFSET(maple_range_64_pivot, maple_range_64, pivot);
+	OFFSET(maple_range_64_slot, maple_range_64, slot);
+	OFFSET(maple_range_64_meta, maple_range_64, meta);
+	OFFSET(maple_arange_64_pivot, maple_arange_64, pivot);
+	OFFSET(maple_arange_64_slot, maple_arange_64, slot);
+	OFFSET(maple_arange_64_meta, maple_arange_64, meta);
+	OFFSET(maple_metadata_end, maple_metadata, end);
+	OFFSET(vm_area_struct_vm_start, vm_area_struct, vm_start);
+	OFFSET(vm_area_struct_vm_end, vm_area_struct, vm_end);
+	OFFSET(vm_area_struct_vm_mm, vm_area_struct, vm_mm);
+	OFFSET(vm_area_struct_vm_pgoff, vm_area_struct, vm_pgoff);
+	OFFSET(vm_area_struct_vm_file, vm_area_struct, vm_file);
 
 	OFFSET(fs_struct_root, fs_struct, root);
 	OFFSET(fs_struct_pwd, fs_struct, pwd);

@@ -495,11 +495,12 @@ pub fn test_program(name: &str) -> PathBuf {
 }
 
 /// The C programs the test images carry in /bin, from tests/data/NAME.c.
-const TEST_PROGRAMS: [&str; 10] = [
+const TEST_PROGRAMS: [&str; 11] = [
     "vector_copy",
     "ymm_hold",
     "ymm_signal",
     "host_tsc",
+    "tsc_kept",
     "sysv_shm",
     "tcp_echo",
     "timed_loop",

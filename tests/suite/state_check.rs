@@ -93,13 +93,16 @@ fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
     assert_eq!(page["owner"]["kernel"]["path"], "/tsc", "{}", json.stdout);
 }
 
-/// The same, checking memory every 200 events: the replay names the first
-/// periodic check whose memory differs, before the end.
+/// User-mode RDTSC kept on a process's stack while it reads the clock
+/// (VM exits), checking memory every 50 events: the replay names the first
+/// periodic check whose memory differs, before the end, with the process
+/// running there (tsc_kept, built with frame pointers: its backtrace runs
+/// from read_clock to main, in its file) and its stack's page as the page
+/// that differs.
 #[test]
-fn a_periodic_check_names_the_first_event_where_memory_differs() {
+fn a_periodic_check_names_the_first_event_and_the_process_running() {
     let _guest = one_guest_at_a_time();
-    let script = "host_tsc > /dev/shm/tsc; sleep 1";
-    let (trace, _) = record("tsc-in-tmpfs-periodic", Some("200"), script);
+    let (trace, _) = record("tsc-on-stack-periodic", Some("50"), "tsc_kept 300");
     let recorded = Trace::open(&trace).unwrap();
     let replay = provm(&["replay", path(&trace)]);
     if !recorded
@@ -120,14 +123,36 @@ fn a_periodic_check_names_the_first_event_where_memory_differs() {
         .and_then(|rest| rest.split(':').next()?.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no state check divergence in: {}", replay.stdout));
     assert!(event < recorded.outcome.events, "{}", replay.stdout);
-    assert!(
-        replay.stdout.contains("memory differs")
-            && replay
-                .stdout
-                .contains("expected: state check: memory digest")
-            && replay.stdout.contains("owner: the file /tsc on tmpfs"),
+    for part in [
+        "expected: state check: memory digest",
+        "memory differs in 1 page:",
+        " (tsc_kept, parent ",
+        "its user-space backtrace (by frame pointers):",
+        "#0 0x",
+        "#1 0x",
+        " in file /bin/tsc_kept+0x",
+        "(tsc_kept) at 0x",
+        " (stack)",
+    ] {
+        assert!(replay.stdout.contains(part), "{part}: {}", replay.stdout);
+    }
+    let json = provm(&["replay", "--format", "json", path(&trace)]);
+    let verdict: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let explanation = &verdict["explanation"];
+    assert_eq!(
+        explanation["process"]["comm"], "tsc_kept",
         "{}",
-        replay.stdout
+        json.stdout
+    );
+    assert_eq!(
+        explanation["backtrace"][1]["region"]["file"]["path"], "/bin/tsc_kept",
+        "{}",
+        json.stdout
+    );
+    assert_eq!(
+        explanation["memory"]["pages"][0]["owner"]["mapped_by"][0]["region"], "stack",
+        "{}",
+        json.stdout
     );
     let state = provm(&["inspect", "--state", path(&trace)]);
     assert_eq!(state.status, 0, "{}", state.stderr);

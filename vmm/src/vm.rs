@@ -346,6 +346,12 @@ impl GuestView<'_> {
     pub fn read(&self, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
         paging::read(self.memory, self.sregs.cr3, virt, buf)
     }
+
+    /// Reads guest virtual memory under the page tables at `cr3`: another
+    /// process's memory than the running one's.
+    pub fn read_under(&self, cr3: u64, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
+        paging::read(self.memory, cr3, virt, buf)
+    }
 }
 
 pub struct Vm {
