@@ -153,6 +153,12 @@ struct GuestArgs {
     /// ring 0 is emulated).
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
     memory: u64,
+    /// The guest's vCPUs, 1 to 64. More than one boots the SMP kernel
+    /// variant (`provm kernel build --smp`); they run one at a time,
+    /// switched at VM exits, and a recording logs the schedule.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(provm_vmm::mp_table::MAX_CPUS)))]
+    cpus: u8,
     /// Give up (and stop the guest) after this many seconds.
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     timeout: u64,
@@ -249,6 +255,12 @@ struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     no_timing: bool,
+    /// With --cpus N > 1: draw the vCPU schedule (when each vCPU runs, for
+    /// how many exits) from SEED, so that different seeds interleave the
+    /// guest's threads differently. The trace replays exactly, whatever
+    /// the seed.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
     /// Name the host's files (the image and its backing files, the kernel)
     /// by their paths in the trace and its provenance, instead of by file
     /// name and digest alone: a published trace then shows your user name
@@ -323,6 +335,9 @@ struct ReplayArgs {
     /// the kernel (with --extract-kernel).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Refused: a replay has the recording's vCPUs (the trace decides).
+    #[arg(long, hide = true, value_name = "N")]
+    cpus: Option<String>,
     /// Write the trace's guest kernel (vmlinux, with its symbols, for gdb)
     /// to --output instead of replaying.
     #[arg(long, requires = "output", conflicts_with_all = ["analyze", "timing", "inject_exit_delay"])]
@@ -590,9 +605,24 @@ struct ExportOutput {
 #[derive(Subcommand)]
 enum KernelAction {
     /// Build the guest kernel from Debian's linux-source-6.1 (cached).
-    Build,
+    Build {
+        /// The SMP variant, which guests with --cpus N > 1 boot.
+        #[arg(long)]
+        smp: bool,
+    },
     /// Print the path of the built kernel.
-    Path,
+    Path {
+        /// The SMP variant's.
+        #[arg(long)]
+        smp: bool,
+    },
+}
+
+fn variant(smp: bool) -> provm_engine::kernel::Variant {
+    match smp {
+        true => provm_engine::kernel::Variant::Smp,
+        false => provm_engine::kernel::Variant::Up,
+    }
 }
 
 fn main() -> ExitCode {
@@ -696,6 +726,7 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
         output,
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
+        chaos: args.chaos,
     };
     let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
     let recorded = provm_engine::record::record(
@@ -713,6 +744,9 @@ fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::erro
 }
 
 fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.cpus.is_some() {
+        return Err("replay takes no --cpus: the trace decides (a replay has the recording's vCPUs; see `provm inspect TRACE`); --cpus is for run, record and repro".into());
+    }
     refuse_existing(
         args.force,
         [args.output.as_deref(), args.timing.output.as_deref()],
@@ -837,6 +871,7 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         user: defaults.user,
         root: args.root,
         memory_mib: args.memory,
+        cpus: args.cpus,
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,
@@ -1031,8 +1066,8 @@ fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let path = match action {
-        KernelAction::Build => provm_engine::kernel::build()?,
-        KernelAction::Path => provm_engine::kernel::find()?,
+        KernelAction::Build { smp } => provm_engine::kernel::build(variant(smp))?,
+        KernelAction::Path { smp } => provm_engine::kernel::find(variant(smp))?,
     };
     println!("{}", path.display());
     Ok(ExitCode::SUCCESS)

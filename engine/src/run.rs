@@ -97,6 +97,8 @@ pub struct RunOptions {
     pub force_outputs: bool,
     /// A network card behind provm's NAT (`--net`); none by default.
     pub net: bool,
+    /// The guest's vCPUs (`--cpus`, 1 to `MAX_CPUS`).
+    pub cpus: u8,
 }
 
 impl RunOptions {
@@ -124,6 +126,7 @@ impl RunOptions {
             outputs: Vec::new(),
             force_outputs: false,
             net: false,
+            cpus: 1,
         }
     }
 
@@ -203,7 +206,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
     let kernel = match &options.kernel {
         Some(path) if !path.exists() => return Err(RunError::KernelPath { path: path.clone() }),
         Some(path) => path.clone(),
-        None => kernel::find()?,
+        None => kernel::find(kernel::Variant::for_cpus(options.cpus))?,
     };
     Ok(Prepared {
         base,
@@ -217,6 +220,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         root_device: root.device(),
         echo_console: options.echo_console,
         net: options.net,
+        cpus: options.cpus,
     })
 }
 
@@ -225,8 +229,15 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
 /// booted snapshot (a job then only makes it writable), and the network
 /// card's configuration with `--net`.
 fn machine_args(options: &RunOptions, root_device: &str) -> String {
+    let base = match options.cpus {
+        1 => KERNEL_ARGS.to_owned(),
+        // The local APICs without their timers: the PIT's tick reaches
+        // the other vCPUs as IPIs (the kernel's tick broadcast), so the
+        // VMM has no APIC timer to emulate on the logged clock.
+        _ => KERNEL_ARGS.replace("nolapic", "nolapic_timer"),
+    };
     let mut args = format!(
-        "{KERNEL_ARGS} {} provm.root={root_device}",
+        "{base} {} provm.root={root_device}",
         holes::kernel_args(Platform::detect()),
     );
     if options.net {

@@ -495,7 +495,7 @@ pub fn test_program(name: &str) -> PathBuf {
 }
 
 /// The C programs the test images carry in /bin, from tests/data/NAME.c.
-const TEST_PROGRAMS: [&str; 10] = [
+const TEST_PROGRAMS: [&str; 11] = [
     "vector_copy",
     "ymm_hold",
     "ymm_signal",
@@ -506,6 +506,7 @@ const TEST_PROGRAMS: [&str; 10] = [
     "alarm_progress",
     "disk_write",
     "free_large",
+    "race_counter",
 ];
 
 fn test_program_source(program: &str) -> PathBuf {

@@ -28,12 +28,14 @@ mod interrupt_window;
 pub mod logged_window;
 pub mod machine_version;
 pub mod memory;
+pub mod mp_table;
 pub mod msr;
 pub mod network;
 pub mod paging;
 pub mod port_exit;
 #[cfg(test)]
 mod probe_stability;
+pub mod scheduler;
 pub mod seam;
 mod spin_watch;
 pub mod state_digest;
