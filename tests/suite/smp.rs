@@ -53,13 +53,13 @@ fn a_race_replays_exactly_and_chaos_seeds_vary_it() {
     let image = &images().tiny_qcow2;
     let dir = common::scratch(module_path!());
     let mut counts = BTreeSet::new();
-    for seed in [None, Some("1"), Some("2"), Some("3")] {
+    for seed in [None, Some("1"), Some("2")] {
         let trace = trace_path(&dir, &format!("race-{}", seed.unwrap_or("default")));
         let mut extra = vec!["--cpus", "2"];
         if let Some(seed) = seed {
             extra.extend_from_slice(&["--chaos", seed]);
         }
-        let recorded = record_shell(image, &trace, &extra, "race_counter 500");
+        let recorded = record_shell(image, &trace, &extra, "race_counter 300");
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
         let count = race_count(&recorded.stdout);
         let inspect = provm(&["inspect", path(&trace)]);
