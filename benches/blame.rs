@@ -43,6 +43,7 @@ fn record(run: &RunOptions, output: &Path, timing: bool) -> Duration {
         output: output.to_owned(),
         embed_image: false,
         exitless_limit: None,
+        chaos: None,
     };
     let mut timing = TimingOptions {
         capture: timing,

@@ -35,6 +35,7 @@ fn main() {
         output: dir.path().join("download.provm"),
         embed_image: false,
         exitless_limit: None,
+        chaos: None,
     };
     let timed = |recording: bool| {
         let start = Instant::now();

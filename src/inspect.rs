@@ -251,8 +251,11 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         writeln!(out, "snapshot   sha256 {}", m.snapshot_sha256)?;
         writeln!(
             out,
-            "machine    version {}, {} MiB, 1 vCPU, cmdline {:?}",
-            m.machine_version, m.memory_mib, m.kernel_cmdline
+            "machine    version {}, {} MiB, {}, cmdline {:?}",
+            m.machine_version,
+            m.memory_mib,
+            vcpus(m.cpus, m.chaos_seed),
+            m.kernel_cmdline
         )?;
         writeln!(
             out,
@@ -289,4 +292,16 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
         Ok(())
     })();
     Ok(out)
+}
+
+/// The guest's vCPUs, and the seed of a chaos schedule.
+fn vcpus(cpus: u8, chaos_seed: Option<u64>) -> String {
+    let count = match cpus {
+        1 => "1 vCPU".to_owned(),
+        n => format!("{n} vCPUs"),
+    };
+    match chaos_seed {
+        Some(seed) => format!("{count} (schedule from --chaos {seed})"),
+        None => count,
+    }
 }

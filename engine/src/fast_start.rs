@@ -103,9 +103,9 @@ pub fn booted(
     identity: &Identity,
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
-    let key = format!(
+    let mut key = format!(
         "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
-        machine_version::CURRENT,
+        machine_version::for_cpus(prepared.cpus),
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,
@@ -118,6 +118,10 @@ pub fn booted(
             .map(|file| &file.sha256)
             .collect::<Vec<_>>(),
     );
+    // One vCPU keeps the key (and the snapshot) it always had.
+    if prepared.cpus > 1 {
+        key.push_str(&format!("\ncpus {}", prepared.cpus));
+    }
     let path = cache_dir()
         .join("snapshots")
         .join(format!("{}.snap", &bytes_sha256(key.as_bytes())[..32]));

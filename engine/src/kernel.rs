@@ -60,11 +60,48 @@ fn source_version() -> Result<String, KernelError> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Which kernel: the single-CPU one, or the SMP variant that guests with
+/// more than one vCPU boot (kernels/smp: a config fragment and patches
+/// over the single-CPU kernel's inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Up,
+    Smp,
+}
+
+/// The SMP variant's inputs, which the single-CPU kernel does not depend on.
+const SMP_INPUTS: &str = "smp/";
+
+impl Variant {
+    pub fn for_cpus(cpus: u8) -> Self {
+        if cpus > 1 {
+            Variant::Smp
+        } else {
+            Variant::Up
+        }
+    }
+
+    /// The inputs this variant's build reads.
+    fn inputs(self) -> impl Iterator<Item = &'static (&'static str, &'static [u8])> {
+        KERNEL_INPUTS
+            .iter()
+            .filter(move |(name, _)| self == Variant::Smp || !name.starts_with(SMP_INPUTS))
+    }
+
+    /// Its build script, among the staged inputs.
+    fn script(self) -> &'static str {
+        match self {
+            Variant::Up => "build.sh",
+            Variant::Smp => "smp/build.sh",
+        }
+    }
+}
+
 /// The cache key: source version, then every input file's name and bytes.
-fn digest(source_version: &str) -> String {
+fn digest(source_version: &str, variant: Variant) -> String {
     let mut hasher = Sha256::new();
     hasher.update(source_version.as_bytes());
-    for (name, bytes) in KERNEL_INPUTS {
+    for (name, bytes) in variant.inputs() {
         hasher.update((name.len() as u64).to_le_bytes());
         hasher.update(name.as_bytes());
         hasher.update((bytes.len() as u64).to_le_bytes());
@@ -73,8 +110,10 @@ fn digest(source_version: &str) -> String {
     provm_trace::hex(&hasher.finalize()[..8])
 }
 
-fn build_dir() -> Result<PathBuf, KernelError> {
-    Ok(cache_dir().join("kernels").join(digest(&source_version()?)))
+fn build_dir(variant: Variant) -> Result<PathBuf, KernelError> {
+    Ok(cache_dir()
+        .join("kernels")
+        .join(digest(&source_version()?, variant)))
 }
 
 /// The kernel profile built with `vmlinux`: the offsets of the structures
@@ -107,9 +146,9 @@ pub fn info(vmlinux: &Path) -> Result<KernelInfo, KernelInfoError> {
     )?)
 }
 
-/// The built vmlinux for the current inputs.
-pub fn find() -> Result<PathBuf, KernelError> {
-    let vmlinux = build_dir()?.join("vmlinux");
+/// The built vmlinux of `variant` for the current inputs.
+pub fn find(variant: Variant) -> Result<PathBuf, KernelError> {
+    let vmlinux = build_dir(variant)?.join("vmlinux");
     if vmlinux.exists() {
         Ok(vmlinux)
     } else {
@@ -117,9 +156,10 @@ pub fn find() -> Result<PathBuf, KernelError> {
     }
 }
 
-/// Builds the kernel unless the cache has it; returns the vmlinux path.
-pub fn build() -> Result<PathBuf, KernelError> {
-    let out_dir = build_dir()?;
+/// Builds the kernel `variant` unless the cache has it; returns the
+/// vmlinux path.
+pub fn build(variant: Variant) -> Result<PathBuf, KernelError> {
+    let out_dir = build_dir(variant)?;
     let vmlinux = out_dir.join("vmlinux");
     if vmlinux.exists() {
         notice!("kernel up to date ({})", vmlinux.display());
@@ -140,14 +180,14 @@ pub fn build() -> Result<PathBuf, KernelError> {
     let staging = tempfile::Builder::new()
         .prefix(".inputs-")
         .tempdir_in(parent)?;
-    for (name, bytes) in KERNEL_INPUTS {
+    for (name, bytes) in variant.inputs() {
         let path = staging.path().join(name);
         std::fs::create_dir_all(path.parent().unwrap())?;
         std::fs::File::create(&path)?.write_all(bytes)?;
     }
     notice!("building the kernel into {}", out_dir.display());
     let status = Command::new("bash")
-        .arg(staging.path().join("build.sh"))
+        .arg(staging.path().join(variant.script()))
         .arg(SOURCE_TARBALL)
         .arg(&out_dir)
         .status()?;
@@ -176,8 +216,20 @@ mod tests {
 
     #[test]
     fn digest_depends_on_the_source_version() {
-        assert_eq!(digest("6.1.1"), digest("6.1.1"));
-        assert_ne!(digest("6.1.1"), digest("6.1.2"));
-        assert_eq!(digest("x").len(), 16);
+        assert_eq!(digest("6.1.1", Variant::Up), digest("6.1.1", Variant::Up));
+        assert_ne!(digest("6.1.1", Variant::Up), digest("6.1.2", Variant::Up));
+        assert_eq!(digest("x", Variant::Up).len(), 16);
+    }
+
+    #[test]
+    fn the_single_cpu_kernel_does_not_depend_on_the_smp_inputs() {
+        let up: Vec<&str> = Variant::Up.inputs().map(|(name, _)| *name).collect();
+        assert!(
+            up.iter().all(|name| !name.starts_with(SMP_INPUTS)),
+            "{up:?}"
+        );
+        let smp: Vec<&str> = Variant::Smp.inputs().map(|(name, _)| *name).collect();
+        assert!(smp.contains(&"smp/build.sh") && smp.contains(&"smp/smp.config"));
+        assert_ne!(digest("x", Variant::Up), digest("x", Variant::Smp));
     }
 }

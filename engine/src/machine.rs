@@ -21,6 +21,8 @@ pub struct Machine<'a> {
     pub exitless_limit: Option<Duration>,
     /// See `VmConfig::net`.
     pub net: bool,
+    /// See `VmConfig::cpus`.
+    pub cpus: u8,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,7 @@ impl Machine<'_> {
             seam,
             exitless_limit: self.exitless_limit,
             net: self.net,
+            cpus: self.cpus,
         })
     }
 
@@ -67,6 +70,8 @@ pub struct Prepared {
     pub(crate) echo_console: bool,
     /// Whether the guest has a network card (`--net`).
     pub net: bool,
+    /// The guest's vCPUs (`--cpus`).
+    pub cpus: u8,
 }
 
 impl Prepared {
@@ -83,6 +88,7 @@ impl Prepared {
             overlay,
             exitless_limit,
             net: self.net,
+            cpus: self.cpus,
         }
     }
 

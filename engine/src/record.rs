@@ -48,6 +48,8 @@ pub struct RecordOptions {
     pub embed_image: bool,
     /// Stop a guest that spins this long without exits while a tick waits.
     pub exitless_limit: Option<Duration>,
+    /// Draw the vCPU schedule from this seed (`--chaos`).
+    pub chaos: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +157,9 @@ pub fn record(
             }
         })
         .map_err(RunError::from)?;
+    if let Some(seed) = options.chaos {
+        vm.chaos(seed);
+    }
     run::attach(observers, &mut vm, &prepared)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
     if let Some(pinning) = pinned {
@@ -242,7 +247,7 @@ fn manifest(
     Manifest {
         provm_version: env!("CARGO_PKG_VERSION").into(),
         provm_commit: option_env!("PROVM_COMMIT").map(Into::into),
-        machine_version: machine_version::CURRENT,
+        machine_version: machine_version::for_cpus(prepared.cpus),
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -267,6 +272,8 @@ fn manifest(
         snapshot_sha256: snapshot_sha256.to_owned(),
         kernel_cmdline: prepared.boot.cmdline.clone(),
         memory_mib: prepared.memory_mib,
+        cpus: prepared.cpus,
+        chaos_seed: options.chaos,
         // The table the snapshot's vCPU holds, which a replay sets: read back
         // from a guest that has booted, some bits are its own (OSXSAVE, the
         // XSAVE area's size), not what a fresh vCPU shows.

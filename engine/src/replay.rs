@@ -360,8 +360,9 @@ impl Opened {
             echo_console,
             overlay: OverlayLocation::temporary(),
             exitless_limit: None,
-            // A restored VM has the network card its snapshot has.
+            // A restored VM has the network card and vCPUs its snapshot has.
             net: false,
+            cpus: self.trace.manifest.cpus,
         }
     }
 

@@ -100,6 +100,8 @@ pub struct RunOptions {
     /// Where the guest's resolver forwards (`--dns`); by default the
     /// host's resolver.
     pub dns: Option<std::net::SocketAddr>,
+    /// The guest's vCPUs (`--cpus`, 1 to `MAX_CPUS`).
+    pub cpus: u8,
 }
 
 impl RunOptions {
@@ -128,6 +130,7 @@ impl RunOptions {
             force_outputs: false,
             net: false,
             dns: None,
+            cpus: 1,
         }
     }
 
@@ -207,7 +210,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
     let kernel = match &options.kernel {
         Some(path) if !path.exists() => return Err(RunError::KernelPath { path: path.clone() }),
         Some(path) => path.clone(),
-        None => kernel::find()?,
+        None => kernel::find(kernel::Variant::for_cpus(options.cpus))?,
     };
     Ok(Prepared {
         base,
@@ -221,6 +224,7 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         root_device: root.device(),
         echo_console: options.echo_console,
         net: options.net,
+        cpus: options.cpus,
     })
 }
 
@@ -229,8 +233,15 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
 /// booted snapshot (a job then only makes it writable), and the network
 /// card's configuration with `--net`.
 fn machine_args(options: &RunOptions, root_device: &str) -> String {
+    let base = match options.cpus {
+        1 => KERNEL_ARGS.to_owned(),
+        // The local APICs without their timers: the PIT's tick reaches
+        // the other vCPUs as IPIs (the kernel's tick broadcast), so the
+        // VMM has no APIC timer to emulate on the logged clock.
+        _ => KERNEL_ARGS.replace("nolapic", "nolapic_timer"),
+    };
     let mut args = format!(
-        "{KERNEL_ARGS} {} provm.root={root_device}",
+        "{base} {} provm.root={root_device}",
         holes::kernel_args(Platform::detect()),
     );
     if options.net {

@@ -238,6 +238,13 @@ impl Seam for Recorder {
         self.log(Event::Inject(vector));
     }
 
+    fn schedule(&self, proposed: Option<usize>) -> Option<usize> {
+        if let Some(cpu) = proposed {
+            self.log(Event::Switch(cpu as u8));
+        }
+        proposed
+    }
+
     fn agent_input(&self, bytes: &[u8]) {
         self.log(Event::AgentInput(bytes.to_vec()));
     }

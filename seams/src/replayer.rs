@@ -101,11 +101,18 @@ pub struct Divergence {
     /// Where memory differs, when a state check found it did and the
     /// trace kept the check's page digests (format 8 on).
     pub pages: Option<Vec<PageDifference>>,
+    /// The vCPU that was running, in a guest with more than one (from the
+    /// log's last switch; vCPU 0 before the first).
+    pub vcpu: Option<u8>,
 }
 
 impl fmt::Display for Divergence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "event {} (after {} VM exits)", self.event, self.exit)?;
+        write!(f, "event {} (after {} VM exits)", self.event, self.exit)?;
+        match self.vcpu {
+            Some(vcpu) => writeln!(f, " on vCPU {vcpu}")?,
+            None => writeln!(f)?,
+        }
         writeln!(f, "  expected: {}", self.expected)?;
         writeln!(f, "  actual:   {}", self.actual)?;
         writeln!(f, "  the events before it:")?;
@@ -195,6 +202,8 @@ struct State {
     last_exit: Instant,
     clock_ns: u64,
     recent: VecDeque<(u64, Event)>,
+    /// The running vCPU, once the log switched vCPUs (`Event::Switch`).
+    vcpu: Option<u8>,
     divergence: Option<Divergence>,
     /// A trace that could not be read mid-replay.
     error: Option<String>,
@@ -232,6 +241,7 @@ impl Replayer {
                 last_exit: Instant::now(),
                 clock_ns: start_ns,
                 recent: VecDeque::with_capacity(CONTEXT),
+                vcpu: None,
                 divergence: None,
                 error: None,
                 disk_writes: DiskWritesDigest::default(),
@@ -391,6 +401,7 @@ impl Replayer {
             exits: state.exits,
             clock_ns: state.clock_ns,
             recent: state.recent.clone(),
+            vcpu: state.vcpu,
             disk_writes: state.disk_writes.clone(),
             agent_frames: state.agent_frames.clone(),
             exit_status: state.exit_status,
@@ -412,6 +423,7 @@ impl Replayer {
         state.exits = to.exits;
         state.clock_ns = to.clock_ns;
         state.recent = to.recent.clone();
+        state.vcpu = to.vcpu;
         state.disk_writes = to.disk_writes.clone();
         state.agent_frames = to.agent_frames.clone();
         state.exit_status = to.exit_status;
@@ -564,6 +576,7 @@ pub struct Checkpoint {
     exits: u64,
     clock_ns: u64,
     recent: VecDeque<(u64, Event)>,
+    vcpu: Option<u8>,
     disk_writes: DiskWritesDigest,
     agent_frames: FrameReader,
     exit_status: Option<i32>,
@@ -594,8 +607,10 @@ impl StopHandler for NoStops {
 impl State {
     fn consumed(&mut self, event: Event) {
         self.exits += u64::from(event.is_exit());
-        if let Event::Clock(ns) = event {
-            self.clock_ns = ns;
+        match event {
+            Event::Clock(ns) => self.clock_ns = ns,
+            Event::Switch(cpu) => self.vcpu = Some(cpu),
+            _ => {}
         }
         if self.recent.len() == CONTEXT {
             self.recent.pop_front();
@@ -616,6 +631,7 @@ impl State {
             actual,
             recent: self.recent.iter().cloned().collect(),
             pages: None,
+            vcpu: self.vcpu,
         }
     }
 
@@ -795,6 +811,26 @@ impl Seam for Replayer {
     fn injected(&self, vector: u8) {
         let actual = Event::Inject(vector);
         self.expect(|| actual.to_string(), |e| *e == actual);
+    }
+
+    /// Where the recording switched vCPUs, the replay does, to the vCPU it
+    /// did: the schedule is the log's. A switch the log has at another
+    /// exit shows as the next exit differing, on the vCPU named.
+    fn schedule(&self, _proposed: Option<usize>) -> Option<usize> {
+        let next = self
+            .state
+            .lock()
+            .unwrap()
+            .events
+            .peek()
+            .ok()
+            .flatten()
+            .cloned();
+        let Some(Event::Switch(cpu)) = next else {
+            return None;
+        };
+        self.expect(|| format!("switch to vCPU {cpu}"), |_| true)
+            .map(|_| usize::from(cpu))
     }
 
     fn agent_input(&self, bytes: &[u8]) {

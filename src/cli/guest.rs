@@ -66,6 +66,7 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         output,
         embed_image: args.embed_image,
         exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
+        chaos: args.chaos,
     };
     let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
     let recorded = provm_engine::record::record(
@@ -127,6 +128,7 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         user: defaults.user,
         root: args.root,
         memory_mib: args.memory,
+        cpus: args.cpus,
         timeout: Duration::from_secs(args.timeout),
         kernel: args.kernel,
         echo_console: verbose,

@@ -42,9 +42,16 @@ pub fn dispatch(command: Command, verbose: bool) -> Result<ExitCode, Box<dyn std
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let path = match action {
-        KernelAction::Build => provm_engine::kernel::build()?,
-        KernelAction::Path => provm_engine::kernel::find()?,
+        KernelAction::Build { smp } => provm_engine::kernel::build(variant(smp))?,
+        KernelAction::Path { smp } => provm_engine::kernel::find(variant(smp))?,
     };
     println!("{}", path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+fn variant(smp: bool) -> provm_engine::kernel::Variant {
+    match smp {
+        true => provm_engine::kernel::Variant::Smp,
+        false => provm_engine::kernel::Variant::Up,
+    }
 }

@@ -10,6 +10,9 @@ use super::args::{ReplayArgs, VerdictFormat};
 use super::status::verdict_status;
 
 pub fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.cpus.is_some() {
+        return Err("replay takes no --cpus: the trace decides (a replay has the recording's vCPUs; see `provm inspect TRACE`); --cpus is for run, record and repro".into());
+    }
     refuse_existing(
         args.force,
         [args.output.as_deref(), args.timing.output.as_deref()],

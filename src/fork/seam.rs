@@ -280,6 +280,19 @@ impl Seam for ForkSeam {
         self.cross(|seam| seam.injected(vector), || Event::Inject(vector));
     }
 
+    /// Before the fork point the log's schedule, after it the recorder's
+    /// (the default schedule from there on).
+    fn schedule(&self, proposed: Option<usize>) -> Option<usize> {
+        if let Some(recorder) = self.recorder() {
+            return recorder.schedule(proposed);
+        }
+        let switched = self.replayer.schedule(proposed);
+        if let Some(cpu) = switched {
+            self.log_event(Event::Switch(cpu as u8));
+        }
+        switched
+    }
+
     fn agent_input(&self, bytes: &[u8]) {
         self.cross(
             |seam| seam.agent_input(bytes),

@@ -633,5 +633,7 @@ fn vm_config(
         seam: replayer.clone(),
         exitless_limit: None,
         net: false,
+        // A restored machine has its snapshot's vCPUs.
+        cpus: 1,
     }
 }

@@ -507,6 +507,7 @@ const TEST_PROGRAMS: [&str; 11] = [
     "alarm_progress",
     "disk_write",
     "free_large",
+    "race_counter",
 ];
 
 fn test_program_source(program: &str) -> PathBuf {

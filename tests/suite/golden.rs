@@ -200,6 +200,8 @@ fn sample_manifest() -> Manifest {
         snapshot_sha256: "e".repeat(64),
         kernel_cmdline: "console=ttyS0".into(),
         memory_mib: 128,
+        cpus: 1,
+        chaos_seed: None,
         cpu: CpuModel {
             cpuid: vec![cpuid(0)],
             ignored_by_kernel: vec!["avx".into()],

@@ -23,6 +23,7 @@ mod query;
 mod record_replay;
 mod reproducibility;
 mod ro_crate;
+mod smp;
 mod state_check;
 mod vector_state;
 

@@ -95,6 +95,10 @@ pub enum Event {
         len: u32,
         digest: u64,
     },
+    /// In a guest with more than one vCPU: from here on vCPU n runs (the
+    /// serialised schedule, at the exit just before; see
+    /// `provm_vmm::scheduler`).
+    Switch(u8),
 }
 
 impl Event {
@@ -153,6 +157,7 @@ impl Event {
             Event::StateCheck { .. } => EventKind::StateCheck,
             Event::NetReceived(_) => EventKind::NetReceived,
             Event::NetSent { .. } => EventKind::NetSent,
+            Event::Switch(_) => EventKind::Switch,
         }
     }
 }
@@ -198,6 +203,7 @@ impl fmt::Display for Event {
             Event::NetSent { len, digest } => {
                 write!(f, "network frame sent, {len} bytes (digest {digest:016x})")
             }
+            Event::Switch(cpu) => write!(f, "switch to vCPU {cpu}"),
         }
     }
 }
@@ -222,10 +228,11 @@ pub enum EventKind {
     StateCheck,
     NetReceived,
     NetSent,
+    Switch,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 17] = [
+    const ALL: [EventKind; 18] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -243,6 +250,7 @@ impl EventKind {
         EventKind::StateCheck,
         EventKind::NetReceived,
         EventKind::NetSent,
+        EventKind::Switch,
     ];
 
     pub fn is_exit(self) -> bool {
@@ -268,6 +276,7 @@ impl EventKind {
             EventKind::StateCheck => "state check",
             EventKind::NetReceived => "net frame received",
             EventKind::NetSent => "net frame sent",
+            EventKind::Switch => "vCPU switch",
         }
     }
 
@@ -322,7 +331,7 @@ impl Encoder {
                 self.last_clock = *ns;
             }
             Event::Wall(ns) => put_varint(out, *ns),
-            Event::Inject(vector) => out.push(*vector),
+            Event::Inject(vector) | Event::Switch(vector) => out.push(*vector),
             Event::DiskWrite {
                 offset,
                 len,
@@ -445,6 +454,7 @@ impl Decoder {
             }
             EventKind::Wall => Event::Wall(input.varint()?),
             EventKind::Inject => Event::Inject(input.byte()?),
+            EventKind::Switch => Event::Switch(input.byte()?),
             EventKind::AgentInput => Event::AgentInput(input.bytes()?),
             EventKind::AgentOutput => Event::AgentOutput(input.bytes()?),
             EventKind::DiskWrite => Event::DiskWrite {
@@ -581,6 +591,7 @@ mod tests {
             Event::Clock(10_000_001),
             Event::Wall(1_700_000_000_000_000_000),
             Event::Inject(0x30),
+            Event::Switch(3),
             Event::AgentInput(b"job".to_vec()),
             Event::AgentOutput(b"ready".to_vec()),
             Event::DiskWrite {

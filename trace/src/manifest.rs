@@ -36,6 +36,13 @@ pub struct Manifest {
     pub snapshot_sha256: String,
     pub kernel_cmdline: String,
     pub memory_mib: u64,
+    /// The guest's vCPUs (`--cpus`); absent: one.
+    #[serde(default = "one_cpu", skip_serializing_if = "is_one_cpu")]
+    pub cpus: u8,
+    /// The seed of a `--chaos` recording's schedule; absent: the default
+    /// schedule. The replay follows the log whatever it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chaos_seed: Option<u64>,
     pub cpu: CpuModel,
     pub host: HostDescription,
     /// The longest the guest could run without exits while a tick waited.
@@ -85,6 +92,14 @@ pub struct InputRecord {
 pub struct DataDigest {
     pub sha256: String,
     pub bytes: u64,
+}
+
+fn one_cpu() -> u8 {
+    1
+}
+
+fn is_one_cpu(cpus: &u8) -> bool {
+    *cpus == 1
 }
 
 /// Traces of format 4 do not name their machine: every provm that wrote

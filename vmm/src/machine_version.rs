@@ -12,8 +12,20 @@
 //! it costs too much, it moves to `RETIRED` with the last release that
 //! replays it.
 
-/// The machine new recordings run on.
+/// The machine new recordings of one vCPU run on.
 pub const CURRENT: u32 = 3;
+/// The machine new recordings of more than one vCPU run on.
+pub const SMP: u32 = 4;
+
+/// The machine version of a new recording with `cpus` vCPUs: one vCPU
+/// stays the machine it was, so that its snapshots and traces do too.
+pub fn for_cpus(cpus: u8) -> u32 {
+    if cpus > 1 {
+        SMP
+    } else {
+        CURRENT
+    }
+}
 
 /// One machine version this provm records or replays.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,6 +56,14 @@ pub const MACHINE_VERSIONS: &[MachineVersion] = &[
         description: "version 2, and on PVM hosts the guest kernel zeroes the memory it \
             frees (init_on_free=1 on its command line, engine's `holes::kernel_args`); \
             the same VM state",
+    },
+    MachineVersion {
+        number: 4,
+        description: "version 3 with N > 1 vCPUs (--cpus): an xAPIC per vCPU at \
+            0xfee00000 emulated by the VMM, an MP table at 0xf0000, the SMP ports \
+            0x448-0x44f (relax, 64-bit AP start), the SMP kernel (kernels/smp) with \
+            noapic nolapic_timer; one vCPU runs at a time, switched at exits \
+            (`switch` events); the VM state's `cpus`",
     },
 ];
 

@@ -109,6 +109,14 @@ pub trait Seam: Clock {
     /// An external interrupt vector was injected.
     fn injected(&self, vector: u8);
 
+    /// With more than one vCPU, after an exit: `proposed` is the vCPU the
+    /// scheduler would switch to (None: the running one goes on); returns
+    /// the one to switch to. A recording logs each switch; a replay
+    /// switches where the recording did, whatever is proposed.
+    fn schedule(&self, proposed: Option<usize>) -> Option<usize> {
+        proposed
+    }
+
     /// Bytes the host sent to the guest agent.
     fn agent_input(&self, bytes: &[u8]);
 

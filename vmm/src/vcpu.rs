@@ -141,7 +141,12 @@ fn entries_read_back(table: &[kvm_cpuid_entry2]) -> Vec<CpuidEntry> {
 impl Vcpu {
     /// Creates vCPU 0 and gives it `cpuid`.
     pub fn new(kvm: &Kvm, vm: &VmFd, cpuid: &[CpuidEntry]) -> Result<Self, VcpuError> {
-        let fd = vm.create_vcpu(0).map_err(VcpuError::Create)?;
+        Self::with_id(kvm, vm, 0, cpuid)
+    }
+
+    /// Creates vCPU `id` and gives it `cpuid`.
+    pub fn with_id(kvm: &Kvm, vm: &VmFd, id: u8, cpuid: &[CpuidEntry]) -> Result<Self, VcpuError> {
+        let fd = vm.create_vcpu(id.into()).map_err(VcpuError::Create)?;
         let entries: Vec<kvm_cpuid_entry2> = cpuid.iter().map(kvm_cpuid_entry2::from).collect();
         let table =
             CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidTooLarge(entries.len()))?;
@@ -229,6 +234,58 @@ impl Vcpu {
             ..Default::default()
         };
         self.fd.set_fpu(&fpu).map_err(state_error("fpu"))
+    }
+
+    /// Enables the local APIC the VMM emulates, at its default base (KVM
+    /// shows the guest the APIC's CPUID bit only while it is enabled);
+    /// `boot` marks the bootstrap processor.
+    pub fn enable_apic(&self, boot: bool) -> Result<(), VcpuError> {
+        const ENABLE: u64 = 1 << 11;
+        const BOOT_PROCESSOR: u64 = 1 << 8;
+        let state_error = |source| VcpuError::InitialState {
+            what: "APIC base",
+            source,
+        };
+        let mut sregs = self.fd.get_sregs().map_err(state_error)?;
+        sregs.apic_base =
+            crate::devices::apic::APIC_BASE | ENABLE | if boot { BOOT_PROCESSOR } else { 0 };
+        self.fd.set_sregs(&sregs).map_err(state_error)
+    }
+
+    /// An AP's start in 64-bit mode, as the guest kernel asked for it (see
+    /// `devices::paravirt::StartBlock`): at `entry` under page table `cr3`,
+    /// with flat segments; the code there loads its own GDT and IDT.
+    pub fn enter_long_mode(&self, entry: u64, cr3: u64) -> Result<(), VcpuError> {
+        let state_error = |what| move |source| VcpuError::InitialState { what, source };
+        let mut sregs = self.fd.get_sregs().map_err(state_error("sregs"))?;
+        let data = segment(2, 0x3);
+        sregs.cs = kvm_segment {
+            l: 1,
+            db: 0,
+            ..segment(1, 0xb)
+        };
+        (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+        sregs.tr = kvm_segment {
+            s: 0,
+            db: 0,
+            g: 0,
+            limit: 0x67,
+            ..segment(3, 0xb)
+        };
+        sregs.gdt.base = GDT_START.0;
+        sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+        sregs.cr0 = 0x8000_0031; // PG | NE | ET | PE
+        sregs.cr3 = cr3;
+        sregs.cr4 = 0x20; // PAE
+                          // NXE too: the kernel's page tables set NX, a reserved bit without it.
+        sregs.efer = 0xd00; // NXE | LMA | LME
+        self.fd.set_sregs(&sregs).map_err(state_error("sregs"))?;
+        let regs = kvm_regs {
+            rip: entry,
+            rflags: 0x2,
+            ..Default::default()
+        };
+        self.fd.set_regs(&regs).map_err(state_error("regs"))
     }
 
     /// Completes the instruction behind the last exit without running the

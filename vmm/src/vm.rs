@@ -21,10 +21,12 @@ use crate::breakpoint_step::{self, StepMethod};
 use crate::bus::{Bus, BusError};
 use crate::cpu_baseline::{self, Baseline, BaselineError};
 use crate::cpuid::{self, CpuidEntry, Platform};
+use crate::devices::apic::{APIC_BASE, APIC_SIZE};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
 use crate::devices::paravirt::{
-    Doorbell, DoorbellState, ParavirtClock, DOORBELL_PORT, DOORBELL_PORT_LEN,
+    Doorbell, DoorbellState, ParavirtClock, SmpPorts, SmpRequest, StartBlock, DOORBELL_PORT,
+    DOORBELL_PORT_LEN, SMP_PORT, SMP_PORT_LEN,
 };
 use crate::devices::persist::{InvalidState, Persist};
 use crate::devices::pic::{self, Pic, PicIrqLine};
@@ -43,15 +45,18 @@ use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::host_core;
 use crate::logged_window::{WindowBreakpoint, WindowStop};
 use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
+use crate::mp_table;
 use crate::msr;
 use crate::paging::{self, Unmapped};
 use crate::port_exit::{self, OutExitRip};
+use crate::scheduler::{Next, Reason};
 use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
 use crate::state_digest::{self, StateDigest};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
 use crate::vector_state;
 
+mod cpus;
 #[cfg(test)]
 mod fuzz;
 
@@ -92,6 +97,8 @@ pub fn port_device(port: u16) -> &'static str {
         "serial"
     } else if within(DOORBELL_PORT.into(), DOORBELL_PORT_LEN) {
         "doorbell"
+    } else if within(SMP_PORT.into(), SMP_PORT_LEN) {
+        "smp"
     } else if port == i8042::DATA_PORT || port == i8042::COMMAND_PORT {
         "i8042"
     } else {
@@ -107,6 +114,8 @@ pub const EXIT_DEVICES: &[&str] = &[
     "cmos",
     "serial",
     "doorbell",
+    "smp",
+    "apic",
     "i8042",
     "virtio-blk",
     "virtio-console",
@@ -141,6 +150,8 @@ pub fn mmio_device(address: u64) -> &'static str {
         "clock"
     } else if within(NET_MMIO) {
         "virtio-net"
+    } else if (APIC_BASE..APIC_BASE + APIC_SIZE).contains(&address) {
+        "apic"
     } else {
         "none"
     }
@@ -173,6 +184,9 @@ pub struct VmConfig {
     /// Whether a booted guest gets a network card (its frames cross the
     /// seam). A restored one has the card its snapshot has.
     pub net: bool,
+    /// How many vCPUs a booted guest gets (1 to `mp_table::MAX_CPUS`). A
+    /// restored one has its snapshot's.
+    pub cpus: u8,
 }
 
 /// The whole VM at a VM exit, enough to continue it in a new process: the
@@ -202,6 +216,10 @@ pub struct VmState {
     /// on, with `--net`); absent, the state is machine version 1's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     net: Option<TransportState<()>>,
+    /// The other vCPUs, their APICs and the schedule, in machines with more
+    /// than one vCPU (machine version 3); absent, the machine has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cpus: Option<cpus::CpusState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +265,12 @@ pub enum VmError {
     UnexpectedExit(String),
     #[error("the guest halted with nothing that could wake it")]
     Stuck,
+    #[error(
+        "this host's KVM offers at most {max} vCPUs per VM (KVM_CAP_MAX_VCPUS); asked for {asked}"
+    )]
+    TooManyVcpus { asked: u8, max: usize },
+    #[error("the guest asked to start CPU {0}, which this machine does not have or has started")]
+    NoSuchCpu(u32),
     #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
     Timeout { rip: u64 },
     #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
@@ -272,6 +296,11 @@ impl VmState {
     /// The CPUID table the snapshotted guest saw.
     pub fn cpuid(&self) -> &[CpuidEntry] {
         &self.vcpu.cpuid
+    }
+
+    /// How many vCPUs the snapshotted machine has.
+    pub fn vcpu_count(&self) -> usize {
+        self.cpus.as_ref().map_or(1, |cpus| cpus.vcpus.len() + 1)
     }
 }
 
@@ -386,6 +415,9 @@ pub struct Vm {
     exitless_warned: bool,
     /// Where the guest was at the kicks of the current stretch.
     spin_watch: SpinWatch,
+    /// The other vCPUs, with more than one (see `cpus`).
+    cpus: Option<cpus::Cpus>,
+    smp_ports: Arc<Mutex<SmpPorts>>,
     /// What the guest stops at (`set_guest_debug`).
     guest_debug: GuestDebug,
     /// Exit timing, when asked for (`time_exits`).
@@ -418,8 +450,27 @@ impl Vm {
         let platform = Platform::detect();
         let model = cpu_baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
         let net = config.net;
-        let vm = Self::build(kvm, config, &model, net)?;
-        let unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
+        let count = config.cpus;
+        let smp = count > 1;
+        let max = kvm.get_max_vcpus();
+        if usize::from(count) > max {
+            return Err(VmError::TooManyVcpus { asked: count, max });
+        }
+        let boot_cpuid = match smp {
+            true => cpus::cpuid_for(&model, 0),
+            false => model.clone(),
+        };
+        let mut vm = Self::build(kvm, config, &boot_cpuid, net)?;
+        if smp {
+            vm.cpus = Some(cpus::Cpus::create(
+                &vm.kvm, &vm._vm, &model, count, &vm.vcpu,
+            )?);
+            mp_table::write(&vm.memory, count)
+                .map_err(|error| BootError::Memory(error.to_string()))?;
+        }
+        let mut unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
+        // The APIC the VMM emulates for them is what SMP guests need.
+        unenforced.retain(|feature| !smp || feature.name != "apic");
         if !unenforced.is_empty() {
             tracing::debug!(
                 count = unenforced.len(),
@@ -445,9 +496,20 @@ impl Vm {
     /// gets exactly the snapshot's CPUID, or the restore is refused.
     pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
         let state = snapshot.state;
-        let vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid, state.net.is_some())?;
+        let mut vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid, state.net.is_some())?;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&vm.kvm, &state.vcpu)?;
+        if let Some(saved) = &state.cpus {
+            let mut cpus = cpus::Cpus::restore(&vm.kvm, &vm._vm, saved)?;
+            // Back to the vCPU that was running, with its saved quantum.
+            let current = saved.scheduler.current;
+            if current != 0 {
+                let boot = std::mem::replace(&mut vm.vcpu, cpus.take_parked(current)?);
+                cpus.park(0, boot);
+            }
+            cpus.resume_as_saved();
+            vm.cpus = Some(cpus);
+        }
         vm.pic.lock().unwrap().restore(&state.pic)?;
         vm.pit.lock().unwrap().restore(&state.pit)?;
         vm.cmos.lock().unwrap().restore(&state.cmos)?;
@@ -501,9 +563,19 @@ impl Vm {
     /// The vCPU's and the devices' state, with the virtual time given.
     fn state_at(&mut self, clock_ns: u64) -> Result<VmState, VmError> {
         self.vcpu.finish_pending_exit();
+        let (vcpu, cpus) = match &mut self.cpus {
+            Some(cpus) => {
+                let others = cpus.save(&self.kvm, &mut self.vcpu)?;
+                let boot = cpus.boot_vcpu_mut(&mut self.vcpu);
+                boot.finish_pending_exit();
+                (boot.save(&self.kvm)?, Some(others))
+            }
+            None => (self.vcpu.save(&self.kvm)?, None),
+        };
         Ok(VmState {
             clock_ns,
-            vcpu: self.vcpu.save(&self.kvm)?,
+            vcpu,
+            cpus,
             pic: self.pic.lock().unwrap().save(),
             pit: self.pit.lock().unwrap().save(),
             cmos: self.cmos.lock().unwrap().save(),
@@ -557,6 +629,8 @@ impl Vm {
         pio.insert(CMOS_PORT, CMOS_PORT_LEN, cmos.clone())?;
         pio.insert(COM1_BASE, UART_REGISTERS, serial.clone())?;
         pio.insert(DOORBELL_PORT.into(), DOORBELL_PORT_LEN, doorbell.clone())?;
+        let smp_ports = Arc::new(Mutex::new(SmpPorts::default()));
+        pio.insert(SMP_PORT.into(), SMP_PORT_LEN, smp_ports.clone())?;
 
         let disk = ObservedDisk {
             disk: config.disk,
@@ -617,6 +691,8 @@ impl Vm {
             last_exit: Instant::now(),
             exitless_warned: false,
             spin_watch: SpinWatch::new(Instant::now()),
+            cpus: None,
+            smp_ports,
             guest_debug: GuestDebug::default(),
             exit_clock: None,
             step_over_due: false,
@@ -626,6 +702,14 @@ impl Vm {
             window: WindowBreakpoint::default(),
             _not_send: PhantomData,
         })
+    }
+
+    /// Draws the vCPU schedule from `seed` from now on (`record --chaos`);
+    /// nothing to draw with one vCPU.
+    pub fn chaos(&mut self, seed: u64) {
+        if let Some(cpus) = &mut self.cpus {
+            cpus.scheduler.chaos(seed);
+        }
     }
 
     /// Times every exit from now on and tells `observer`; with `delay`,
@@ -689,6 +773,7 @@ impl Vm {
                 Entry::Debug(stop) => return Ok(VmEvent::DebugStop(stop)),
                 Entry::Exited { halted } => halted,
             };
+            let halted = self.schedule(halted)?;
             if self.i8042.lock().unwrap().take_reset_request() {
                 return Ok(VmEvent::Reset);
             }
@@ -703,7 +788,11 @@ impl Vm {
                 if let Some(clock) = &mut self.exit_clock {
                     clock.halted(start.elapsed());
                 }
-                if !wakes {
+                if wakes {
+                    if let Some(cpus) = &mut self.cpus {
+                        cpus.scheduler.woke(cpus.scheduler.current());
+                    }
+                } else {
                     if self.seam.final_check_due() {
                         let digest = self.state_digest()?;
                         self.seam.final_state(&digest);
@@ -714,24 +803,111 @@ impl Vm {
         }
     }
 
-    /// Raises the timer line for due ticks, then injects the PIC's highest
-    /// request if the guest can take it, or has the guest exit when it can
-    /// (KVM's interrupt window or the guest's doorbell, as the seam says).
+    /// After an exit: acts on the SMP kernel's requests, and with more
+    /// than one vCPU has the scheduler pick the one that runs next, which
+    /// the seam confirms (a recording logs it, a replay takes the logged
+    /// one). Returns whether the running vCPU is halted, waiting for an
+    /// interrupt (`halted`: it has just executed HLT).
+    fn schedule(&mut self, halted: bool) -> Result<bool, VmError> {
+        let request = self.smp_ports.lock().unwrap().take_request();
+        if self.cpus.is_none() {
+            return Ok(halted);
+        }
+        let reason = match request {
+            Some(SmpRequest::StartAp { block }) => {
+                self.start_ap(block)?;
+                Reason::Exit
+            }
+            Some(SmpRequest::Relax) => Reason::Spin,
+            None if halted => Reason::Halt {
+                for_good: !self.vcpu.interrupts_enabled(),
+            },
+            None => Reason::Exit,
+        };
+        let pic_waits = self.pic.lock().unwrap().has_pending_interrupt();
+        let Some(cpus) = &mut self.cpus else {
+            return Ok(halted);
+        };
+        let current = cpus.scheduler.current();
+        let proposed = match cpus.next_after(reason, pic_waits) {
+            Next::Stay => None,
+            Next::Switch(cpu) => Some(cpu),
+            // The PIC's timer, wired to vCPU 0, is what wakes the guest.
+            Next::AllHalted => (current != 0).then_some(0),
+        };
+        if let Some(cpu) = self.seam.schedule(proposed) {
+            cpus.switch(&mut self.vcpu, cpu);
+        }
+        Ok(cpus.scheduler.halted(cpus.scheduler.current()))
+    }
+
+    /// Starts the AP the guest kernel asked for, as its start block at
+    /// `block` says (kernels/smp).
+    fn start_ap(&mut self, block: u64) -> Result<(), VmError> {
+        let mut bytes = [0u8; StartBlock::LEN];
+        self.memory
+            .read_slice(&mut bytes, GuestAddress(block))
+            .map_err(|error| VmError::UnexpectedExit(format!("AP start block: {error}")))?;
+        let start = StartBlock::parse(&bytes);
+        let cpus = self
+            .cpus
+            .as_mut()
+            .ok_or(VmError::NoSuchCpu(start.apic_id))?;
+        let id = start.apic_id as usize;
+        let vcpu = cpus
+            .parked(id)
+            .filter(|_| !cpus.scheduler.started(id))
+            .ok_or(VmError::NoSuchCpu(start.apic_id))?;
+        vcpu.enter_long_mode(start.entry.into(), start.cr3.into())?;
+        cpus.scheduler.start(id);
+        tracing::debug!("vCPU {id} started at {:#x}", start.entry);
+        Ok(())
+    }
+
+    /// Raises the timer line for due ticks, then injects the highest request
+    /// for the running vCPU (the PIC's, wired to vCPU 0, then its APIC's) if
+    /// it can take it, or has the guest exit when it can (KVM's interrupt
+    /// window or the guest's doorbell, as the seam says).
     fn deliver_interrupts(&mut self) -> Result<(), VmError> {
         let now = self.seam.monotonic_ns();
         if self.pit.lock().unwrap().poll(now) {
             self.timer_line.pulse();
         }
-        let mut pic = self.pic.lock().unwrap();
-        let mut waiting = pic.has_pending_interrupt();
-        if waiting && self.vcpu.ready_for_interrupt() {
-            if let Some(vector) = pic.acknowledge() {
-                self.seam.injected(vector);
-                self.vcpu.inject(vector)?;
+        let current = self
+            .cpus
+            .as_ref()
+            .map_or(0, |cpus| cpus.scheduler.current());
+        let mut waiting = false;
+        let mut injected = false;
+        if current == 0 {
+            let mut pic = self.pic.lock().unwrap();
+            waiting = pic.has_pending_interrupt();
+            if waiting && self.vcpu.ready_for_interrupt() {
+                if let Some(vector) = pic.acknowledge() {
+                    self.seam.injected(vector);
+                    self.vcpu.inject(vector)?;
+                    injected = true;
+                }
+                waiting = false;
             }
-            waiting = false;
         }
-        drop(pic);
+        if let Some(cpus) = &mut self.cpus {
+            let apic = &mut cpus.apics[current];
+            if apic.has_pending_interrupt() {
+                if !injected && self.vcpu.ready_for_interrupt() {
+                    if let Some(vector) = apic.acknowledge() {
+                        self.seam.injected(vector);
+                        self.vcpu.inject(vector)?;
+                        injected = true;
+                    }
+                } else {
+                    waiting = true;
+                }
+            }
+            if injected {
+                cpus.scheduler.woke(current);
+            }
+        }
         match self.seam.delivery() {
             Delivery::Anywhere | Delivery::WindowExit => {
                 self.vcpu.request_interrupt_window(waiting);
@@ -1023,7 +1199,11 @@ impl Vm {
         let MmioExit { address, data } = self.vcpu.mmio_exit();
         let len = data.len() as u8;
         self.seam.exit(Exit::MmioRead { address, len }, at);
-        if !self.mmio.read(address, data) {
+        let apic = self
+            .cpus
+            .as_ref()
+            .is_some_and(|cpus| cpus.mmio_read(address, data));
+        if !apic && !self.mmio.read(address, data) {
             data.fill(0xff);
         }
         self.seam.read_result(data);
@@ -1034,7 +1214,13 @@ impl Vm {
         let at = self.vcpu.place()?;
         let MmioExit { address, data } = self.vcpu.mmio_exit();
         self.seam.exit(Exit::MmioWrite { address, data }, at);
-        self.mmio.write(address, data);
+        let apic = self
+            .cpus
+            .as_mut()
+            .is_some_and(|cpus| cpus.mmio_write(address, data));
+        if !apic {
+            self.mmio.write(address, data);
+        }
         Ok(())
     }
 
@@ -1095,7 +1281,11 @@ impl Vm {
         if !self.vcpu.interrupts_enabled() {
             return Ok(false);
         }
-        if self.pic.lock().unwrap().has_pending_interrupt() {
+        let apic_waits = self
+            .cpus
+            .as_ref()
+            .is_some_and(|cpus| cpus.apics[cpus.scheduler.current()].has_pending_interrupt());
+        if apic_waits || self.pic.lock().unwrap().has_pending_interrupt() {
             return Ok(true);
         }
         let tick = self

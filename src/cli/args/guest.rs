@@ -61,6 +61,12 @@ pub struct GuestArgs {
     /// ring 0 is emulated).
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
+    /// The guest's vCPUs, 1 to 64. More than one boots the SMP kernel
+    /// variant (`provm kernel build --smp`); they run one at a time,
+    /// switched at VM exits, and a recording logs the schedule.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(provm_vmm::mp_table::MAX_CPUS)))]
+    pub cpus: u8,
     /// Give up (and stop the guest) after this many seconds.
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
     pub timeout: u64,
@@ -157,6 +163,12 @@ pub struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     pub no_timing: bool,
+    /// With --cpus N > 1: draw the vCPU schedule (when each vCPU runs, for
+    /// how many exits) from SEED, so that different seeds interleave the
+    /// guest's threads differently. The trace replays exactly, whatever
+    /// the seed.
+    #[arg(long, value_name = "SEED")]
+    pub chaos: Option<u64>,
     /// Name the host's files (the image and its backing files, the kernel)
     /// by their paths in the trace and its provenance, instead of by file
     /// name and digest alone: a published trace then shows your user name

@@ -185,9 +185,17 @@ pub struct ExportOutput {
 #[derive(Subcommand)]
 pub enum KernelAction {
     /// Build the guest kernel from Debian's linux-source-6.1 (cached).
-    Build,
+    Build {
+        /// The SMP variant, which guests with --cpus N > 1 boot.
+        #[arg(long)]
+        smp: bool,
+    },
     /// Print the path of the built kernel.
-    Path,
+    Path {
+        /// The SMP variant's.
+        #[arg(long)]
+        smp: bool,
+    },
 }
 
 fn parse_image(text: &str) -> Result<ImageRef, std::convert::Infallible> {

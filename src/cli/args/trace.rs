@@ -65,6 +65,9 @@ pub struct ReplayArgs {
     /// the kernel (with --extract-kernel).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Refused: a replay has the recording's vCPUs (the trace decides).
+    #[arg(long, hide = true, value_name = "N")]
+    pub cpus: Option<String>,
     /// Write the trace's guest kernel (vmlinux, with its symbols, for gdb)
     /// to --output instead of replaying.
     #[arg(long, requires = "output", conflicts_with_all = ["analyze", "timing", "inject_exit_delay"])]

@@ -147,7 +147,7 @@ impl Fields {
                 value: Some(*ns as i64),
                 ..Fields::default()
             },
-            Event::Inject(vector) => Fields {
+            Event::Inject(vector) | Event::Switch(vector) => Fields {
                 value: Some(i64::from(*vector)),
                 ..Fields::default()
             },

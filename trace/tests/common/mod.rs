@@ -133,6 +133,8 @@ pub fn sample_sections() -> Sections {
         snapshot_sha256: sha(&snapshot),
         kernel_cmdline: String::new(),
         memory_mib: MEMORY_MIB,
+        cpus: 1,
+        chaos_seed: None,
         cpu: CpuModel {
             cpuid: Vec::new(),
             ignored_by_kernel: Vec::new(),

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+pub mod apic;
 pub mod cmos;
 #[cfg(test)]
 pub(crate) mod fuzz;

@@ -128,6 +128,76 @@ impl Persist for Doorbell {
     }
 }
 
+/// The SMP kernel's ports (kernels/smp): a write of any byte at 0 says the
+/// guest kernel is waiting for another CPU (`cpu_relax()`), and the VMM may
+/// run another vCPU; a 4-byte write at 4 asks it to start an AP and gives
+/// the guest-physical address of the start block (`StartBlock`).
+pub const SMP_PORT: u16 = 0x448;
+pub const SMP_PORT_LEN: u64 = 8;
+const RELAX: u64 = 0;
+const START_AP: u64 = 4;
+
+/// What the guest asked for at the SMP ports, for the VM to act on right
+/// after the exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmpRequest {
+    Relax,
+    StartAp { block: u64 },
+}
+
+/// The start block the guest kernel hands over with `SmpRequest::StartAp`:
+/// APIC ID, 64-bit entry and CR3, each 32 bits (all below 4 GiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartBlock {
+    pub apic_id: u32,
+    pub entry: u32,
+    pub cr3: u32,
+}
+
+impl StartBlock {
+    pub const LEN: usize = 16;
+
+    pub fn parse(bytes: &[u8; Self::LEN]) -> Self {
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        StartBlock {
+            apic_id: word(0),
+            entry: word(4),
+            cr3: word(8),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct SmpPorts {
+    request: Option<SmpRequest>,
+}
+
+impl SmpPorts {
+    /// The request of the exit just handled, if it was one.
+    pub fn take_request(&mut self) -> Option<SmpRequest> {
+        self.request.take()
+    }
+}
+
+impl BusDevice for SmpPorts {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        self.request = match (offset, data) {
+            (RELAX, _) => Some(SmpRequest::Relax),
+            (START_AP, &[a, b, c, d]) => Some(SmpRequest::StartAp {
+                block: u64::from(u32::from_le_bytes([a, b, c, d])),
+            }),
+            _ => {
+                tracing::warn!(offset, len = data.len(), "smp port: write ignored");
+                None
+            }
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +248,25 @@ mod tests {
         let saved = DoorbellState { flag: Some(64) };
         doorbell.restore(&saved).unwrap();
         assert_eq!(doorbell.save(), saved);
+    }
+
+    #[test]
+    fn the_smp_ports_carry_a_relax_and_a_start_block() {
+        let mut ports = SmpPorts::default();
+        ports.write(RELAX, &[0]);
+        assert_eq!(ports.take_request(), Some(SmpRequest::Relax));
+        assert_eq!(ports.take_request(), None);
+        ports.write(START_AP, &0x9000u32.to_le_bytes());
+        assert_eq!(
+            ports.take_request(),
+            Some(SmpRequest::StartAp { block: 0x9000 })
+        );
+        let mut block = [0u8; StartBlock::LEN];
+        block[..12].copy_from_slice(&[1, 0, 0, 0, 0x40, 0x9a, 0, 0, 0, 0xa0, 0, 0]);
+        let parsed = StartBlock::parse(&block);
+        assert_eq!(
+            (parsed.apic_id, parsed.entry, parsed.cr3),
+            (1, 0x9a40, 0xa000)
+        );
     }
 }

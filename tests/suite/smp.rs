@@ -1,0 +1,73 @@
+//! Guests with more than one vCPU (`--cpus N`): they boot the SMP kernel,
+//! see N CPUs, and record and replay exactly, the vCPUs serialised and the
+//! schedule in the trace; `--chaos SEED` draws other schedules.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+
+use common::{
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,
+};
+
+/// The race test program's output in a recording's standard output.
+fn race_count(stdout: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("race ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no race count in: {stdout}"))
+}
+
+#[test]
+fn out_of_range_vcpu_counts_and_replay_cpus_are_refused() {
+    let image = path(&images().tiny_qcow2);
+    for bad in ["0", "65"] {
+        let run = provm(&["run", "--cpus", bad, image, "--", "true"]);
+        assert_eq!(run.status, 2, "{}", run.stderr);
+        assert!(run.stderr.contains("1..=64"), "{}", run.stderr);
+    }
+    let replay = provm(&["replay", "--cpus", "2", "no-such.provm"]);
+    assert_ne!(replay.status, 0);
+    assert!(
+        replay.stderr.contains("the trace decides"),
+        "{}",
+        replay.stderr
+    );
+}
+
+#[test]
+fn a_two_vcpu_guest_sees_two_cpus() {
+    let _guest = one_guest_at_a_time();
+    let image = path(&images().tiny_qcow2);
+    let run = provm(&["run", "--cpus", "2", image, "--", "nproc"]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert_eq!(run.stdout, "2\n");
+}
+
+/// Four threads race on an unlocked counter in a two-vCPU guest: each
+/// recording replays exactly (same count, every switch where it was), and
+/// the default schedule and chaos seeds give more than one count.
+#[test]
+fn a_race_replays_exactly_and_chaos_seeds_vary_it() {
+    let _guest = one_guest_at_a_time();
+    let image = &images().tiny_qcow2;
+    let dir = common::scratch(module_path!());
+    let mut counts = BTreeSet::new();
+    for seed in [None, Some("1"), Some("2")] {
+        let trace = trace_path(&dir, &format!("race-{}", seed.unwrap_or("default")));
+        let mut extra = vec!["--cpus", "2"];
+        if let Some(seed) = seed {
+            extra.extend_from_slice(&["--chaos", seed]);
+        }
+        let recorded = record_shell(image, &trace, &extra, "race_counter 300");
+        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+        let count = race_count(&recorded.stdout);
+        let inspect = provm(&["inspect", path(&trace)]);
+        assert!(inspect.stdout.contains("2 vCPUs"), "{}", inspect.stdout);
+        assert!(inspect.stdout.contains("vCPU switch"), "{}", inspect.stdout);
+        let replayed = assert_replay_matches(&trace);
+        eprintln!("seed {seed:?}: race {count}; {}", replayed.trim_end());
+        counts.insert(count);
+    }
+    assert!(counts.len() >= 2, "every schedule gave {counts:?}");
+}
