@@ -495,7 +495,7 @@ pub fn test_program(name: &str) -> PathBuf {
 }
 
 /// The C programs the test images carry in /bin, from tests/data/NAME.c.
-const TEST_PROGRAMS: [&str; 11] = [
+const TEST_PROGRAMS: [&str; 12] = [
     "vector_copy",
     "ymm_hold",
     "ymm_signal",
