@@ -59,12 +59,11 @@ mod tests {
             error: vm_error(),
         };
         assert_eq!(failure_status(&analysis), TOOL_FAILED);
-        let stepping = GdbError::Debug(DebugError::NotFoundAgain {
-            event: 7,
-            hits: 1,
-            rip: 0,
+        let debugger = GdbError::Debug(DebugError::PastTheEnd {
+            asked: 9,
+            events: 7,
         });
-        assert_eq!(failure_status(&stepping), TOOL_FAILED);
+        assert_eq!(failure_status(&debugger), TOOL_FAILED);
         let refused = GdbError::Debug(DebugError::Replay(ReplayError::NoWindowBreakpoints));
         assert_eq!(failure_status(&refused), PROVM_FAILED);
         assert_eq!(failure_status(&ReplayError::Vm(vm_error())), PROVM_FAILED);

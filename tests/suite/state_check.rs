@@ -201,3 +201,65 @@ fn an_ordinary_workload_matches_with_state_checks() {
     let replayed = assert_replay_matches(&trace);
     assert!(replayed.contains("state not checked"), "{replayed}");
 }
+
+/// The guest-physical page of the kernel's first text page: vmlinux's
+/// first segment is loaded at its physical address (LOAD_PHYSICAL_ADDR).
+const KERNEL_TEXT_PAGE: u64 = 0x100_0000;
+
+/// One byte of one page made to differ, by script, on every host kind:
+/// the recorded final check's memory digest and one piece digest of the
+/// kernel's first text page are changed in the trace, as a byte flipped in
+/// that piece would change them. The replay (whose memory is the
+/// recording's) names that page, that piece and the page's owner.
+#[test]
+fn a_page_made_to_differ_is_named_with_the_piece_and_its_owner() {
+    use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
+    use provm_trace::page_digests::{self, CheckPoint, PAGE_SIZE, PIECES_PER_PAGE};
+
+    let _guest = one_guest_at_a_time();
+    let (trace, _) = record("to-flip", None, "echo flipped");
+    let flipped = trace.with_file_name("flipped.provm");
+    let mut reader = TraceReader::open(&trace).unwrap();
+    let mut writer = SectionWriter::create(&flipped).unwrap();
+    let piece = (KERNEL_TEXT_PAGE as usize / PAGE_SIZE) * PIECES_PER_PAGE + 3;
+    let mut changed = (false, false);
+    while let Some(section) = reader.next_section().unwrap() {
+        let payload = match section.kind {
+            SectionKind::Outcome => {
+                let mut outcome: serde_json::Value =
+                    serde_json::from_slice(&section.payload).unwrap();
+                let memory = &mut outcome["state_check"]["memory"];
+                let digest = u64::from_str_radix(memory.as_str().unwrap(), 16).unwrap();
+                *memory = format!("{:016x}", digest ^ 1).into();
+                changed.0 = true;
+                serde_json::to_vec(&outcome).unwrap()
+            }
+            SectionKind::PageDigests => {
+                let mut checks = page_digests::decode(&section.payload).unwrap();
+                for check in checks.iter_mut().filter(|c| c.at == CheckPoint::PowerOff) {
+                    check.pieces[piece] ^= 1;
+                    changed.1 = true;
+                }
+                checks.iter().flat_map(page_digests::encode_check).collect()
+            }
+            _ => section.payload,
+        };
+        writer.section(section.kind, &payload).unwrap();
+    }
+    writer.finish().unwrap();
+    assert_eq!(
+        changed,
+        (true, true),
+        "the trace has a final check and its page digests"
+    );
+
+    let replay = provm(&["replay", "--explain", path(&flipped)]);
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    for part in [
+        "memory differs in 1 page:".to_owned(),
+        format!("page {KERNEL_TEXT_PAGE:#x}, first difference in bytes +0x300..+0x400"),
+        "owner: the kernel's image, at ".to_owned(),
+    ] {
+        assert!(replay.stdout.contains(&part), "{part}: {}", replay.stdout);
+    }
+}

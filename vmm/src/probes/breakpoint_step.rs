@@ -104,15 +104,11 @@ pub fn arm(
     syscall_entry: u64,
     memory: &GuestMemory,
 ) -> Option<GuestDebug> {
-    let code = code_at(memory, sregs.cr3, regs.rip);
-    let guest = Guest {
-        code: &code,
-        regs,
-        sregs,
-        memory,
-    };
     let mut breakpoints = debug.breakpoints.clone();
-    for target in guest.next_places(syscall_entry)? {
+    let places = at_rip(regs, sregs, memory, |guest| {
+        guest.next_places(syscall_entry)
+    })?;
+    for target in places {
         if !breakpoints.contains(&target) {
             breakpoints.push(target);
         }
@@ -123,10 +119,6 @@ pub fn arm(
     })
 }
 
-/// The bytes an instruction at `rip` can span (15), or as many of them as
-/// are mapped, read through the guest's page tables (`paging`), not
-/// KVM_TRANSLATE: that walks them as a supervisor read, which SMAP refuses
-/// for user pages (measured on the SVM test bed).
 /// On a host that steps with the trap flag (PVM): if the instruction at RIP
 /// returns to user mode, `debug` without the trap flag and with
 /// breakpoints where the kernel is entered again (the system-call entry and
@@ -143,18 +135,14 @@ pub fn arm_past_user_mode(
     syscall_entry: u64,
     memory: &GuestMemory,
 ) -> Option<GuestDebug> {
-    let code = code_at(memory, sregs.cr3, regs.rip);
-    let guest = Guest {
-        code: &code,
-        regs,
-        sregs,
-        memory,
-    };
-    if !guest.returns_to_user_mode() {
-        return None;
-    }
+    // Where the kernel is entered again: None unless the instruction
+    // leaves it; the page-fault handler where the IDT can be read.
+    let page_fault = at_rip(regs, sregs, memory, |guest| {
+        guest
+            .returns_to_user_mode()
+            .then(|| guest.interrupt_handler(PAGE_FAULT))
+    })?;
     let mut breakpoints = debug.breakpoints.clone();
-    let page_fault = guest.interrupt_handler(PAGE_FAULT);
     for entry in [Some(syscall_entry), page_fault].into_iter().flatten() {
         if breakpoints.len() < HW_BREAKPOINTS && !breakpoints.contains(&entry) {
             breakpoints.push(entry);
@@ -169,6 +157,27 @@ pub fn arm_past_user_mode(
 /// The page-fault exception's vector.
 const PAGE_FAULT: u8 = 14;
 
+/// What `look` makes of the guest as it stands, its instruction at RIP
+/// read.
+fn at_rip<T>(
+    regs: &kvm_regs,
+    sregs: &kvm_sregs,
+    memory: &GuestMemory,
+    look: impl FnOnce(&Guest) -> Option<T>,
+) -> Option<T> {
+    let code = code_at(memory, sregs.cr3, regs.rip);
+    look(&Guest {
+        code: &code,
+        regs,
+        sregs,
+        memory,
+    })
+}
+
+/// The bytes an instruction at `rip` can span (15), or as many of them as
+/// are mapped, read through the guest's page tables (`paging`), not
+/// KVM_TRANSLATE: that walks them as a supervisor read, which SMAP refuses
+/// for user pages (measured on the SVM test bed).
 fn code_at(memory: &GuestMemory, cr3: u64, rip: u64) -> Vec<u8> {
     const LONGEST: usize = 15;
     let on_page = ((4096 - rip % 4096) as usize).min(LONGEST);
