@@ -114,7 +114,21 @@ fn sample_events() -> Vec<Event> {
         },
         Event::NetReceived(vec![0x52; 60]),
         Event::net_sent(b"a frame"),
+        Event::Switch(1),
     ]
+}
+
+/// `sample_events()` as a format without `newer` kinds wrote them.
+fn sample_events_of_an_older_format(newer: impl Fn(&Event) -> bool) -> Vec<Event> {
+    let mut events = sample_events();
+    events.retain(|event| !newer(event));
+    events
+}
+
+/// A golden event log of an older format, which must still decode.
+fn older_event_log(version: u16) -> Vec<u8> {
+    let path = golden_dir().join(format!("events.format-{version}.bin"));
+    fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
@@ -134,30 +148,55 @@ fn the_event_encoding_is_its_formats() {
 }
 
 /// The event logs of format 5 still decode, as today's events without
-/// state checks and network frames, which that format did not have.
+/// state checks, network frames and vCPU switches, which that format did
+/// not have.
 #[test]
 fn the_event_logs_of_format_5_still_decode() {
-    let path = golden_dir().join("events.format-5.bin");
-    let bytes = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut events = sample_events();
-    events.retain(|event| {
-        !matches!(
+    let events = sample_events_of_an_older_format(|event| {
+        matches!(
             event,
-            Event::StateCheck { .. } | Event::NetReceived(_) | Event::NetSent { .. }
+            Event::StateCheck { .. }
+                | Event::NetReceived(_)
+                | Event::NetSent { .. }
+                | Event::Switch(_)
         )
     });
-    assert_eq!(Decoder::default().decode_all(&bytes).unwrap(), events);
+    assert_eq!(
+        Decoder::default().decode_all(&older_event_log(5)).unwrap(),
+        events
+    );
 }
 
 /// The event logs of format 6 still decode, as today's events without
-/// network frames, which that format did not have.
+/// network frames and vCPU switches.
 #[test]
 fn the_event_logs_of_format_6_still_decode() {
-    let path = golden_dir().join("events.format-6.bin");
-    let bytes = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut events = sample_events();
-    events.retain(|event| !matches!(event, Event::NetReceived(_) | Event::NetSent { .. }));
-    assert_eq!(Decoder::default().decode_all(&bytes).unwrap(), events);
+    let events = sample_events_of_an_older_format(|event| {
+        matches!(
+            event,
+            Event::NetReceived(_) | Event::NetSent { .. } | Event::Switch(_)
+        )
+    });
+    assert_eq!(
+        Decoder::default().decode_all(&older_event_log(6)).unwrap(),
+        events
+    );
+}
+
+/// The event logs of formats 7 and 8 still decode, as today's events
+/// without vCPU switches.
+#[test]
+fn the_event_logs_of_formats_7_and_8_still_decode() {
+    let events = sample_events_of_an_older_format(|event| matches!(event, Event::Switch(_)));
+    for version in [7, 8] {
+        assert_eq!(
+            Decoder::default()
+                .decode_all(&older_event_log(version))
+                .unwrap(),
+            events,
+            "format {version}"
+        );
+    }
 }
 
 fn cpuid(function: u32) -> CpuidEntry {
@@ -200,8 +239,8 @@ fn sample_manifest() -> Manifest {
         snapshot_sha256: "e".repeat(64),
         kernel_cmdline: "console=ttyS0".into(),
         memory_mib: 128,
-        cpus: 1,
-        chaos_seed: None,
+        cpus: 2,
+        chaos_seed: Some(7),
         cpu: CpuModel {
             cpuid: vec![cpuid(0)],
             ignored_by_kernel: vec!["avx".into()],

@@ -42,11 +42,13 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// a format-6 trace has none. Version 8: the page digests of every state
 /// check (`page_digests`), a section after the outcome, which names the
 /// pages that differ; a format-7 trace has none, and its replay says only
-/// that memory differs.
+/// that memory differs. Version 9: guests of more than one vCPU, the log's
+/// `Switch` events and the manifest's `cpus` and `chaos_seed`; a format-8
+/// trace is of one vCPU.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 9;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
