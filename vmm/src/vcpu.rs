@@ -43,6 +43,8 @@ pub enum VcpuError {
     },
     #[error("KVM_INTERRUPT of vector {vector:#x} failed: {source}")]
     Inject { vector: u8, source: std::io::Error },
+    #[error("KVM_NMI failed: {0}")]
+    Nmi(kvm_ioctls::Error),
     #[error(
         "the vCPU kick timer failed (without it a guest that makes no exits is never stopped): {0}"
     )]
@@ -420,6 +422,12 @@ impl Vcpu {
             });
         }
         Ok(())
+    }
+
+    /// Queues an NMI (an NMI IPI); KVM injects it when the guest does not
+    /// block NMIs.
+    pub fn inject_nmi(&self) -> Result<(), VcpuError> {
+        self.fd.nmi().map_err(VcpuError::Nmi)
     }
 
     /// Whether the guest can take an interrupt now (IF set, no interrupt shadow).

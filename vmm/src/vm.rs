@@ -893,6 +893,15 @@ impl Vm {
         }
         if let Some(cpus) = &mut self.cpus {
             let apic = &mut cpus.apics[current];
+            // KVM holds an NMI while the guest blocks NMIs (in its NMI
+            // handler) and delivers it at the IRET that unblocks them: a
+            // place in the guest's own instruction stream, which a replay
+            // reaches too. The IPI that raised it was the guest's ICR
+            // write, which the replay repeats, so the log needs no event.
+            if apic.take_nmi() {
+                self.vcpu.inject_nmi()?;
+                injected = true;
+            }
             if apic.has_pending_interrupt() {
                 if !injected && self.vcpu.ready_for_interrupt() {
                     if let Some(vector) = apic.acknowledge() {

@@ -108,6 +108,8 @@ pub struct LocalApic {
     timer_divide: u32,
     irr: Vectors,
     isr: Vectors,
+    /// An NMI IPI waits for the vCPU's next entry (NMIs bypass the IRR).
+    nmi_pending: bool,
 }
 
 impl LocalApic {
@@ -126,6 +128,7 @@ impl LocalApic {
             timer_divide: 0,
             irr: Vectors::default(),
             isr: Vectors::default(),
+            nmi_pending: false,
         }
     }
 
@@ -225,6 +228,17 @@ impl LocalApic {
         self.irr.set(vector, true);
     }
 
+    /// Latches an NMI (an IPI of delivery mode NMI), whatever the SVR and
+    /// priorities say, as the hardware does.
+    pub fn accept_nmi(&mut self) {
+        self.nmi_pending = true;
+    }
+
+    /// Takes the waiting NMI, if any, to inject it.
+    pub fn take_nmi(&mut self) -> bool {
+        std::mem::take(&mut self.nmi_pending)
+    }
+
     /// Software-enabled (SVR bit 8): a disabled APIC takes no interrupts.
     fn enabled(&self) -> bool {
         self.svr & 0x100 != 0
@@ -244,9 +258,10 @@ impl LocalApic {
         (self.enabled() && u32::from(vector) & 0xf0 > self.processor_priority()).then_some(vector)
     }
 
-    /// Whether an interrupt waits that the vCPU could take.
+    /// Whether an interrupt waits that the vCPU could take (an NMI, or a
+    /// vector above the processor priority).
     pub fn has_pending_interrupt(&self) -> bool {
-        self.deliverable().is_some()
+        self.nmi_pending || self.deliverable().is_some()
     }
 
     /// Moves the next deliverable vector from the IRR to the ISR (the
@@ -312,6 +327,18 @@ mod tests {
         assert!(!apic.has_pending_interrupt());
         apic.write(TPR, 0x30);
         assert!(apic.has_pending_interrupt());
+    }
+
+    #[test]
+    fn an_nmi_waits_whatever_the_priority_until_taken() {
+        let mut apic = LocalApic::new(0);
+        apic.write(TPR, 0xf0);
+        apic.accept_nmi();
+        assert!(apic.has_pending_interrupt());
+        assert_eq!(apic.acknowledge(), None, "an NMI is not a vector");
+        assert!(apic.take_nmi());
+        assert!(!apic.take_nmi());
+        assert!(!apic.has_pending_interrupt());
     }
 
     #[test]

@@ -219,14 +219,13 @@ impl Cpus {
     /// Routes an IPI from the running vCPU's APIC to its destinations.
     pub fn send(&mut self, ipi: Ipi) {
         let from = self.apics[self.scheduler.current()].id();
+        let destinations = self
+            .apics
+            .iter_mut()
+            .filter(|apic| apic.is_destination(ipi.to, from));
         match ipi.kind {
-            IpiKind::Fixed => {
-                for apic in &mut self.apics {
-                    if apic.is_destination(ipi.to, from) {
-                        apic.accept(ipi.vector);
-                    }
-                }
-            }
+            IpiKind::Fixed => destinations.for_each(|apic| apic.accept(ipi.vector)),
+            IpiKind::Nmi => destinations.for_each(LocalApic::accept_nmi),
             kind => tracing::warn!("APIC: {kind:?} IPI to {:?} not delivered", ipi.to),
         }
     }
