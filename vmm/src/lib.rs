@@ -35,8 +35,3 @@ pub mod state_digest;
 pub mod vcpu;
 pub mod vector_state;
 pub mod vm;
-
-// The probes' old paths, which vm.rs still names.
-#[cfg(test)]
-use probes::code_guest;
-pub(crate) use probes::{breakpoint_step, port_exit};

@@ -73,7 +73,7 @@ mod tests {
     use kvm_ioctls::Kvm;
 
     use super::*;
-    use crate::code_guest::CodeGuest;
+    use crate::probes::code_guest::CodeGuest;
     use crate::vcpu::{register_digest, Kicker};
 
     const KICK: Duration = Duration::from_millis(10);

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::boot::{self, BootError};
-use crate::breakpoint_step::{self, StepMethod};
 use crate::bus::{Bus, BusError};
 use crate::cpu_baseline::{self, Baseline, BaselineError};
 use crate::cpuid::{self, CpuidEntry, Platform};
@@ -48,7 +47,8 @@ use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZ
 use crate::mp_table;
 use crate::msr;
 use crate::paging::{self, Unmapped};
-use crate::port_exit::{self, OutExitRip};
+use crate::probes::breakpoint_step::{self, StepMethod};
+use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
 use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
@@ -1428,7 +1428,7 @@ pub fn check_kvm() -> Result<(), VmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::code_guest::CodeGuest;
+    use crate::probes::code_guest::CodeGuest;
     use crate::seam::Place;
 
     #[test]
