@@ -18,19 +18,8 @@ provm="$repo/target/release/provm"
 rounds="${1:-5}"
 workload='seq 1 2000 | sort -r | head -n 3; head -c 4096 /dev/urandom | md5sum; date +%s; for i in 1 2 3; do echo $i | cat | wc -c; done'
 
-# seconds COMMAND...: the wall time of one run, failing if it fails.
-seconds() {
-  local start end
-  start="$(date +%s.%N)"
-  "$@" >/dev/null 2>&1 || { echo "hosts.sh: failed: $*" >&2; exit 1; }
-  end="$(date +%s.%N)"
-  echo "$end - $start" | bc
-}
-
-# summary: "median (min-max)" of the numbers on stdin.
-summary() {
-  sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
-}
+# shellcheck source=benches/timing.sh
+source "$repo/benches/timing.sh"
 
 # measure HOST IMAGE SCRATCH: one line per measurement, "HOST|what|summary".
 # A subshell: its PROVM_CACHE stays its own.
