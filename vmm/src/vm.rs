@@ -222,6 +222,11 @@ pub struct VmState {
     cpus: Option<cpus::CpusState>,
 }
 
+/// " on vCPU n" where the guest has more than one, for messages.
+fn on_vcpu(vcpu: Option<usize>) -> String {
+    vcpu.map(|n| format!(" on vCPU {n}")).unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
     #[error("/dev/kvm does not exist: provm needs KVM (load the kvm module, or run on a host with virtualization enabled)")]
@@ -273,12 +278,14 @@ pub enum VmError {
     NoSuchCpu(u32),
     #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
     Timeout { rip: u64 },
-    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
+    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}{}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working", on_vcpu(*vcpu))]
     Exitless {
         seconds: u64,
         repeating: u64,
         states: usize,
         rip: u64,
+        /// The spinning vCPU, in a guest with more than one.
+        vcpu: Option<usize>,
     },
     #[error("stopped: {0}")]
     Stopped(String),
@@ -1268,6 +1275,7 @@ impl Vm {
                 repeating: repeating.as_secs(),
                 states: self.spin_watch.states(),
                 rip: regs.rip,
+                vcpu: self.cpus.as_ref().map(|cpus| cpus.scheduler.current()),
             });
         }
         if !self.exitless_warned {
