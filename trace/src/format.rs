@@ -607,9 +607,11 @@ mod tests {
             Err(FormatError::Truncated { index: 0, .. })
         ));
         let mut future = bytes.clone();
-        future[8] = 9;
+        future[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let newer = read_all(&future).unwrap_err();
-        assert!(matches!(newer, FormatError::NewerFormat { found: 9, .. }));
+        assert!(
+            matches!(newer, FormatError::NewerFormat { found, .. } if found == FORMAT_VERSION + 1)
+        );
         assert!(newer.to_string().ends_with("use a newer provm"), "{newer}");
         let mut older = bytes.clone();
         older[8] = 3;

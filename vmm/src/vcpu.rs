@@ -238,10 +238,10 @@ impl Vcpu {
         self.fd.set_fpu(&fpu).map_err(state_error("fpu"))
     }
 
-    /// Enables the local APIC the VMM emulates, at its default base (KVM
-    /// shows the guest the APIC's CPUID bit only while it is enabled);
-    /// `boot` marks the bootstrap processor.
-    pub fn enable_apic(&self, boot: bool) -> Result<(), VcpuError> {
+    /// Enables the local APIC the VMM emulates, at `base` (KVM shows the
+    /// guest the APIC's CPUID bit only while it is enabled); `boot` marks
+    /// the bootstrap processor.
+    pub fn enable_apic(&self, base: u64, boot: bool) -> Result<(), VcpuError> {
         const ENABLE: u64 = 1 << 11;
         const BOOT_PROCESSOR: u64 = 1 << 8;
         let state_error = |source| VcpuError::InitialState {
@@ -249,8 +249,7 @@ impl Vcpu {
             source,
         };
         let mut sregs = self.fd.get_sregs().map_err(state_error)?;
-        sregs.apic_base =
-            crate::devices::apic::APIC_BASE | ENABLE | if boot { BOOT_PROCESSOR } else { 0 };
+        sregs.apic_base = base | ENABLE | if boot { BOOT_PROCESSOR } else { 0 };
         self.fd.set_sregs(&sregs).map_err(state_error)
     }
 

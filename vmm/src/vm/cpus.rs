@@ -62,11 +62,11 @@ impl Cpus {
         count: u8,
         boot_vcpu: &Vcpu,
     ) -> Result<Self, VmError> {
-        boot_vcpu.enable_apic(true)?;
+        boot_vcpu.enable_apic(APIC_BASE, true)?;
         let mut parked = vec![None];
         for id in 1..count {
             let vcpu = Vcpu::with_id(kvm, vm, id, &cpuid_for(model, id))?;
-            vcpu.enable_apic(false)?;
+            vcpu.enable_apic(APIC_BASE, false)?;
             parked.push(Some(vcpu));
         }
         Ok(Cpus {
