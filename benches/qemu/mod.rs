@@ -75,7 +75,7 @@ impl Machine {
         match accel {
             Accel::Tcg => args,
             Accel::Kvm => {
-                let probe = provm_vmm::vm::probe_cpu(provm_vmm::cpu_baseline::Baseline::Host)
+                let probe = provm_vmm::cpu_probe::probe_cpu(provm_cpu_model::Baseline::Host)
                     .expect("KVM is usable");
                 format!("{args} {}", probe.kernel_args)
             }

@@ -14,15 +14,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use provm_cpu_model::check as cpuid_check;
+use provm_cpu_model::CpuProbe;
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
-use provm_vmm::cpuid_check;
+use provm_vmm::cpu_probe;
 use provm_vmm::disk::image::ImageError;
 use provm_vmm::disk::ReadOnly;
 use provm_vmm::machine_version;
 use provm_vmm::seam::LiveSeam;
-use provm_vmm::vm::{self, CpuProbe, VmError, VmSnapshot};
+use provm_vmm::vm::{VmError, VmSnapshot};
 
 use crate::cached_section;
 use crate::digest::{bytes_sha256, file_sha256};
@@ -91,7 +93,7 @@ impl Identity {
             kernel_sha256: file(&prepared.boot.kernel)?,
             initramfs_sha256: bytes_sha256(&prepared.boot.initramfs),
             image: chain::identify(&prepared.base)?,
-            cpu: vm::probe_cpu(prepared.boot.cpu)?,
+            cpu: cpu_probe::probe_cpu(prepared.boot.cpu)?,
         })
     }
 }

@@ -2,8 +2,8 @@
 //! replay cannot check what was never logged, so its verdict says which
 //! of these the recording could have taken (README, "Known holes").
 
-use provm_vmm::cpuid::Platform;
-use provm_vmm::vector_state::NO_USER_PREEMPTION;
+use provm_cpu_model::vector_state::NO_USER_PREEMPTION;
+use provm_cpu_model::Platform;
 
 /// One input the guest could take without the VMM seeing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,10 +1,8 @@
 //! The host a recording names in its manifest, and whether a replay runs
 //! on the same KVM.
 
+use provm_cpu_model::{self as cpu_model, Platform};
 use provm_trace::manifest::HostDescription;
-use provm_vmm::cpuid::Platform;
-
-use crate::cpu_model;
 
 /// What a trace says about its recording host: informational, and what a
 /// replay compares (`same_kvm`).

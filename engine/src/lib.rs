@@ -14,7 +14,6 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod cached_section;
-pub mod cpu_model;
 pub mod digest;
 pub mod disk;
 pub mod explain;

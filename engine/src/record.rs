@@ -13,17 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use provm_cpu_model::{self as cpu_model, Platform};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_seams::{delivery, Recorder};
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
-use provm_vmm::cpuid::Platform;
 use provm_vmm::machine_version;
 use provm_vmm::vm::VmSnapshot;
 
 use crate::cached_section;
-use crate::cpu_model;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
 use crate::fast_start::{self, Identity};

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use provm_analysis::profile::ProfileError;
 use provm_analysis::{Analysis, Instrument, KernelInfo};
+use provm_cpu_model::{self as cpu_model, Baseline, CpuRefusal, Platform};
 use provm_seams::{
     delivery, state_check, Divergence, ObservedError, RecordedEnd, ReplayEnd, Replayer,
 };
@@ -14,13 +15,11 @@ use provm_trace::manifest::{ImageIdentity, InterruptDelivery};
 use provm_trace::page_digests;
 use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
-use provm_vmm::cpu_baseline::Baseline;
-use provm_vmm::cpuid::Platform;
+use provm_vmm::cpu_probe;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::machine_version::{self, MachineVersionError};
-use provm_vmm::vm::{self, Vm, VmError, VmSnapshot};
+use provm_vmm::vm::{Vm, VmError, VmSnapshot};
 
-use crate::cpu_model::{self, CpuRefusal};
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
 use crate::explain::{self, Explanation};
@@ -322,7 +321,7 @@ impl Opened {
         cpu_model::check_here(
             &manifest.cpu,
             &manifest.host.hypervisor,
-            &vm::probe_cpu(Baseline::Host)?,
+            &cpu_probe::probe_cpu(Baseline::Host)?,
             Platform::detect(),
         )?;
         if manifest.interrupt_delivery == InterruptDelivery::WindowExit

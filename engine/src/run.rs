@@ -9,11 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use provm_cpu_model::{Baseline, Platform};
 use provm_guest_agent::{Job, Outcome};
 use provm_seams::{Recorder, NEVER_INTERRUPTED};
 use provm_vmm::clock::PinnedClock;
-use provm_vmm::cpu_baseline::Baseline;
-use provm_vmm::cpuid::Platform;
 use provm_vmm::disk::image::{BaseImage, ImageError};
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{BootSource, VmError};

@@ -10,12 +10,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::{assert_replay_matches, one_guest_at_a_time, path, provm, PROVM_FAILED};
-use provm_engine::cpu_model;
+use provm_cpu_model::{self as cpu_model, Baseline, Platform};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::Manifest;
 use provm_trace::reader::Trace;
-use provm_vmm::cpu_baseline::Baseline;
-use provm_vmm::cpuid::Platform;
 
 /// The formats this provm reads, as its messages say them.
 fn reads() -> String {
@@ -42,7 +40,7 @@ fn corpus() -> Vec<PathBuf> {
 /// cannot present one to guest user space.
 fn cpu_refusal(trace: &Path) -> Option<String> {
     let manifest = Trace::open(trace).unwrap().manifest;
-    let here = provm_vmm::vm::probe_cpu(Baseline::Host).unwrap();
+    let here = provm_vmm::cpu_probe::probe_cpu(Baseline::Host).unwrap();
     cpu_model::check_here(
         &manifest.cpu,
         &manifest.host.hypervisor,

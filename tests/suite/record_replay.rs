@@ -13,10 +13,10 @@ use common::{
     assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, record_shell,
     Finished, PROVM_FAILED, RECORD_WORKLOADS, REPLAY_CUT_SHORT,
 };
+use provm_cpu_model::Platform;
 use provm_trace::events::Event;
 use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
-use provm_vmm::cpuid::Platform;
 
 fn record(trace: &Path, extra: &[&str], script: &str) -> Finished {
     record_shell(&images().tiny_qcow2, trace, extra, script)

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use provm_vmm::cpuid::Platform;
+use provm_cpu_model::Platform;
 
 use common::{
     assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,

@@ -181,39 +181,11 @@ pub struct ImageFile {
     pub sha256: String,
 }
 
-/// The CPU the guest saw: its whole CPUID table as KVM gave it (every leaf
-/// and subleaf of KVM_GET_CPUID2), which a replay sets again and checks, and
-/// the hidden features the kernel was told to ignore because KVM left them
-/// visible.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CpuModel {
-    pub cpuid: Vec<CpuidEntry>,
-    pub ignored_by_kernel: Vec<String>,
-    /// The model asked for (`provm record --cpu`): `host`, `x86-64-v2`,
-    /// `x86-64-v3`. Absent from the traces of older provm versions, which
-    /// all recorded the host's.
-    #[serde(default)]
-    pub baseline: Option<String>,
-    /// Recorded on PVM: what the guest's user space saw at each leaf and
-    /// subleaf of `cpuid`, the recording host's own CPUID (user-mode CPUID
-    /// runs natively there), where the kernel saw `cpuid`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_space_cpuid: Option<Vec<CpuidEntry>>,
-}
-
-/// One CPUID leaf (`function`) and subleaf (`index`) with KVM's flags and
-/// the four output registers, as the manifest stores it (the VMM's own type
-/// converts to and from it).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CpuidEntry {
-    pub function: u32,
-    pub index: u32,
-    pub flags: u32,
-    pub eax: u32,
-    pub ebx: u32,
-    pub ecx: u32,
-    pub edx: u32,
-}
+/// The CPU the guest saw (its CPUID table, the features its kernel was told
+/// to ignore, the baseline asked for, PVM's user-space view), and one CPUID
+/// leaf of it: the CPU model's own types (`provm-cpu-model`), which own
+/// their manifest form.
+pub use provm_cpu_model::{CpuModel, CpuidEntry};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostDescription {

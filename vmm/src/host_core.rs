@@ -6,7 +6,7 @@
 //! Keeping the vCPU thread on one core (the first it may use) makes the
 //! value the same for a recording and its replay on the same host.
 
-use crate::cpuid::Platform;
+use provm_cpu_model::Platform;
 
 /// Keeps the calling thread (the vCPU's) on the first host core it may run
 /// on, where the guest's user-mode CPUID would otherwise name any; a no-op

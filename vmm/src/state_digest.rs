@@ -14,11 +14,11 @@ use kvm_bindings::{
     kvm_debugregs, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
     kvm_xsave,
 };
+use provm_cpu_model::CpuidEntry;
 use serde::Serialize;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
-use crate::cpuid::CpuidEntry;
 use crate::memory::GuestMemory;
 use crate::msr::IA32_TSC;
 use crate::vcpu::VcpuState;

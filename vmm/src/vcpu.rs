@@ -10,13 +10,12 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS,
 };
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd, VmFd};
+use provm_cpu_model::{check as cpuid_check, CpuidEntry};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
-use crate::cpuid::CpuidEntry;
-use crate::cpuid_check;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.
@@ -124,7 +123,35 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VcpuError> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(VcpuError::SupportedCpuid)?;
-    Ok(supported.as_slice().iter().map(CpuidEntry::from).collect())
+    Ok(supported.as_slice().iter().map(from_kvm).collect())
+}
+
+/// An entry KVM reported, as the CPU model's `CpuidEntry`: this and
+/// `to_kvm` are the model's edge with KVM (`provm-cpu-model` knows no KVM).
+fn from_kvm(entry: &kvm_cpuid_entry2) -> CpuidEntry {
+    CpuidEntry {
+        function: entry.function,
+        index: entry.index,
+        flags: entry.flags,
+        eax: entry.eax,
+        ebx: entry.ebx,
+        ecx: entry.ecx,
+        edx: entry.edx,
+    }
+}
+
+/// KVM's entry for one of the CPU model's, for KVM_SET_CPUID2.
+fn to_kvm(entry: &CpuidEntry) -> kvm_cpuid_entry2 {
+    kvm_cpuid_entry2 {
+        function: entry.function,
+        index: entry.index,
+        flags: entry.flags,
+        eax: entry.eax,
+        ebx: entry.ebx,
+        ecx: entry.ecx,
+        edx: entry.edx,
+        ..Default::default()
+    }
 }
 
 /// The entries of a table KVM_GET_CPUID2 filled. Linux 6.1 leaves `nent`
@@ -135,7 +162,7 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VcpuError> {
 fn entries_read_back(table: &[kvm_cpuid_entry2]) -> Vec<CpuidEntry> {
     table
         .iter()
-        .map(CpuidEntry::from)
+        .map(from_kvm)
         .filter(|entry| *entry != CpuidEntry::default())
         .collect()
 }
@@ -149,7 +176,7 @@ impl Vcpu {
     /// Creates vCPU `id` and gives it `cpuid`.
     pub fn with_id(kvm: &Kvm, vm: &VmFd, id: u8, cpuid: &[CpuidEntry]) -> Result<Self, VcpuError> {
         let fd = vm.create_vcpu(id.into()).map_err(VcpuError::Create)?;
-        let entries: Vec<kvm_cpuid_entry2> = cpuid.iter().map(kvm_cpuid_entry2::from).collect();
+        let entries: Vec<kvm_cpuid_entry2> = cpuid.iter().map(to_kvm).collect();
         let table =
             CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidTooLarge(entries.len()))?;
         fd.set_cpuid2(&table).map_err(VcpuError::SetCpuid)?;
@@ -676,7 +703,8 @@ fn timespec(duration: Duration) -> libc::timespec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpuid::{guest_cpuid, Platform};
+    use provm_cpu_model::hidden::guest_cpuid;
+    use provm_cpu_model::{Baseline, Platform};
 
     fn guest_vcpu(kvm: &Kvm, vm: &VmFd) -> Vcpu {
         let model = guest_cpuid(&supported_cpuid(kvm).unwrap(), Platform::detect());
@@ -696,6 +724,42 @@ mod tests {
         let again = Vcpu::new(&kvm, &kvm.create_vm().unwrap(), &recorded).unwrap();
         let differences = cpuid_check::differences(&recorded, &again.cpuid);
         assert!(differences.is_empty(), "{differences:?}");
+    }
+
+    /// KVM_GET_CPUID2 after KVM_SET_CPUID2 of an x86-64-v2 table, on this
+    /// host. VMX/SVM present it as set. PVM (measured on an AMD EPYC host,
+    /// 2026-11-25) reads back the vendor, signature, brand, cache and
+    /// extended leaves as set, but leaf 1 ECX/EDX and leaf 7.0 (its
+    /// subleaf count too) hold the host's own flags (AVX-512, TSC, APIC and
+    /// all), and it adds the host's leaf 0xd subleaves; its guest user space, running natively,
+    /// sees the host's whole CPUID besides. Hence no baseline on PVM.
+    #[test]
+    fn what_kvm_presents_of_a_baseline_table() {
+        let kvm = Kvm::new().unwrap();
+        let supported = supported_cpuid(&kvm).unwrap();
+        let table = Baseline::X86_64V2.unchecked_table(&supported).unwrap();
+        let set = guest_cpuid(&table, Platform::Hardware);
+        let vcpu = Vcpu::new(&kvm, &kvm.create_vm().unwrap(), &set).unwrap();
+        let differences = cpuid_check::differences(&set, &vcpu.cpuid);
+        eprintln!("{:?}: {differences:#?}", Platform::detect());
+        match Platform::detect() {
+            Platform::Hardware => assert!(differences.is_empty(), "{differences:?}"),
+            Platform::Pvm => {
+                let host_flags = [
+                    "CPUID leaf 0x1.0 Ecx:",
+                    "CPUID leaf 0x1.0 Edx:",
+                    "CPUID leaf 0x7.0 ",
+                    "CPUID leaf 0xd.",
+                ];
+                assert!(differences.iter().any(|d| d.starts_with(host_flags[0])));
+                for difference in &differences {
+                    assert!(
+                        host_flags.iter().any(|leaf| difference.starts_with(leaf)),
+                        "{difference}"
+                    );
+                }
+            }
+        }
     }
 
     /// Every GET the snapshot makes has a SET that KVM accepts here,
@@ -745,10 +809,7 @@ mod tests {
         };
         let mut as_6_1_returns = vec![leaf0];
         as_6_1_returns.resize(KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2::default());
-        assert_eq!(
-            entries_read_back(&as_6_1_returns),
-            [CpuidEntry::from(&leaf0)]
-        );
+        assert_eq!(entries_read_back(&as_6_1_returns), [from_kvm(&leaf0)]);
     }
 
     /// A failed KVM_GET_SREGS is an error, not kernel mode (which would

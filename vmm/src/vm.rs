@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_debug_exit_arch, kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
+use provm_cpu_model::{self as cpu_model, baseline, hidden};
+use provm_cpu_model::{Baseline, BaselineError, CpuidEntry, Platform};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::boot::{self, BootError};
 use crate::bus::{Bus, BusError};
-use crate::cpu_baseline::{self, Baseline, BaselineError};
-use crate::cpuid::{self, CpuidEntry, Platform};
 use crate::devices::apic::{APIC_BASE, APIC_SIZE};
 use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
@@ -54,7 +54,6 @@ use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
 use crate::state_digest::{self, StateDigest};
 use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
-use crate::vector_state;
 
 mod cpus;
 #[cfg(test)]
@@ -455,7 +454,7 @@ impl Vm {
         })?;
         let kvm = open_kvm()?;
         let platform = Platform::detect();
-        let model = cpu_baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
+        let model = baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
         let net = config.net;
         let count = config.cpus;
         let smp = count > 1;
@@ -475,7 +474,7 @@ impl Vm {
             mp_table::write(&vm.memory, count)
                 .map_err(|error| BootError::Memory(error.to_string()))?;
         }
-        let mut unenforced = cpuid::unenforced(&vm.vcpu.cpuid, platform);
+        let mut unenforced = hidden::unenforced(&vm.vcpu.cpuid, platform);
         // The APIC the VMM emulates for them is what SMP guests need.
         unenforced.retain(|feature| !smp || feature.name != "apic");
         if !unenforced.is_empty() {
@@ -487,7 +486,7 @@ impl Vm {
         let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            platform_kernel_args(&unenforced),
+            cpu_model::kernel_args(&unenforced),
         );
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
@@ -1377,54 +1376,11 @@ impl Vm {
 }
 
 /// Opens /dev/kvm, naming the fix when it is missing or not ours to use.
-fn open_kvm() -> Result<Kvm, VmError> {
+pub(crate) fn open_kvm() -> Result<Kvm, VmError> {
     Kvm::new().map_err(|error| match error.errno() {
         libc::ENOENT => VmError::NoKvm,
         libc::EACCES | libc::EPERM => VmError::KvmPermission,
         _ => VmError::Kvm(error),
-    })
-}
-
-/// The CPU model of this host, as a VM would get it.
-pub struct CpuProbe {
-    /// What KVM can offer a guest here (KVM_GET_SUPPORTED_CPUID).
-    pub supported: Vec<CpuidEntry>,
-    /// The CPUID a booted guest sees here (KVM_GET_CPUID2 after setting
-    /// the guest model).
-    pub guest: Vec<CpuidEntry>,
-    /// Hidden features KVM leaves visible, which the guest kernel is told
-    /// to ignore.
-    pub ignored_by_kernel: Vec<&'static str>,
-    /// What the guest kernel's command line gets for it on this host.
-    pub kernel_args: String,
-}
-
-/// The kernel arguments this host's KVM makes necessary: the CPU features
-/// it leaves visible that the kernel must ignore, and how vector state is
-/// kept safe where the kernel cannot manage it.
-fn platform_kernel_args(unenforced: &[&cpuid::HiddenFeature]) -> String {
-    format!(
-        "{} {}",
-        cpuid::kernel_args_hiding(unenforced),
-        vector_state::kernel_args(unenforced)
-    )
-}
-
-/// The CPU model a VM booted with `baseline` gets on this host, without
-/// building one.
-pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
-    let kvm = open_kvm()?;
-    let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-    let platform = Platform::detect();
-    let supported = vcpu::supported_cpuid(&kvm)?;
-    let model = cpu_baseline::guest_model(&supported, platform, baseline)?;
-    let vcpu = Vcpu::new(&kvm, &vm, &model)?;
-    let unenforced = cpuid::unenforced(&vcpu.cpuid, platform);
-    Ok(CpuProbe {
-        supported,
-        kernel_args: platform_kernel_args(&unenforced),
-        ignored_by_kernel: unenforced.iter().map(|f| f.name).collect(),
-        guest: vcpu.cpuid,
     })
 }
 

@@ -5,9 +5,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use provm::blame::TimingOptions;
+use provm_cpu_model::Baseline;
 use provm_engine::image::ImageRef;
 use provm_engine::pinning::Pinning;
-use provm_vmm::cpu_baseline::Baseline;
 use provm_vmm::exit_timing::ExitDelay;
 
 use super::parse_image;

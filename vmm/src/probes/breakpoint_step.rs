@@ -346,7 +346,7 @@ impl Guest<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpuid::Platform;
+    use provm_cpu_model::Platform;
 
     const RIP: u64 = 0xffff_ffff_8100_0000;
     const LSTAR: u64 = 0xffff_ffff_8140_0000;

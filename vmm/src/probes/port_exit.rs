@@ -175,9 +175,9 @@ mod tests {
     #[test]
     fn this_host_reports_its_out_exits_as_measured() {
         let kvm = Kvm::new().unwrap();
-        let expected = match crate::cpuid::Platform::detect() {
-            crate::cpuid::Platform::Pvm => OutExitRip::PastInstruction,
-            crate::cpuid::Platform::Hardware => OutExitRip::AtInstruction,
+        let expected = match provm_cpu_model::Platform::detect() {
+            provm_cpu_model::Platform::Pvm => OutExitRip::PastInstruction,
+            provm_cpu_model::Platform::Hardware => OutExitRip::AtInstruction,
         };
         assert_eq!(host_convention(&kvm).unwrap(), expected);
     }

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::thread;
 
 use kvm_ioctls::Kvm;
+use provm_cpu_model::Baseline;
 
 use super::{breakpoint_step, interrupt_window, port_exit};
-use crate::cpu_baseline::Baseline;
-use crate::vm;
+use crate::cpu_probe;
 
 const RUNS: usize = 20;
 
@@ -73,7 +73,7 @@ fn every_probe_provm_decides_by_gives_one_verdict_on_this_host() {
         (
             "CPUID read back, and the kernel arguments it needs",
             repeated(&|| {
-                let probe = vm::probe_cpu(Baseline::Host).unwrap();
+                let probe = cpu_probe::probe_cpu(Baseline::Host).unwrap();
                 format!("{:x?} {}", probe.guest, probe.kernel_args)
             }),
         ),

@@ -7,9 +7,9 @@
 //! `Cpus`, runs exactly as it always did.
 
 use kvm_ioctls::{Kvm, VmFd};
+use provm_cpu_model::CpuidEntry;
 use serde::{Deserialize, Serialize};
 
-use crate::cpuid::CpuidEntry;
 use crate::devices::apic::{Ipi, IpiKind, LocalApic, APIC_BASE, APIC_SIZE};
 use crate::devices::persist::Persist;
 use crate::scheduler::{Next, Reason, Scheduler, SchedulerState};

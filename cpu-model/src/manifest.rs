@@ -1,5 +1,5 @@
-//! The guest's CPU model as a trace's manifest records it (the whole CPUID
-//! table), and the checks a replay makes before it starts that this host
+//! The guest's CPU model as a trace's manifest records it (`CpuModel`: the
+//! whole CPUID table; `provm-trace`'s manifest holds it), and the checks a replay makes before it starts that this host
 //! can present it.
 //!
 //! On PVM the guest has two views of its CPU: its kernel runs emulated and
@@ -11,11 +11,32 @@
 //! presents one table to both, so it cannot replay a PVM recording; a PVM
 //! host cannot present any user-space view but its own.
 
-use provm_trace::manifest::{self, CpuModel};
-use provm_vmm::cpu_baseline::Baseline;
-use provm_vmm::cpuid::{CpuidEntry, Platform};
-use provm_vmm::cpuid_check;
-use provm_vmm::vm::CpuProbe;
+use serde::{Deserialize, Serialize};
+
+use crate::baseline::Baseline;
+use crate::check::{self, CpuProbe};
+use crate::entry::CpuidEntry;
+use crate::hidden::Platform;
+
+/// The CPU the guest saw: its whole CPUID table as KVM gave it (every leaf
+/// and subleaf of KVM_GET_CPUID2), which a replay sets again and checks, and
+/// the hidden features the kernel was told to ignore because KVM left them
+/// visible.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpuModel {
+    pub cpuid: Vec<CpuidEntry>,
+    pub ignored_by_kernel: Vec<String>,
+    /// The model asked for (`provm record --cpu`): `host`, `x86-64-v2`,
+    /// `x86-64-v3`. Absent from the traces of older provm versions, which
+    /// all recorded the host's.
+    #[serde(default)]
+    pub baseline: Option<String>,
+    /// Recorded on PVM: what the guest's user space saw at each leaf and
+    /// subleaf of `cpuid`, the recording host's own CPUID (user-mode CPUID
+    /// runs natively there), where the kernel saw `cpuid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_space_cpuid: Option<Vec<CpuidEntry>>,
+}
 
 /// How `HostDescription::hypervisor` names PVM.
 pub const PVM_HYPERVISOR: &str = "KVM (PVM)";
@@ -29,10 +50,9 @@ pub fn recorded(
     baseline: Baseline,
     platform: Platform,
 ) -> CpuModel {
-    let user_space_cpuid = (platform == Platform::Pvm)
-        .then(|| user_space_view(cpuid).iter().map(to_manifest).collect());
+    let user_space_cpuid = (platform == Platform::Pvm).then(|| user_space_view(cpuid));
     CpuModel {
-        cpuid: cpuid.iter().map(to_manifest).collect(),
+        cpuid: cpuid.to_vec(),
         ignored_by_kernel: ignored_by_kernel.iter().map(|s| s.to_string()).collect(),
         baseline: Some(baseline.name().into()),
         user_space_cpuid,
@@ -41,7 +61,7 @@ pub fn recorded(
 
 /// The CPUID table of the recorded `model`, as the VMM sets it.
 pub fn table(model: &CpuModel) -> Vec<CpuidEntry> {
-    model.cpuid.iter().map(from_manifest).collect()
+    model.cpuid.clone()
 }
 
 /// What guest user space sees on PVM, at each leaf and subleaf of `like`:
@@ -91,7 +111,7 @@ pub fn check_here(
     probe: &CpuProbe,
     platform: Platform,
 ) -> Result<(), CpuRefusal> {
-    let missing = cpuid_check::lacking(&table(model), &probe.supported, &probe.guest);
+    let missing = check::lacking(&table(model), &probe.supported, &probe.guest);
     let recorded_on_pvm =
         model.user_space_cpuid.is_some() || recording_hypervisor == PVM_HYPERVISOR;
     if platform == Platform::Hardware && recorded_on_pvm {
@@ -104,11 +124,11 @@ pub fn check_here(
         // Traces of older provm versions recorded on PVM lack the
         // user-space view; the restore still compares the kernel's.
         let user_space = match (&model.user_space_cpuid, recorded_on_pvm) {
-            (Some(view), _) => view.iter().map(from_manifest).collect(),
+            (Some(view), _) => view.clone(),
             (None, false) => table(model),
             (None, true) => return Ok(()),
         };
-        let differences = cpuid_check::differences(&user_space, &user_space_view(&user_space));
+        let differences = check::differences(&user_space, &user_space_view(&user_space));
         if !differences.is_empty() {
             return Err(CpuRefusal::PvmUserSpace {
                 recorded_on_pvm,
@@ -117,30 +137,6 @@ pub fn check_here(
         }
     }
     Ok(())
-}
-
-fn to_manifest(entry: &CpuidEntry) -> manifest::CpuidEntry {
-    manifest::CpuidEntry {
-        function: entry.function,
-        index: entry.index,
-        flags: entry.flags,
-        eax: entry.eax,
-        ebx: entry.ebx,
-        ecx: entry.ecx,
-        edx: entry.edx,
-    }
-}
-
-fn from_manifest(entry: &manifest::CpuidEntry) -> CpuidEntry {
-    CpuidEntry {
-        function: entry.function,
-        index: entry.index,
-        flags: entry.flags,
-        eax: entry.eax,
-        ebx: entry.ebx,
-        ecx: entry.ecx,
-        edx: entry.edx,
-    }
 }
 
 #[cfg(test)]

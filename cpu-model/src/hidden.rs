@@ -1,5 +1,5 @@
-//! The guest's CPU model: the host's KVM-supported CPUID with features taken
-//! away, for three different reasons kept in three lists:
+//! What provm hides of the host's CPU: the guest's CPU model is the host's
+//! KVM-supported CPUID with features taken away, for three different reasons kept in three lists:
 //! - `DETERMINISM`: sources of nondeterminism (time, randomness, CPU
 //!   identity, interrupt hardware) that the VMM must own; hidden on every host.
 //! - `VIRTUALIZATION`: the host's own virtualization features, which KVM
@@ -12,95 +12,7 @@
 
 use std::path::Path;
 
-use kvm_bindings::kvm_cpuid_entry2;
-use serde::{Deserialize, Serialize};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Register {
-    Eax,
-    Ebx,
-    Ecx,
-    Edx,
-}
-
-/// One CPUID leaf/subleaf as KVM_GET_CPUID2 reports it (`kvm_cpuid_entry2`
-/// without its padding): what a trace and a snapshot record.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CpuidEntry {
-    pub function: u32,
-    pub index: u32,
-    pub flags: u32,
-    pub eax: u32,
-    pub ebx: u32,
-    pub ecx: u32,
-    pub edx: u32,
-}
-
-impl CpuidEntry {
-    pub fn register(&self, register: Register) -> u32 {
-        match register {
-            Register::Eax => self.eax,
-            Register::Ebx => self.ebx,
-            Register::Ecx => self.ecx,
-            Register::Edx => self.edx,
-        }
-    }
-
-    pub fn register_mut(&mut self, register: Register) -> &mut u32 {
-        match register {
-            Register::Eax => &mut self.eax,
-            Register::Ebx => &mut self.ebx,
-            Register::Ecx => &mut self.ecx,
-            Register::Edx => &mut self.edx,
-        }
-    }
-}
-
-#[cfg(test)]
-impl CpuidEntry {
-    /// Leaf `function`.`index` with every bit of its four registers set.
-    pub(crate) fn all_ones(function: u32, index: u32) -> Self {
-        CpuidEntry {
-            function,
-            index,
-            eax: u32::MAX,
-            ebx: u32::MAX,
-            ecx: u32::MAX,
-            edx: u32::MAX,
-            ..Default::default()
-        }
-    }
-}
-
-impl From<&kvm_cpuid_entry2> for CpuidEntry {
-    fn from(entry: &kvm_cpuid_entry2) -> Self {
-        CpuidEntry {
-            function: entry.function,
-            index: entry.index,
-            flags: entry.flags,
-            eax: entry.eax,
-            ebx: entry.ebx,
-            ecx: entry.ecx,
-            edx: entry.edx,
-        }
-    }
-}
-
-impl From<&CpuidEntry> for kvm_cpuid_entry2 {
-    fn from(entry: &CpuidEntry) -> Self {
-        kvm_cpuid_entry2 {
-            function: entry.function,
-            index: entry.index,
-            flags: entry.flags,
-            eax: entry.eax,
-            ebx: entry.ebx,
-            ecx: entry.ecx,
-            edx: entry.edx,
-            ..Default::default()
-        }
-    }
-}
+use crate::entry::{CpuidEntry, Register};
 
 /// Which KVM serves /dev/kvm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -402,7 +314,7 @@ pub const EMULATOR_HOLES: &[HiddenFeature] = &[
 ];
 
 /// Linux's name for a feature bit provm hides, where it hides it
-/// (`cpu_baseline::feature_name` knows the baselines' too).
+/// (`baseline::feature_name` knows the baselines' too).
 pub fn hidden_feature_name(
     leaf: u32,
     subleaf: u32,

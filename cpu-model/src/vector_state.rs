@@ -3,7 +3,7 @@
 //!
 //! A hypervisor that runs guest user mode with the host's CPU state (PVM:
 //! the guest sees the host's CPUID, so KVM leaves XSAVE visible, see
-//! `cpuid::unenforced`) lets user code use every register the host's XCR0
+//! `hidden::unenforced`) lets user code use every register the host's XCR0
 //! enables, AVX and AVX-512 included, while the guest kernel, told there is
 //! no XSAVE, saves only the FXSAVE area (x87, SSE) at a context switch.
 //! There the kernel is asked (patch 0008) to switch tasks only at system
@@ -11,7 +11,7 @@
 //! interrupt's return. Where CPUID is enforced (VMX, SVM), the guest cannot
 //! turn on AVX without XSAVE and nothing is needed.
 
-use crate::cpuid::HiddenFeature;
+use crate::hidden::HiddenFeature;
 
 /// Kernel patch 0008's argument: no preemption at an interrupt's or
 /// exception's return to user mode.
@@ -38,7 +38,7 @@ fn args_for(unenforced: &[&HiddenFeature], host_enables_avx: bool) -> &'static s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpuid::{DETERMINISM, EMULATOR_HOLES};
+    use crate::hidden::{DETERMINISM, EMULATOR_HOLES};
 
     fn named(name: &str) -> &'static HiddenFeature {
         let mut hidden = DETERMINISM.iter().chain(EMULATOR_HOLES);

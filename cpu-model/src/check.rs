@@ -21,8 +21,8 @@
 
 use std::ops::RangeInclusive;
 
-use crate::cpu_baseline::feature_name;
-use crate::cpuid::{CpuidEntry, Register};
+use crate::baseline::feature_name;
+use crate::entry::{CpuidEntry, Register};
 
 /// Every word of feature flags a guest can read (as of Linux 6.12's KVM
 /// and the leaves Linux itself reads): a recorded bit set in one of these
@@ -181,6 +181,21 @@ pub const MAY_DIFFER: &[MayDiffer] = &[
         why: "XSAVE area size for the guest's current XCR0 and XSS: follows the guest",
     },
 ];
+
+/// The CPU model of this host, as a VM would get it (`provm-vmm`'s
+/// `cpu_probe::probe_cpu` reads it from KVM).
+pub struct CpuProbe {
+    /// What KVM can offer a guest here (KVM_GET_SUPPORTED_CPUID).
+    pub supported: Vec<CpuidEntry>,
+    /// The CPUID a booted guest sees here (KVM_GET_CPUID2 after setting
+    /// the guest model).
+    pub guest: Vec<CpuidEntry>,
+    /// Hidden features KVM leaves visible, which the guest kernel is told
+    /// to ignore.
+    pub ignored_by_kernel: Vec<&'static str>,
+    /// What the guest kernel's command line gets for it on this host.
+    pub kernel_args: String,
+}
 
 const REGISTERS: [Register; 4] = [Register::Eax, Register::Ebx, Register::Ecx, Register::Edx];
 
