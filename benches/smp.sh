@@ -80,6 +80,7 @@ measure pvm "$work/image.raw" "$work/pvm" >"$results"
 l1_out="$(mktemp -d "$work/l1-XXXXXX")"
 PROVM_SVM_TESTBED_OUT="$l1_out" PROVM_SVM_TESTBED_TIMEOUT="${PROVM_SVM_TESTBED_TIMEOUT:-5400}" \
   "$repo/scripts/svm-testbed" run --kernel 6.12 -- \
+  env PROVM_BENCH_CPUS="${PROVM_BENCH_CPUS:-1 2 4}" \
   bash "$repo/benches/smp.sh" --inside svm6.12 "$rounds" "$work/image.raw"
 cat "$l1_out/results" >>"$results"
 rm -rf "$l1_out"
