@@ -48,6 +48,8 @@ pub struct Group {
     /// What differs from the first group's output (none for the first).
     pub differences: Vec<String>,
     observed: Observed,
+    /// `observed`'s digest, which the group's runs share.
+    digest: String,
 }
 
 /// A trace kept for the user to replay.
@@ -87,11 +89,7 @@ impl Schedules {
             Ran::Compared { observed, kept } => (observed, kept),
         };
         let digest = observed.digest();
-        let Some(group) = self
-            .groups
-            .iter_mut()
-            .find(|group| group.observed.digest() == digest)
-        else {
+        let Some(group) = self.groups.iter_mut().find(|group| group.digest == digest) else {
             let differences = self
                 .groups
                 .first()
@@ -104,6 +102,7 @@ impl Schedules {
                 trace: kept,
                 differences,
                 observed,
+                digest,
             });
             return Ok(());
         };
