@@ -211,3 +211,31 @@ fn repro_chaos_runs_names_the_seeds_of_each_race_count() {
         replayed.stdout, replayed.stderr
     );
 }
+
+/// `--chaos-runs` needs a schedule to vary and a folder of its own for the
+/// traces: both are refused before a guest starts.
+#[test]
+fn chaos_runs_refuse_one_vcpu_and_a_folder_in_use() {
+    let image = path(&images().tiny_qcow2);
+    let one = provm(&["repro", "--chaos-runs", "2", image, "--", "true"]);
+    assert_eq!(one.status, common::PROVM_FAILED, "{}", one.stderr);
+    assert!(one.stderr.contains("add --cpus 2"), "{}", one.stderr);
+    let traces = common::scratch(module_path!()).join("in-use");
+    std::fs::create_dir_all(&traces).unwrap();
+    std::fs::write(traces.join("seed-1.provm"), "").unwrap();
+    let args = [
+        "--cpus",
+        "2",
+        "--chaos-runs",
+        "2",
+        "--traces",
+        path(&traces),
+    ];
+    let used = provm(&[&["repro"], &args[..], &[image, "--", "true"]].concat());
+    assert_eq!(used.status, common::PROVM_FAILED, "{}", used.stderr);
+    assert!(
+        used.stderr.contains("holds files already"),
+        "{}",
+        used.stderr
+    );
+}
