@@ -40,7 +40,7 @@ fn record_and_replay(image: &Path, name: &str, extra: &[&str], script: &str) -> 
 }
 
 /// A small C project: three sources that make compiles and links (each
-/// compile takes about 20 s on PVM, where the guest kernel is emulated).
+/// compile takes 15 to 25 s on PVM, where the guest kernel is emulated).
 fn c_project(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let mut calls = String::new();
@@ -126,7 +126,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Four shells each fork and exec 10 shells that print their pid: 40
-/// processes, all distinct (each takes about 0.6 s on PVM, where the
+/// processes, all distinct (each takes about 1.2 s on PVM, where the
 /// guest kernel's work is emulated).
 #[test]
 fn a_fork_and_exec_storm_replays_exactly() {
