@@ -70,7 +70,13 @@ pub enum RecordError {
     #[error(
         "{error}\nprovm: the trace {trace} holds the run up to that point and is marked incomplete"
     )]
-    CutShort { error: RunError, trace: PathBuf },
+    CutShort {
+        error: Box<RunError>,
+        trace: PathBuf,
+        /// How the command ended, when only the power-off after it failed:
+        /// its output is whole, and `repro --chaos-runs` compares it.
+        command: Option<CommandOutcome>,
+    },
 }
 
 /// Set by SIGINT (Ctrl-C) so that the recording ends cleanly.
@@ -164,15 +170,16 @@ pub fn record(
     if let Some(pinning) = pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }
-    let result = run::run_job(
+    let command = run::run_job(
         &mut session,
         job,
         &mut data,
         &prepared,
         observers,
         (stdout, stderr),
-    )
-    .and_then(|outcome| {
+    );
+    let ended = command.as_ref().ok().copied();
+    let result = command.and_then(|outcome| {
         session.power_off()?;
         Ok(outcome)
     });
@@ -229,7 +236,11 @@ pub fn record(
                 events_sha256: totals.events_sha256,
             })
         }
-        Err(error) => Err(RecordError::CutShort { error, trace: path }),
+        Err(error) => Err(RecordError::CutShort {
+            error: Box::new(error),
+            trace: path,
+            command: ended,
+        }),
     }
 }
 

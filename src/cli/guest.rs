@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use provm::observers::RunObservers;
 use provm::output::refuse_existing;
-use provm::repro::{ReproOptions, Verdict};
+use provm::repro::{ChaosOptions, ReproOptions, Verdict};
 use provm_engine::host_paths::HostPaths;
 use provm_engine::image;
 use provm_engine::record::RecordOptions;
 use provm_engine::run::RunOptions;
 
-use super::args::{GuestArgs, RecordArgs, ReproArgs, RunArgs};
+use super::args::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs};
 
 pub fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_existing(
@@ -65,7 +65,7 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         run,
         output,
         embed_image: args.embed_image,
-        exitless_limit: (args.exitless_limit > 0).then(|| Duration::from_secs(args.exitless_limit)),
+        exitless_limit: exitless_limit(args.exitless_limit),
         chaos: args.chaos,
     };
     let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
@@ -154,6 +154,9 @@ fn host_stdin() -> std::io::Result<Option<Vec<u8>>> {
 }
 
 pub fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if let Some(runs) = args.chaos_runs {
+        return chaos_runs(args, runs, verbose);
+    }
     let options = ReproOptions {
         run: guest_options(args.guest, verbose)?,
         runs: args.runs,
@@ -163,5 +166,34 @@ pub fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::er
     Ok(match verdict {
         Verdict::Reproducible { .. } => ExitCode::SUCCESS,
         Verdict::Irreproducible { .. } => ExitCode::from(1),
+    })
+}
+
+/// `repro --chaos-runs`: the schedules' verdict, the seeds by output.
+fn chaos_runs(
+    args: ReproArgs,
+    runs: usize,
+    verbose: bool,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.guest.cpus < 2 {
+        return Err(
+            "--chaos-runs varies the vCPU schedule, and one vCPU has none: add --cpus 2 (or more)"
+                .into(),
+        );
+    }
+    let traces = args
+        .traces
+        .unwrap_or_else(|| provm::repro::default_traces(args.guest.image.path()));
+    let options = ChaosOptions {
+        run: guest_options(args.guest, verbose)?,
+        runs: runs as u64,
+        traces,
+        exitless_limit: exitless_limit(args.exitless_limit),
+    };
+    let schedules = provm::repro::chaos_runs(&options, &mut std::io::stderr())?;
+    println!("{schedules}");
+    Ok(match schedules.reproducible() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(1),
     })
 }

@@ -8,8 +8,10 @@
 //! guest's inputs, so the classes varied here are the only differences
 //! between runs, and a class that makes the runs agree when pinned is a
 //! cause, not a correlate. Varying host timing (scheduling) is out of
-//! reach this way: a pinned run's timing is the guest's own.
+//! reach this way: a pinned run's timing is the guest's own; with more than
+//! one vCPU, `--chaos-runs` varies the guest's schedule instead (`chaos`).
 
+mod chaos;
 mod observed;
 mod verdict;
 
@@ -17,6 +19,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
+pub use chaos::{chaos_runs, default_traces, ChaosOptions, Schedules};
 pub use observed::Observed;
 pub use verdict::{Cause, Verdict};
 
@@ -76,6 +79,15 @@ pub enum ReproError {
     TempDir(std::io::Error),
     #[error("cannot write progress: {0}")]
     Progress(std::io::Error),
+    #[error(transparent)]
+    Record(#[from] provm_engine::record::RecordError),
+    #[error("cannot keep the traces in {path}: {source}")]
+    Traces {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the folder for the traces, {0}, holds files already: give another with --traces")]
+    TracesNotEmpty(std::path::PathBuf),
 }
 
 /// Runs the comparison; `progress` gets a line per run.

@@ -37,6 +37,26 @@ impl Observed {
         }
     }
 
+    /// A digest of everything `differences` compares: two runs with the same
+    /// digest produced the same (`repro --chaos-runs` groups runs by it).
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        // Each field with its length, so that no two outputs run together.
+        let mut field = |bytes: &[u8]| {
+            hasher.update((bytes.len() as u64).to_le_bytes());
+            hasher.update(bytes);
+        };
+        field(&self.exit_status.to_le_bytes());
+        field(&self.stdout);
+        field(&self.stderr);
+        for (path, written) in &self.files {
+            field(path.as_bytes());
+            field(written.sha256.as_deref().unwrap_or_default().as_bytes());
+        }
+        provm_trace::hex(&hasher.finalize())
+    }
+
     /// What differs between `self` and `other`, for people, in the order
     /// exit status, stdout, stderr, files by path.
     pub fn differences(&self, other: &Observed) -> Vec<String> {
@@ -167,6 +187,19 @@ mod tests {
         let tar = &files["/out/result.tar"];
         assert_eq!(tar.sha256.as_deref(), Some("new"));
         assert_eq!(tar.writer, "tar, pid 41");
+    }
+
+    #[test]
+    fn the_digest_changes_with_each_thing_compared() {
+        let digest = observed(0, "a", "x").digest();
+        assert_eq!(digest, observed(0, "a", "x").digest());
+        for other in [
+            observed(1, "a", "x"),
+            observed(0, "b", "x"),
+            observed(0, "a", "y"),
+        ] {
+            assert_ne!(digest, other.digest());
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod record_replay;
 mod reproducibility;
 mod ro_crate;
 mod smp;
+mod smp_workloads;
 mod state_check;
 mod vector_state;
 

@@ -112,6 +112,20 @@ pub struct ReproArgs {
     /// How many runs with varied inputs to compare (at least 2).
     #[arg(long, default_value_t = 2, value_parser = parse_runs)]
     pub runs: usize,
+    /// With --cpus N > 1: record CMD K times (at least 2) with every input
+    /// pinned and the vCPU schedule drawn from chaos seeds 1 to K (`record
+    /// --chaos`) instead, group the seeds by what their runs produced, and
+    /// keep one trace per distinct output in --traces, to replay.
+    #[arg(long, value_name = "K", conflicts_with = "runs", value_parser = parse_runs)]
+    pub chaos_runs: Option<usize>,
+    /// With --chaos-runs: the folder the traces go to, made if missing and
+    /// empty otherwise (default: IMAGE's name and the time, .chaos, here).
+    #[arg(long, value_name = "DIR", requires = "chaos_runs")]
+    pub traces: Option<PathBuf>,
+    /// With --chaos-runs: each recording's --exitless-limit (see `provm
+    /// record`).
+    #[arg(long, default_value_t = DEFAULT_EXITLESS_LIMIT, value_name = "SECONDS", requires = "chaos_runs")]
+    pub exitless_limit: u64,
     #[command(flatten)]
     pub guest: GuestArgs,
 }
@@ -158,7 +172,7 @@ pub struct RecordArgs {
     /// the same register states, spinning with interrupts on (it can only
     /// get the tick at an exit; a kernel still working goes on), and warn,
     /// once, about guest user code computing (a long computation is normal).
-    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    #[arg(long, default_value_t = DEFAULT_EXITLESS_LIMIT, value_name = "SECONDS")]
     pub exitless_limit: u64,
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
@@ -211,6 +225,15 @@ impl TimingArgs {
             delay: self.inject_exit_delay.clone(),
         }
     }
+}
+
+/// `--exitless-limit`'s default, in seconds: a guest kernel spinning this
+/// long is stuck.
+const DEFAULT_EXITLESS_LIMIT: u64 = 60;
+
+/// `--exitless-limit SECONDS` as a limit: none for 0.
+pub fn exitless_limit(seconds: u64) -> Option<std::time::Duration> {
+    (seconds > 0).then(|| std::time::Duration::from_secs(seconds))
 }
 
 /// `--runs N`: a comparison needs two runs at least.

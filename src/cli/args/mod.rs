@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use provm_engine::image::ImageRef;
 
-pub use guest::{GuestArgs, RecordArgs, ReproArgs, RunArgs, TimingArgs};
+pub use guest::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs, TimingArgs};
 pub use trace::{BlameArgs, GraphArgs, QueryArgs, ReplayArgs, TraceArgs, VerdictFormat};
 
 #[derive(Parser)]
@@ -48,6 +48,9 @@ pub enum Command {
     /// written, and if they differ re-runs with one input pinned at a time
     /// to name the cause. Prints one verdict; exits 0 when reproducible, 1
     /// when not. With --pinned nothing is varied: a check of provm itself.
+    /// With --cpus N --chaos-runs K it varies the vCPU schedule instead:
+    /// K recordings, chaos seeds 1 to K, the seeds grouped by output and
+    /// one trace per output kept to replay.
     Repro(ReproArgs),
     /// Verify a trace and show what it holds.
     Inspect {
