@@ -62,6 +62,7 @@ fn c_project(dir: &Path) {
 /// make -j4 and make -j1 of one project in one recording: the same
 /// objects, the same program, the same output.
 #[test]
+#[ignore = "260 s on PVM, whose guest ring 0 is emulated (a gcc run takes 15 to 25 s): run with --ignored"]
 fn make_j4_builds_what_make_j1_builds() {
     let _guest = one_guest_at_a_time();
     let project = common::scratch(module_path!()).join("project");
@@ -85,6 +86,7 @@ fn make_j4_builds_what_make_j1_builds() {
 
 /// A Python multiprocessing Pool(4) maps a function over 32 numbers.
 #[test]
+#[ignore = "about 100 s on PVM (Python's start is guest kernel work, emulated there): run with --ignored"]
 fn a_python_pool_of_four_replays_exactly() {
     let _guest = one_guest_at_a_time();
     let script = "python3 -c '
@@ -125,21 +127,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
     provm_trace::hex(&sha2::Sha256::digest(bytes))
 }
 
-/// Four shells each fork and exec 10 shells that print their pid: 40
-/// processes, all distinct (each takes about 1.2 s on PVM, where the
-/// guest kernel's work is emulated).
+/// Four shells each fork and exec 4 shells that print their pid: 16
+/// processes, all distinct (a fork and exec takes about 0.5 to 1.2 s on
+/// PVM, where the guest kernel's work is emulated).
 #[test]
 fn a_fork_and_exec_storm_replays_exactly() {
     let _guest = one_guest_at_a_time();
     let script = "for j in 1 2 3 4; do \
-                    (for i in $(seq 10); do /bin/sh -c 'echo $$'; done > /tmp/pids$j) & \
+                    (for i in $(seq 4); do /bin/sh -c 'echo $$'; done > /tmp/pids$j) & \
                   done; wait; cat /tmp/pids* | wc -l; cat /tmp/pids* | sort -u | wc -l";
     let stdout = record_and_replay(&images().tiny_qcow2, "fork-exec", &[], script);
     let counts: Vec<u32> = stdout
         .split_whitespace()
         .map(|n| n.parse().unwrap())
         .collect();
-    assert_eq!(counts, [40, 40], "processes, then distinct pids");
+    assert_eq!(counts, [16, 16], "processes, then distinct pids");
 }
 
 /// `repro --chaos-runs` on the race (four threads, an unlocked counter,
@@ -158,10 +160,6 @@ fn repro_chaos_runs_names_the_seeds_of_each_race_count() {
         "3",
         "--traces",
         path(&traces),
-        // A chaos recording may hang at power-off (docs/smp.md): its output
-        // is whole by then, so stop it early.
-        "--exitless-limit",
-        "5",
         path(&images().tiny_qcow2),
         "--",
         "race_counter",
@@ -199,17 +197,14 @@ fn repro_chaos_runs_names_the_seeds_of_each_race_count() {
     let started = Instant::now();
     let replayed = provm(&["replay", replay]);
     eprintln!("replayed {replay} in {:.1?}", started.elapsed());
-    // A trace whose power-off hung replays up to there.
-    let group = groups.iter().find(|line| line.contains(replay)).unwrap();
-    let status = match group.contains(", incomplete: ") {
-        true => common::REPLAY_CUT_SHORT,
-        false => 0,
-    };
-    assert_eq!(
-        replayed.status, status,
-        "{}{}",
-        replayed.stdout, replayed.stderr
+    // Every schedule powers off (the SMP kernel's udelay() exits: before
+    // it, chaos schedules hung in native_stop_other_cpus()).
+    assert!(
+        groups.iter().all(|group| !group.contains(", incomplete: ")),
+        "{}",
+        repro.stdout
     );
+    assert_eq!(replayed.status, 0, "{}{}", replayed.stdout, replayed.stderr);
 }
 
 /// `--chaos-runs` needs a schedule to vary and a folder of its own for the
