@@ -80,6 +80,7 @@ fn record_and_replay(dir: &Path, mib: Option<u64>) -> (Duration, Duration) {
         output: dir.join("input.provm"),
         embed_image: false,
         exitless_limit: None,
+        chaos: None,
     };
     let _ = std::fs::remove_file(&record.output);
     let start = Instant::now();
