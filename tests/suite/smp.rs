@@ -5,10 +5,36 @@
 use crate::common;
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use common::{
     assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,
 };
+
+/// The race on two vCPUs, recorded once for the tests that read a trace.
+fn race_on_two_vcpus() -> &'static Path {
+    static TRACE: OnceLock<PathBuf> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let _guest = one_guest_at_a_time();
+        let trace = trace_path(&common::scratch(module_path!()), "race-shared");
+        let recorded = record_shell(
+            &images().tiny_qcow2,
+            &trace,
+            &["--cpus", "2"],
+            "race_counter 300",
+        );
+        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+        trace
+    })
+}
+
+/// `provm ARGS` that must succeed; its standard output.
+fn succeeds(args: &[&str]) -> String {
+    let finished = provm(args);
+    assert_eq!(finished.status, 0, "provm {args:?}: {}", finished.stderr);
+    finished.stdout
+}
 
 /// The race test program's output in a recording's standard output.
 fn race_count(stdout: &str) -> u64 {
@@ -70,4 +96,42 @@ fn a_race_replays_exactly_and_chaos_seeds_vary_it() {
         counts.insert(count);
     }
     assert!(counts.len() >= 2, "every schedule gave {counts:?}");
+}
+
+/// `provm query`'s `cpu` column follows the log's switches: both vCPUs
+/// exit, vCPU 0 runs first, and each switch leaves the vCPU the one before
+/// it switched to.
+#[test]
+fn query_names_the_vcpu_of_every_event() {
+    let trace = path(race_on_two_vcpus());
+    let per_cpu = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, count(*) FROM exits GROUP BY cpu ORDER BY cpu",
+    ]);
+    let cpus: Vec<&str> = per_cpu
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split(',').next())
+        .collect();
+    assert_eq!(cpus, ["0", "1"], "{per_cpu}");
+    let switches = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, value FROM events WHERE kind = 'vCPU switch' ORDER BY idx",
+    ]);
+    let mut running = "0".to_owned();
+    for line in switches.lines().skip(1) {
+        let (from, to) = line.split_once(',').expect("two columns");
+        assert_eq!(
+            from, running,
+            "a switch from a vCPU not running: {switches}"
+        );
+        running = to.to_owned();
+    }
+    assert!(switches.lines().count() > 2, "{switches}");
 }
