@@ -135,3 +135,35 @@ fn query_names_the_vcpu_of_every_event() {
     }
     assert!(switches.lines().count() > 2, "{switches}");
 }
+
+/// `provm blame` of a two-vCPU recording: a row per vCPU, which together
+/// make the total, and each vCPU's own idle task (its per-CPU
+/// `current_task` read, not vCPU 0's).
+#[test]
+fn blame_splits_the_time_by_vcpu() {
+    let trace = path(race_on_two_vcpus());
+    let text = succeeds(&["blame", trace]);
+    for row in [
+        "(vCPU 0)",
+        "(vCPU 1)",
+        "swapper/0",
+        "swapper/1",
+        "race_counter",
+    ] {
+        assert!(text.contains(row), "no {row} in:\n{text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&succeeds(&["blame", "--format", "json", trace])).unwrap();
+    let exits = |row: &serde_json::Value| -> u64 {
+        row["exits"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    let vcpus = json["vcpus"].as_array().expect("vcpus rows");
+    assert_eq!(vcpus.len(), 2);
+    assert!(vcpus.iter().all(|row| exits(row) > 0), "{vcpus:?}");
+    assert_eq!(vcpus.iter().map(exits).sum::<u64>(), exits(&json["total"]));
+}

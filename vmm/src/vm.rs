@@ -365,6 +365,8 @@ enum Entry {
 /// memory through its page tables. Looking is not an input: nothing here
 /// changes the guest.
 pub struct GuestView<'a> {
+    /// Which vCPU's registers these are.
+    pub vcpu: usize,
     pub regs: kvm_regs,
     pub sregs: kvm_sregs,
     memory: &'a GuestMemory,
@@ -873,10 +875,7 @@ impl Vm {
         if self.pit.lock().unwrap().poll(now) {
             self.timer_line.pulse();
         }
-        let current = self
-            .cpus
-            .as_ref()
-            .map_or(0, |cpus| cpus.scheduler.current());
+        let current = self.running_vcpu();
         let mut waiting = false;
         let mut injected = false;
         if current == 0 {
@@ -963,12 +962,14 @@ impl Vm {
             clock.entering(&self.memory, self.seam.logging_ns());
         }
         self.kicker.arm(kick_after)?;
+        // The exit is this vCPU's, whoever runs after it.
+        let vcpu = self.running_vcpu();
         let result = self.vcpu.fd.run();
         self.kicker.disarm()?;
         if let Some(clock) = &mut self.exit_clock {
             match &result {
                 Ok(VcpuExit::Intr | VcpuExit::Debug(_)) | Err(_) => clock.resumed_without_exit(),
-                Ok(exit) => clock.exited(exit_device(exit), self.seam.logging_ns()),
+                Ok(exit) => clock.exited(exit_device(exit), vcpu, self.seam.logging_ns()),
             }
         }
         let exit = match result {
@@ -1139,9 +1140,18 @@ impl Vm {
             .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
     }
 
+    /// The index of the vCPU that runs (0 until a switch; always 0 with
+    /// one vCPU).
+    pub fn running_vcpu(&self) -> usize {
+        self.cpus
+            .as_ref()
+            .map_or(0, |cpus| cpus.scheduler.current())
+    }
+
     /// The guest as it stands, for an observer.
     pub fn view(&self) -> Result<GuestView<'_>, VmError> {
         Ok(GuestView {
+            vcpu: self.running_vcpu(),
             regs: self.vcpu.fd.get_regs().map_err(VmError::Kvm)?,
             sregs: self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?,
             memory: &self.memory,
