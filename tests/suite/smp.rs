@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, record_shell,
+    trace_path,
 };
+use provm_trace::reader::Trace;
 
 /// The race on two vCPUs, recorded once for the tests that read a trace.
 fn race_on_two_vcpus() -> &'static Path {
@@ -166,4 +168,62 @@ fn blame_splits_the_time_by_vcpu() {
     assert_eq!(vcpus.len(), 2);
     assert!(vcpus.iter().all(|row| exits(row) > 0), "{vcpus:?}");
     assert_eq!(vcpus.iter().map(exits).sum::<u64>(), exits(&json["total"]));
+}
+
+/// A divergence on vCPU 1 is explained from vCPU 1: `tsc_kept`, pinned to
+/// CPU 1, keeps user-mode RDTSC (unlogged on PVM) on its stack, so a
+/// periodic state check differs while it runs there; the explanation names
+/// that vCPU, the one the log had running (`provm query`'s `cpu`), and
+/// reads the process from that vCPU's per-CPU `current_task`.
+#[test]
+fn a_divergence_is_explained_from_the_vcpu_that_ran() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&common::scratch(module_path!()), "tsc-kept-on-cpu-1");
+    let recorded = provm_with_env(
+        &[
+            "record",
+            "-o",
+            path(&trace),
+            "--cpus",
+            "2",
+            path(&images().tiny_qcow2),
+            "--",
+            "/bin/sh",
+            "-c",
+            "taskset 2 tsc_kept 300",
+        ],
+        &[("PROVM_STATE_CHECKS", Path::new("50"))],
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let holes = Trace::open(&trace).unwrap().manifest.holes.unwrap();
+    let json = provm(&["replay", "--format", "json", path(&trace)]);
+    if !holes.iter().any(|hole| hole == "user-rdtsc") {
+        // A host that logs user-mode RDTSC replays it exactly.
+        assert_eq!(json.status, 0, "{}{}", json.stdout, json.stderr);
+        return;
+    }
+    assert_eq!(json.status, 1, "{}{}", json.stdout, json.stderr);
+    let verdict: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let explanation = &verdict["explanation"];
+    assert_eq!(explanation["vcpu"], 1, "{}", json.stdout);
+    assert_eq!(
+        explanation["process"]["comm"], "tsc_kept",
+        "{}",
+        json.stdout
+    );
+    let event = explanation["event"].as_u64().unwrap().to_string();
+    let logged = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        path(&trace),
+        &format!("SELECT cpu FROM events WHERE idx = {event}"),
+    ]);
+    assert_eq!(logged, "cpu\n1\n", "event {event}");
+    let text = provm(&["replay", path(&trace)]);
+    assert!(
+        text.stdout.contains(", vCPU 1, process ") && text.stdout.contains(" on vCPU 1"),
+        "{}",
+        text.stdout
+    );
 }

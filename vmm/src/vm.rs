@@ -271,6 +271,8 @@ pub enum VmError {
     TooManyVcpus { asked: u8, max: usize },
     #[error("the guest asked to start CPU {0}, which this machine does not have or has started")]
     NoSuchCpu(u32),
+    #[error("this machine has no vCPU {0}")]
+    NoVcpu(usize),
     #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
     Timeout { rip: u64 },
     #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working")]
@@ -1148,12 +1150,25 @@ impl Vm {
             .map_or(0, |cpus| cpus.scheduler.current())
     }
 
-    /// The guest as it stands, for an observer.
+    /// The guest as it stands, for an observer: as the running vCPU sees it.
     pub fn view(&self) -> Result<GuestView<'_>, VmError> {
+        self.view_of(self.running_vcpu())
+    }
+
+    /// The guest as vCPU `vcpu` sees it, running or parked: its registers
+    /// and page tables.
+    pub fn view_of(&self, vcpu: usize) -> Result<GuestView<'_>, VmError> {
+        let fd = match &self.cpus {
+            Some(cpus) if vcpu != cpus.scheduler.current() => {
+                &cpus.parked(vcpu).ok_or(VmError::NoVcpu(vcpu))?.fd
+            }
+            None if vcpu != 0 => return Err(VmError::NoVcpu(vcpu)),
+            _ => &self.vcpu.fd,
+        };
         Ok(GuestView {
-            vcpu: self.running_vcpu(),
-            regs: self.vcpu.fd.get_regs().map_err(VmError::Kvm)?,
-            sregs: self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?,
+            vcpu,
+            regs: fd.get_regs().map_err(VmError::Kvm)?,
+            sregs: fd.get_sregs().map_err(VmError::Kvm)?,
             memory: &self.memory,
         })
     }
