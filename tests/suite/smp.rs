@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, record_shell,
-    trace_path,
+    assert_replay_matches, free_port, gdb_batch, images, one_guest_at_a_time, path, provm,
+    provm_with_env, record_shell, serve_gdb, trace_path,
 };
 use provm_trace::reader::Trace;
 
@@ -226,4 +226,70 @@ fn a_divergence_is_explained_from_the_vcpu_that_ran() {
         "{}",
         text.stdout
     );
+}
+
+/// gdb on a two-vCPU replay: each vCPU a thread, a breakpoint for thread 2
+/// stops there (the breakpoints follow the machine to the vCPU that runs),
+/// the parked vCPU's registers read, stepping and going back stay on the
+/// running vCPU, and the replay still matches after.
+#[test]
+fn gdb_sees_each_vcpu_as_a_thread() {
+    let trace = race_on_two_vcpus();
+    let _guest = one_guest_at_a_time();
+    let vmlinux = trace.with_extension("vmlinux");
+    succeeds(&[
+        "replay",
+        "--extract-kernel",
+        "--force",
+        "-o",
+        path(&vmlinux),
+        path(trace),
+    ]);
+    let address = format!("127.0.0.1:{}", free_port());
+    let (mut replay, stderr) = serve_gdb(trace, &address, 2000);
+    let gdb = gdb_batch(
+        &vmlinux,
+        &address,
+        &[
+            "info threads",
+            // vCPU 1's idle loop; gdb resumes past vCPU 0's own stops there.
+            "hbreak native_safe_halt thread 2",
+            "continue",
+            "monitor where",
+            "p/x $pc",
+            "thread 1",
+            "p/x $pc",
+            "thread 2",
+            "stepi",
+            "reverse-stepi",
+            "p/x $pc",
+            "delete",
+            "continue",
+        ],
+    );
+    let status = replay.wait().unwrap();
+    let all = format!("gdb:\n{gdb}\nprovm:\n{}", stderr.join().unwrap());
+    for line in ["Thread 1.1", "Thread 1.2", "Thread 2 hit Breakpoint 1, "] {
+        assert!(gdb.contains(line), "no {line}: {all}");
+    }
+    assert!(
+        gdb.contains("(swapper/1), parent 1, on vCPU 1 (gdb thread 2)"),
+        "{all}"
+    );
+    let breakpoint = gdb
+        .lines()
+        .find_map(|line| line.strip_prefix("Hardware assisted breakpoint 1 at 0x"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no breakpoint address: {all}"));
+    let pcs: Vec<u64> = gdb
+        .lines()
+        .filter_map(|line| line.strip_prefix('$')?.split_once(" = 0x"))
+        .filter_map(|(_, hex)| u64::from_str_radix(hex.trim(), 16).ok())
+        .collect();
+    assert_eq!(pcs.len(), 3, "{all}");
+    assert_eq!(pcs[0], breakpoint, "{all}");
+    // The parked vCPU 0 is somewhere in its kernel, not at vCPU 1's place.
+    assert!(pcs[1] >= 0xffff_ffff_8000_0000 && pcs[1] != pcs[0], "{all}");
+    assert_eq!(pcs[2], breakpoint, "a step forward and back: {all}");
+    assert_eq!(status.code(), Some(0), "{all}");
 }

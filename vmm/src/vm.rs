@@ -839,10 +839,17 @@ impl Vm {
             // The PIC's timer, wired to vCPU 0, is what wakes the guest.
             Next::AllHalted => (current != 0).then_some(0),
         };
-        if let Some(cpu) = self.seam.schedule(proposed) {
-            cpus.switch(&mut self.vcpu, cpu);
+        let Some(cpu) = self.seam.schedule(proposed) else {
+            return Ok(cpus.scheduler.halted(current));
+        };
+        cpus.switch(&mut self.vcpu, cpu);
+        let halted = cpus.scheduler.halted(cpu);
+        // KVM keeps guest debugging per vCPU: the debugger's breakpoints
+        // (and a replay's window) go to the vCPU that runs now.
+        if !self.stepping_over {
+            self.apply_guest_debug(&self.guest_debug)?;
         }
-        Ok(cpus.scheduler.halted(cpus.scheduler.current()))
+        Ok(halted)
     }
 
     /// Starts the AP the guest kernel asked for, as its start block at
@@ -1140,6 +1147,11 @@ impl Vm {
             .fd
             .set_guest_debug(&debug.to_kvm()?)
             .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
+    }
+
+    /// How many vCPUs the machine has.
+    pub fn vcpu_count(&self) -> usize {
+        self.cpus.as_ref().map_or(1, |cpus| cpus.apics.len())
     }
 
     /// The index of the vCPU that runs (0 until a switch; always 0 with
