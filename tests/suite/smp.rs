@@ -138,6 +138,31 @@ fn query_names_the_vcpu_of_every_event() {
     assert!(switches.lines().count() > 2, "{switches}");
 }
 
+/// The `syscalls` table of a two-vCPU run (a replay analysis): calls made
+/// on each vCPU, each read from its vCPU's own current task, and the race's
+/// own among them.
+#[test]
+fn syscalls_are_read_on_each_vcpu() {
+    let trace = path(race_on_two_vcpus());
+    let _guest = one_guest_at_a_time();
+    let per_cpu = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, count(*), sum(comm = 'race_counter') FROM syscalls GROUP BY cpu ORDER BY cpu",
+    ]);
+    let rows: Vec<Vec<u64>> = per_cpu
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').map(|n| n.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{per_cpu}");
+    assert_eq!((rows[0][0], rows[1][0]), (0, 1), "{per_cpu}");
+    assert!(rows.iter().all(|row| row[1] > 0), "{per_cpu}");
+    assert!(rows.iter().map(|row| row[2]).sum::<u64>() > 0, "{per_cpu}");
+}
+
 /// `provm blame` of a two-vCPU recording: a row per vCPU, which together
 /// make the total, and each vCPU's own idle task (its per-CPU
 /// `current_task` read, not vCPU 0's).
