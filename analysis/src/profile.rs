@@ -181,4 +181,33 @@ mod tests {
         let error = Offsets::from_json(br#"{"task_struct_pid": 696}"#).unwrap_err();
         assert!(error.to_string().contains("task_struct_tgid"), "{error}");
     }
+
+    #[test]
+    fn a_per_cpu_variable_is_in_that_cpus_area_only_in_an_smp_kernel() {
+        let mut symbols = Symbols {
+            do_syscall_64: 0,
+            syscall_exit_to_user_mode: 0,
+            do_exit: 0,
+            current_task: 0x1ac00,
+            cpu_current_top_of_stack: 0x1abd0,
+            per_cpu_offset: None,
+            init_top_pgt: 0,
+        };
+        let areas = [0xffff_8880_0400_0000u64, 0xffff_8880_0440_0000];
+        let read = |at: u64| -> Result<u64, ()> {
+            let index = (at - 0xffff_ffff_818c_e6a0) / 8;
+            areas.get(index as usize).copied().ok_or(())
+        };
+        assert_eq!(symbols.per_cpu(symbols.current_task, 1, read), Ok(0x1ac00));
+        symbols.per_cpu_offset = Some(0xffff_ffff_818c_e6a0);
+        assert_eq!(
+            symbols.per_cpu(symbols.current_task, 1, read),
+            Ok(0xffff_8880_0441_ac00)
+        );
+        assert_eq!(
+            symbols.per_cpu(symbols.current_task, 0, read),
+            Ok(0xffff_8880_0401_ac00)
+        );
+        assert_eq!(symbols.per_cpu(symbols.current_task, 2, read), Err(()));
+    }
 }
