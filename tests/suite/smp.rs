@@ -193,6 +193,19 @@ fn blame_splits_the_time_by_vcpu() {
     assert_eq!(vcpus.len(), 2);
     assert!(vcpus.iter().all(|row| exits(row) > 0), "{vcpus:?}");
     assert_eq!(vcpus.iter().map(exits).sum::<u64>(), exits(&json["total"]));
+    let table = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT sum(exits) FROM blame_vcpus GROUP BY cpu ORDER BY cpu",
+    ]);
+    let from_table: Vec<u64> = table.lines().skip(1).map(|n| n.parse().unwrap()).collect();
+    assert_eq!(
+        from_table,
+        vcpus.iter().map(exits).collect::<Vec<_>>(),
+        "{table}"
+    );
 }
 
 /// A divergence on vCPU 1 is explained from vCPU 1: `tsc_kept`, pinned to
