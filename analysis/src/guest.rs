@@ -128,15 +128,22 @@ impl<'a> Guest<'a> {
         Ok(strings)
     }
 
-    /// The running task's `task_struct`.
+    /// The running task's `task_struct` (the view's vCPU's).
     pub fn current_task(&self) -> Result<u64, Unmapped> {
-        self.read_u64(self.kernel.symbols.current_task)
+        self.read_u64(self.this_cpu(self.kernel.symbols.current_task)?)
+    }
+
+    /// The view's vCPU's copy of a per-CPU variable.
+    fn this_cpu(&self, variable: u64) -> Result<u64, Unmapped> {
+        self.kernel
+            .symbols
+            .per_cpu(variable, self.view.vcpu, |at| self.read_u64(at))
     }
 
     /// The running task's saved user registers: the `pt_regs` at the top
     /// of its kernel stack.
     pub fn saved_user_regs(&self) -> Result<SavedRegs, Unmapped> {
-        let top = self.read_u64(self.kernel.symbols.cpu_current_top_of_stack)?;
+        let top = self.read_u64(self.this_cpu(self.kernel.symbols.cpu_current_top_of_stack)?)?;
         let frame = top - 8 * PT_REGS.len() as u64;
         let mut values = [0; 21];
         for (index, value) in values.iter_mut().enumerate() {

@@ -28,12 +28,14 @@ pub struct Symbols {
     pub syscall_exit_to_user_mode: u64,
     /// `do_exit(code)`: every task ends here.
     pub do_exit: u64,
-    /// The running task (a per-CPU variable; provm's kernel is
-    /// uniprocessor, where it is a plain global).
+    /// The running task: a per-CPU variable (see `per_cpu`).
     pub current_task: u64,
-    /// The top of the running task's kernel stack (per-CPU, so a plain
-    /// global here too), where entry code saved its user registers.
+    /// The top of the running task's kernel stack, where entry code saved
+    /// its user registers: per-CPU too.
     pub cpu_current_top_of_stack: u64,
+    /// `__per_cpu_offset[]`, each CPU's per-CPU area, in an SMP kernel
+    /// only: a uniprocessor kernel's per-CPU variables are plain globals.
+    pub per_cpu_offset: Option<u64>,
     /// The kernel's own page tables (`swapper_pg_dir`), which map the
     /// kernel's half of every address space and are never freed.
     pub init_top_pgt: u64,
@@ -50,6 +52,7 @@ impl Symbols {
             "current_task",
             "cpu_current_top_of_stack",
             "init_top_pgt",
+            "__per_cpu_offset",
         ];
         let found: HashMap<&str, u64> = elf
             .symbols()
@@ -71,6 +74,7 @@ impl Symbols {
             current_task: address("current_task")?,
             cpu_current_top_of_stack: address("cpu_current_top_of_stack")?,
             init_top_pgt: address("init_top_pgt")?,
+            per_cpu_offset: found.get("__per_cpu_offset").copied(),
         })
     }
 }
@@ -85,6 +89,22 @@ impl Symbols {
     /// physical address of `init_top_pgt`.
     pub fn kernel_cr3(&self) -> u64 {
         self.init_top_pgt - START_KERNEL_MAP
+    }
+
+    /// Where CPU `cpu`'s copy of the per-CPU variable `variable` is, with
+    /// `read_u64` reading kernel memory. An SMP kernel links per-CPU
+    /// variables as offsets into a CPU's area; Linux numbers the CPUs as
+    /// the MP table lists them, so CPU n is vCPU n.
+    pub fn per_cpu<E>(
+        &self,
+        variable: u64,
+        cpu: usize,
+        read_u64: impl FnOnce(u64) -> Result<u64, E>,
+    ) -> Result<u64, E> {
+        match self.per_cpu_offset {
+            Some(offsets) => Ok(read_u64(offsets + 8 * cpu as u64)? + variable),
+            None => Ok(variable),
+        }
     }
 }
 
@@ -160,5 +180,34 @@ mod tests {
     fn a_profile_missing_an_offset_names_it() {
         let error = Offsets::from_json(br#"{"task_struct_pid": 696}"#).unwrap_err();
         assert!(error.to_string().contains("task_struct_tgid"), "{error}");
+    }
+
+    #[test]
+    fn a_per_cpu_variable_is_in_that_cpus_area_only_in_an_smp_kernel() {
+        let mut symbols = Symbols {
+            do_syscall_64: 0,
+            syscall_exit_to_user_mode: 0,
+            do_exit: 0,
+            current_task: 0x1ac00,
+            cpu_current_top_of_stack: 0x1abd0,
+            per_cpu_offset: None,
+            init_top_pgt: 0,
+        };
+        let areas = [0xffff_8880_0400_0000u64, 0xffff_8880_0440_0000];
+        let read = |at: u64| -> Result<u64, ()> {
+            let index = (at - 0xffff_ffff_818c_e6a0) / 8;
+            areas.get(index as usize).copied().ok_or(())
+        };
+        assert_eq!(symbols.per_cpu(symbols.current_task, 1, read), Ok(0x1ac00));
+        symbols.per_cpu_offset = Some(0xffff_ffff_818c_e6a0);
+        assert_eq!(
+            symbols.per_cpu(symbols.current_task, 1, read),
+            Ok(0xffff_8880_0441_ac00)
+        );
+        assert_eq!(
+            symbols.per_cpu(symbols.current_task, 0, read),
+            Ok(0xffff_8880_0401_ac00)
+        );
+        assert_eq!(symbols.per_cpu(symbols.current_task, 2, read), Err(()));
     }
 }

@@ -166,6 +166,8 @@ pub struct Syscall {
     pub entry_ns: u64,
     pub exit_event: u64,
     pub exit_ns: u64,
+    /// The vCPU it was made on (a task may return on another).
+    pub cpu: usize,
 }
 
 /// A call entered and not yet returned.
@@ -177,6 +179,7 @@ pub struct Entered {
     args: Vec<Arg>,
     pub event: u64,
     pub guest_ns: u64,
+    cpu: usize,
 }
 
 impl Entered {
@@ -204,6 +207,7 @@ impl Entered {
             args,
             event,
             guest_ns,
+            cpu: guest.view.vcpu,
         }
     }
 
@@ -244,6 +248,7 @@ impl Entered {
             entry_ns: self.guest_ns,
             exit_event: event,
             exit_ns: guest_ns,
+            cpu: self.cpu,
         }
     }
 }
@@ -431,6 +436,7 @@ mod tests {
             entry_ns: 0,
             exit_event: 0,
             exit_ns: 0,
+            cpu: 0,
         };
         assert_eq!(
             call.to_string(),

@@ -33,7 +33,8 @@ pub struct Explanation {
     pub event: u64,
     /// The VM exits before it.
     pub exit: u64,
-    /// provm's guests have one vCPU.
+    /// The vCPU that was running (0 until the log's first switch); the
+    /// process and backtrace are its.
     pub vcpu: u32,
     /// The process the guest kernel was running (its current task).
     pub process: Option<Task>,
@@ -126,7 +127,7 @@ pub fn explain(divergence: &Divergence, context: &Context) -> Explanation {
     Explanation {
         event: divergence.event,
         exit: divergence.exit,
-        vcpu: 0,
+        vcpu: u32::from(divergence.vcpu.unwrap_or(0)),
         process: running.map(|(_, task)| task),
         backtrace,
         recent,

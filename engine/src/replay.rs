@@ -416,7 +416,8 @@ impl Opened {
         divergence: &Divergence,
         tsc_during_replay: std::ops::Range<u64>,
     ) -> Option<Box<Explanation>> {
-        let view = vm.view().ok()?;
+        // The vCPU the log had running, which the replay ran too.
+        let view = vm.view_of(divergence.vcpu.map_or(0, usize::from)).ok()?;
         let kernel = self.kernel_info().ok()?;
         let vmlinux = self.trace.kernel().ok()?;
         let ids = self.trace.manifest.holes.as_deref().unwrap_or_default();

@@ -1,20 +1,22 @@
 //! The VMM's exit timing, attributed to the guest process running at each
 //! exit and aggregated as it comes (see `timing`).
 //!
-//! The running task is read from the kernel's `current_task` through the
-//! kernel's own page tables (`init_top_pgt`), which no process's exit can
-//! free: three page walks in guest RAM per exit, no ioctl.
+//! The running task is read from the exiting vCPU's `current_task`
+//! through the kernel's own page tables (`init_top_pgt`), which no
+//! process's exit can free: three page walks in guest RAM per exit (four
+//! in an SMP kernel, whose per-CPU areas are one more read away), no ioctl.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use provm_analysis::profile::Symbols;
 use provm_analysis::KernelInfo;
 use provm_vmm::exit_timing::{self, ExitDelay, ExitObserver, ExitTiming};
 use provm_vmm::memory::GuestMemory;
 use provm_vmm::paging;
 use provm_vmm::vm::Vm;
 
-use super::timing::{ProcessTiming, Times, TimingReport, TIMING_FORMAT};
+use super::timing::{count, ProcessTiming, Times, TimingReport, TIMING_FORMAT};
 
 /// `comm`'s size in the kernel (TASK_COMM_LEN).
 const COMM_LEN: usize = 16;
@@ -37,6 +39,7 @@ impl Capture {
                 preemption_measured: exit_timing::run_delay_available(),
                 capture_ns: 0,
                 processes: Vec::new(),
+                vcpus: Vec::new(),
             },
             index: HashMap::new(),
         }));
@@ -66,7 +69,10 @@ struct Attributor {
 
 impl ExitObserver for Attributor {
     fn exit(&mut self, timing: &ExitTiming, memory: &GuestMemory) {
-        let key = self.reader.running(memory).unwrap_or((-1, [0; COMM_LEN]));
+        let key = self
+            .reader
+            .running(memory, timing.vcpu)
+            .unwrap_or((-1, [0; COMM_LEN]));
         let nanos = |d: std::time::Duration| d.as_nanos() as u64;
         let sample = Times {
             guest_ns: nanos(timing.in_guest),
@@ -79,6 +85,7 @@ impl ExitObserver for Attributor {
         let mut shared = self.shared.lock().unwrap();
         let Aggregate { report, index } = &mut *shared;
         report.capture_ns += nanos(timing.observing);
+        report.count_for_vcpu(timing.vcpu, timing.device, &sample);
         let slot = *index.entry(key).or_insert_with(|| {
             report.processes.push(ProcessTiming {
                 pid: key.0,
@@ -87,15 +94,7 @@ impl ExitObserver for Attributor {
             });
             report.processes.len() - 1
         });
-        let devices = &mut report.processes[slot].devices;
-        // Looked up before inserting: no allocation at a known device.
-        match devices.get_mut(timing.device) {
-            Some(device) => device.count(&sample),
-            None => devices
-                .entry(timing.device.to_owned())
-                .or_default()
-                .count(&sample),
-        }
+        count(&mut report.processes[slot].devices, timing.device, &sample);
     }
 }
 
@@ -108,10 +107,10 @@ fn comm_string(comm: &[u8; COMM_LEN]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
-/// Reads the running task's pid and comm from guest RAM.
+/// Reads a vCPU's running task's pid and comm from guest RAM.
 struct ProcessReader {
     cr3: u64,
-    current_task: u64,
+    symbols: Symbols,
     tgid: u64,
     comm: u64,
 }
@@ -120,16 +119,22 @@ impl ProcessReader {
     fn new(kernel: &KernelInfo) -> Self {
         ProcessReader {
             cr3: kernel.symbols.kernel_cr3(),
-            current_task: kernel.symbols.current_task,
+            symbols: kernel.symbols.clone(),
             tgid: kernel.offsets.task_struct_tgid,
             comm: kernel.offsets.task_struct_comm,
         }
     }
 
-    fn running(&self, memory: &GuestMemory) -> Option<(i32, [u8; COMM_LEN])> {
-        let mut pointer = [0u8; 8];
-        paging::read(memory, self.cr3, self.current_task, &mut pointer).ok()?;
-        let task = u64::from_le_bytes(pointer);
+    fn running(&self, memory: &GuestMemory, vcpu: usize) -> Option<(i32, [u8; COMM_LEN])> {
+        let read_u64 = |address| {
+            let mut bytes = [0u8; 8];
+            paging::read(memory, self.cr3, address, &mut bytes).map(|()| u64::from_le_bytes(bytes))
+        };
+        let current_task = self
+            .symbols
+            .per_cpu(self.symbols.current_task, vcpu, read_u64)
+            .ok()?;
+        let task = read_u64(current_task).ok()?;
         let mut tgid = [0u8; 4];
         paging::read(memory, self.cr3, task + self.tgid, &mut tgid).ok()?;
         let mut comm = [0u8; COMM_LEN];

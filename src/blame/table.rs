@@ -71,6 +71,29 @@ pub fn rows(report: &TimingReport) -> (Vec<Row>, Row) {
     (rows, Row::of(None, "(all)".into(), &report.by_device()))
 }
 
+/// With more than one vCPU, a row for each: the same time split by the
+/// vCPU that ran, not by process. None with one (its row is the total).
+pub fn vcpu_rows(report: &TimingReport) -> Vec<Row> {
+    if report.vcpus.len() < 2 {
+        return Vec::new();
+    }
+    report
+        .vcpus
+        .iter()
+        .enumerate()
+        .map(|(vcpu, devices)| Row::of(None, format!("(vCPU {vcpu})"), devices))
+        .collect()
+}
+
+/// Every row in the order the text and CSV show them: the processes, the
+/// vCPUs, the total.
+fn shown_rows(report: &TimingReport) -> Vec<Row> {
+    let (mut shown, total) = rows(report);
+    shown.extend(vcpu_rows(report));
+    shown.push(total);
+    shown
+}
+
 /// The devices that had exits, in name order.
 fn devices(report: &TimingReport) -> Vec<String> {
     report.by_device().into_keys().collect()
@@ -81,7 +104,7 @@ pub fn ms(ns: u64) -> String {
 }
 
 pub fn write_text(report: &TimingReport, out: &mut dyn Write) -> io::Result<()> {
-    let (rows, total) = rows(report);
+    let rows = shown_rows(report);
     let devices = devices(report);
     writeln!(
         out,
@@ -103,7 +126,7 @@ pub fn write_text(report: &TimingReport, out: &mut dyn Write) -> io::Result<()> 
     header.extend(["halted", "preempted", "recorder", "injected"].map(String::from));
     header.extend(devices.iter().map(|d| format!("exits:{d}")));
     let mut lines = vec![header];
-    for row in rows.iter().chain([&total]) {
+    for row in &rows {
         let mut line = vec![
             row.pid.map_or("-".into(), |pid| pid.to_string()),
             row.command.clone(),
@@ -155,12 +178,12 @@ pub fn write_text(report: &TimingReport, out: &mut dyn Write) -> io::Result<()> 
         out,
         "timing capture itself took {} ms over {} exits",
         ms(report.capture_ns),
-        total.exits.values().sum::<u64>()
+        report.total().exits
     )
 }
 
 pub fn write_csv(report: &TimingReport, out: &mut dyn Write) -> Result<(), csv::Error> {
-    let (rows, total) = rows(report);
+    let rows = shown_rows(report);
     let devices = devices(report);
     let mut writer = csv::Writer::from_writer(out);
     let mut header: Vec<String> = ["pid", "command", "wall_ns", "guest_ns"]
@@ -170,7 +193,7 @@ pub fn write_csv(report: &TimingReport, out: &mut dyn Write) -> Result<(), csv::
     header.extend(["halted_ns", "preempted_ns", "recorder_ns", "injected_ns"].map(String::from));
     header.extend(devices.iter().map(|d| format!("exits:{d}")));
     writer.write_record(&header)?;
-    for row in rows.iter().chain([&total]) {
+    for row in &rows {
         let mut record = vec![
             row.pid.map_or(String::new(), |pid| pid.to_string()),
             row.command.clone(),
@@ -204,6 +227,9 @@ struct JsonTable<'a> {
     preemption_measured: bool,
     capture_ns: u64,
     processes: Vec<Row>,
+    /// With more than one vCPU, their rows, by index.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    vcpus: Vec<Row>,
     total: Row,
 }
 
@@ -217,8 +243,74 @@ pub fn write_json(report: &TimingReport, out: &mut dyn Write) -> io::Result<()> 
         preemption_measured: report.preemption_measured,
         capture_ns: report.capture_ns,
         processes,
+        vcpus: vcpu_rows(report),
         total,
     };
     serde_json::to_writer_pretty(&mut *out, &table)?;
     writeln!(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blame::timing::{Times, TIMING_FORMAT};
+
+    fn report(vcpus: usize) -> TimingReport {
+        let mut report = TimingReport {
+            format: TIMING_FORMAT,
+            mode: "record".into(),
+            injected: None,
+            preemption_measured: true,
+            capture_ns: 0,
+            processes: Vec::new(),
+            vcpus: Vec::new(),
+        };
+        for vcpu in 0..vcpus {
+            let exit = Times {
+                guest_ns: 1_000_000 * (vcpu as u64 + 1),
+                ..Times::default()
+            };
+            report.count_for_vcpu(vcpu, "pic", &exit);
+            let mut process = ProcessTiming {
+                pid: 7,
+                comm: "sh".into(),
+                ..ProcessTiming::default()
+            };
+            crate::blame::timing::count(&mut process.devices, "pic", &exit);
+            report.processes.push(process);
+        }
+        report
+    }
+
+    fn text(report: &TimingReport) -> String {
+        let mut out = Vec::new();
+        write_text(report, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn each_vcpu_has_a_row_when_there_are_two() {
+        let report = report(2);
+        let rows = vcpu_rows(&report);
+        let walls: Vec<(&str, u64)> = rows
+            .iter()
+            .map(|row| (row.command.as_str(), row.wall_ns))
+            .collect();
+        assert_eq!(walls, [("(vCPU 0)", 1_000_000), ("(vCPU 1)", 2_000_000)]);
+        let shown = text(&report);
+        assert!(shown.contains("(vCPU 1)"), "{shown}");
+        let mut json = Vec::new();
+        write_json(&report, &mut json).unwrap();
+        assert!(String::from_utf8(json).unwrap().contains("\"vcpus\""));
+    }
+
+    #[test]
+    fn one_vcpu_adds_no_rows() {
+        let report = report(1);
+        assert!(vcpu_rows(&report).is_empty());
+        assert!(!text(&report).contains("(vCPU"));
+        let mut json = Vec::new();
+        write_json(&report, &mut json).unwrap();
+        assert!(!String::from_utf8(json).unwrap().contains("\"vcpus\""));
+    }
 }

@@ -154,9 +154,30 @@ pub struct TimingReport {
     /// The capture's own cost: the observer's time over all exits.
     pub capture_ns: u64,
     pub processes: Vec<ProcessTiming>,
+    /// The same exits by vCPU (index) and device; absent in a report of
+    /// an older provm.
+    #[serde(default)]
+    pub vcpus: Vec<BTreeMap<String, DeviceTiming>>,
+}
+
+/// Counts one exit of `device` in `devices`.
+pub fn count(devices: &mut BTreeMap<String, DeviceTiming>, device: &str, exit: &Times) {
+    // Looked up before inserting: no allocation at a known device.
+    match devices.get_mut(device) {
+        Some(timing) => timing.count(exit),
+        None => devices.entry(device.to_owned()).or_default().count(exit),
+    }
 }
 
 impl TimingReport {
+    /// Counts one exit of `device` for vCPU `vcpu`.
+    pub fn count_for_vcpu(&mut self, vcpu: usize, device: &str, exit: &Times) {
+        if self.vcpus.len() <= vcpu {
+            self.vcpus.resize_with(vcpu + 1, BTreeMap::new);
+        }
+        count(&mut self.vcpus[vcpu], device, exit);
+    }
+
     /// The whole run, by device.
     pub fn by_device(&self) -> BTreeMap<String, DeviceTiming> {
         let mut devices: BTreeMap<String, DeviceTiming> = BTreeMap::new();

@@ -428,6 +428,7 @@ mod tests {
                 process(1, vec![("pic", device(3, 300)), ("msr", device(1, 50))]),
                 process(2, vec![("pic", device(1, 100))]),
             ],
+            vcpus: Vec::new(),
         };
         // pic: one exit in bucket 0, three in bucket 2; msr is not logged.
         let vmm = VmmEvents {

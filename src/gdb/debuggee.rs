@@ -222,9 +222,15 @@ impl Debuggee {
         })
     }
 
-    /// The guest as it stands, to read registers and memory.
-    pub fn view(&self) -> Result<GuestView<'_>, DebugError> {
-        Ok(self.vm.view()?)
+    /// The guest as vCPU `vcpu` sees it (running or parked), to read
+    /// registers and memory.
+    pub fn view_of(&self, vcpu: usize) -> Result<GuestView<'_>, DebugError> {
+        Ok(self.vm.view_of(vcpu)?)
+    }
+
+    /// The vCPU that runs, and how many there are.
+    pub fn vcpus(&self) -> (usize, usize) {
+        (self.vm.running_vcpu(), self.vm.vcpu_count())
     }
 
     /// Adds a hardware breakpoint; false if all four are in use.

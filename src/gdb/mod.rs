@@ -19,7 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use gdbstub::common::Signal;
 use gdbstub::conn::ConnectionExt;
 use gdbstub::stub::run_blocking::{self, BlockingEventLoop, WaitForStopReasonError};
-use gdbstub::stub::{DisconnectReason, GdbStub, SingleThreadStopReason};
+use gdbstub::stub::{DisconnectReason, GdbStub, MultiThreadStopReason};
 
 pub use debuggee::DebugError;
 use debuggee::Debuggee;
@@ -113,14 +113,14 @@ enum EventLoop {}
 impl BlockingEventLoop for EventLoop {
     type Target = ReplayTarget;
     type Connection = TcpStream;
-    type StopReason = SingleThreadStopReason<u64>;
+    type StopReason = MultiThreadStopReason<u64>;
 
     #[allow(clippy::type_complexity)]
     fn wait_for_stop_reason(
         target: &mut ReplayTarget,
         conn: &mut TcpStream,
     ) -> Result<
-        run_blocking::Event<SingleThreadStopReason<u64>>,
+        run_blocking::Event<MultiThreadStopReason<u64>>,
         WaitForStopReasonError<DebugError, io::Error>,
     > {
         let stopped = {
@@ -140,8 +140,8 @@ impl BlockingEventLoop for EventLoop {
     }
 
     fn on_interrupt(
-        _: &mut ReplayTarget,
-    ) -> Result<Option<SingleThreadStopReason<u64>>, DebugError> {
-        Ok(Some(SingleThreadStopReason::Signal(Signal::SIGINT)))
+        target: &mut ReplayTarget,
+    ) -> Result<Option<MultiThreadStopReason<u64>>, DebugError> {
+        Ok(Some(target.stopped(Signal::SIGINT)))
     }
 }

@@ -47,12 +47,16 @@ fn where_text(debuggee: &Debuggee) -> String {
         "event {} of {}, {} VM exits, guest time {guest_seconds:.6} s\n",
         at.events, debuggee.log_events, at.exits
     );
+    let on = match debuggee.vcpus() {
+        (_, 1) => String::new(),
+        (vcpu, _) => format!(", on vCPU {vcpu} (gdb thread {})", vcpu + 1),
+    };
     text += &match whereabouts.task {
         Ok(task) => format!(
-            "running: pid {} tid {} ({}), parent {}\n",
+            "running: pid {} tid {} ({}), parent {}{on}\n",
             task.pid, task.tid, task.comm, task.ppid
         ),
-        Err(error) => format!("running: unknown ({error})\n"),
+        Err(error) => format!("running: unknown ({error}){on}\n"),
     };
     text += &match whereabouts.user_regs {
         Ok(regs) if regs.from_user_mode() => format!(

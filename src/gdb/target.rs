@@ -3,17 +3,23 @@
 //! single-step, reverse-continue, reverse single-step and monitor commands. A replay cannot be
 //! changed, so writes to registers or memory are refused (and with them
 //! gdb's software breakpoints: use `hbreak`).
+//!
+//! Each vCPU is a gdb thread, vCPU n thread n + 1 (gdb's ids start at 1);
+//! a stop names the running vCPU, and a parked one's registers and memory
+//! read as it left them. provm runs one vCPU at a time, in the log's
+//! order, so a resume is the whole machine's, whichever thread gdb names:
+//! a step steps the running vCPU.
 
 use std::time::{Duration, Instant};
 
-use gdbstub::common::Signal;
-use gdbstub::stub::SingleThreadStopReason;
+use gdbstub::common::{Signal, Tid};
+use gdbstub::stub::MultiThreadStopReason;
+use gdbstub::target::ext::base::multithread::{
+    MultiThreadBase, MultiThreadResume, MultiThreadResumeOps, MultiThreadSchedulerLocking,
+    MultiThreadSchedulerLockingOps, MultiThreadSingleStep, MultiThreadSingleStepOps,
+};
 use gdbstub::target::ext::base::reverse_exec::{
     ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
-};
-use gdbstub::target::ext::base::singlethread::{
-    SingleThreadBase, SingleThreadResume, SingleThreadResumeOps, SingleThreadSingleStep,
-    SingleThreadSingleStepOps,
 };
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
@@ -26,6 +32,7 @@ use gdbstub_arch::x86::X86_64_SSE;
 
 use super::debuggee::{DebugError, Debuggee, Halt};
 use super::monitor;
+use provm_vmm::vm::GuestView;
 
 /// How often a long monitor command tells gdb it is still running.
 const KEEPALIVE: Duration = Duration::from_secs(1);
@@ -52,36 +59,63 @@ impl ReplayTarget {
     pub fn run(
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<SingleThreadStopReason<u64>>, DebugError> {
+    ) -> Result<Option<MultiThreadStopReason<u64>>, DebugError> {
         let halt = match self.resume {
             Resume::Continue => self.debuggee.resume(interrupted)?,
             Resume::Step => self.debuggee.step(interrupted)?,
             Resume::ReverseContinue => self.debuggee.reverse_continue(interrupted)?,
             Resume::ReverseStep => self.debuggee.reverse_step(interrupted)?,
         };
+        let tid = self.running_thread();
         Ok(match halt {
-            Halt::Breakpoint => Some(SingleThreadStopReason::HwBreak(())),
-            Halt::Step => Some(SingleThreadStopReason::DoneStep),
-            Halt::Event => Some(SingleThreadStopReason::Signal(Signal::SIGTRAP)),
+            Halt::Breakpoint => Some(MultiThreadStopReason::HwBreak(tid)),
+            // With the thread, so that gdb switches to the vCPU that ran.
+            Halt::Step | Halt::Event => Some(self.stopped(Signal::SIGTRAP)),
             // The end of the replay is the end of the replay log: gdb stays
             // connected and may go back from there.
             Halt::Ended => {
                 if let Some(report) = self.debuggee.report() {
                     eprintln!("provm: the replay reached its end: {}", report.summary());
                 }
-                Some(SingleThreadStopReason::ReplayLog {
-                    tid: None,
+                Some(MultiThreadStopReason::ReplayLog {
+                    tid: Some(tid),
                     pos: ReplayLogPosition::End,
                 })
             }
-            Halt::Beginning => Some(SingleThreadStopReason::ReplayLog {
-                tid: None,
+            Halt::Beginning => Some(MultiThreadStopReason::ReplayLog {
+                tid: Some(tid),
                 pos: ReplayLogPosition::Begin,
             }),
             // gdb's bytes are waiting: the event loop reads them.
             Halt::Interrupted => None,
         })
     }
+
+    /// A stop by `signal`, on the running vCPU's thread.
+    pub fn stopped(&self, signal: Signal) -> MultiThreadStopReason<u64> {
+        MultiThreadStopReason::SignalWithThread {
+            tid: self.running_thread(),
+            signal,
+        }
+    }
+
+    fn running_thread(&self) -> Tid {
+        thread_of(self.debuggee.vcpus().0)
+    }
+
+    /// The guest as thread `tid`'s vCPU sees it.
+    fn view_of(&self, tid: Tid) -> Result<GuestView<'_>, TargetError<DebugError>> {
+        let vcpu = tid.get() - 1;
+        if vcpu >= self.debuggee.vcpus().1 {
+            return Err(TargetError::NonFatal);
+        }
+        self.debuggee.view_of(vcpu).map_err(TargetError::Fatal)
+    }
+}
+
+/// vCPU `vcpu`'s gdb thread id.
+fn thread_of(vcpu: usize) -> Tid {
+    Tid::new(vcpu + 1).expect("not zero")
 }
 
 impl Target for ReplayTarget {
@@ -89,7 +123,7 @@ impl Target for ReplayTarget {
     type Error = DebugError;
 
     fn base_ops(&mut self) -> BaseOps<'_, Self::Arch, Self::Error> {
-        BaseOps::SingleThread(self)
+        BaseOps::MultiThread(self)
     }
 
     fn support_breakpoints(&mut self) -> Option<BreakpointsOps<'_, Self>> {
@@ -107,9 +141,9 @@ impl Target for ReplayTarget {
     }
 }
 
-impl SingleThreadBase for ReplayTarget {
-    fn read_registers(&mut self, regs: &mut X86_64CoreRegs) -> TargetResult<(), Self> {
-        let view = self.debuggee.view().map_err(TargetError::Fatal)?;
+impl MultiThreadBase for ReplayTarget {
+    fn read_registers(&mut self, regs: &mut X86_64CoreRegs, tid: Tid) -> TargetResult<(), Self> {
+        let view = self.view_of(tid)?;
         let r = &view.regs;
         regs.regs = [
             r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11,
@@ -127,14 +161,14 @@ impl SingleThreadBase for ReplayTarget {
         Ok(())
     }
 
-    fn write_registers(&mut self, _: &X86_64CoreRegs) -> TargetResult<(), Self> {
+    fn write_registers(&mut self, _: &X86_64CoreRegs, _: Tid) -> TargetResult<(), Self> {
         Err(TargetError::NonFatal)
     }
 
-    /// Guest virtual memory under the current page tables, up to the first
-    /// unmapped page.
-    fn read_addrs(&mut self, start: u64, data: &mut [u8]) -> TargetResult<usize, Self> {
-        let view = self.debuggee.view().map_err(TargetError::Fatal)?;
+    /// Guest virtual memory under the thread's vCPU's page tables, up to
+    /// the first unmapped page.
+    fn read_addrs(&mut self, start: u64, data: &mut [u8], tid: Tid) -> TargetResult<usize, Self> {
+        let view = self.view_of(tid)?;
         let mut done = 0;
         while done < data.len() {
             let at = start.wrapping_add(done as u64);
@@ -151,50 +185,78 @@ impl SingleThreadBase for ReplayTarget {
         Ok(done)
     }
 
-    fn write_addrs(&mut self, _: u64, _: &[u8]) -> TargetResult<(), Self> {
+    fn write_addrs(&mut self, _: u64, _: &[u8], _: Tid) -> TargetResult<(), Self> {
         Err(TargetError::Errno(EFAULT))
     }
 
-    fn support_resume(&mut self) -> Option<SingleThreadResumeOps<'_, Self>> {
+    fn list_active_threads(&mut self, active: &mut dyn FnMut(Tid)) -> Result<(), Self::Error> {
+        (0..self.debuggee.vcpus().1).for_each(|vcpu| active(thread_of(vcpu)));
+        Ok(())
+    }
+
+    fn support_resume(&mut self) -> Option<MultiThreadResumeOps<'_, Self>> {
         Some(self)
     }
 }
 
-impl SingleThreadResume for ReplayTarget {
-    fn resume(&mut self, _signal: Option<Signal>) -> Result<(), Self::Error> {
+impl MultiThreadResume for ReplayTarget {
+    /// The actions set it already (see `clear_resume_actions`).
+    fn resume(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// A continue, unless a thread is stepped.
+    fn clear_resume_actions(&mut self) -> Result<(), Self::Error> {
         self.resume = Resume::Continue;
         Ok(())
     }
 
-    fn support_single_step(&mut self) -> Option<SingleThreadSingleStepOps<'_, Self>> {
+    fn set_resume_action_continue(&mut self, _: Tid, _: Option<Signal>) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn support_single_step(&mut self) -> Option<MultiThreadSingleStepOps<'_, Self>> {
         Some(self)
     }
 
-    fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, (), Self>> {
+    fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, Tid, Self>> {
         Some(self)
     }
 
-    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, (), Self>> {
+    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, Tid, Self>> {
+        Some(self)
+    }
+
+    fn support_scheduler_locking(&mut self) -> Option<MultiThreadSchedulerLockingOps<'_, Self>> {
         Some(self)
     }
 }
 
-impl SingleThreadSingleStep for ReplayTarget {
-    fn step(&mut self, _signal: Option<Signal>) -> Result<(), Self::Error> {
+impl MultiThreadSchedulerLocking for ReplayTarget {
+    /// Granted in name only: the replay runs the vCPUs in the log's order
+    /// and cannot hold one. gdb asks it to step the stopped thread over a
+    /// breakpoint, and that thread is the running vCPU.
+    fn set_resume_action_scheduler_lock(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+impl MultiThreadSingleStep for ReplayTarget {
+    fn set_resume_action_step(&mut self, _: Tid, _: Option<Signal>) -> Result<(), Self::Error> {
         self.resume = Resume::Step;
         Ok(())
     }
 }
 
-impl ReverseCont<()> for ReplayTarget {
+impl ReverseCont<Tid> for ReplayTarget {
     fn reverse_cont(&mut self) -> Result<(), Self::Error> {
         self.resume = Resume::ReverseContinue;
         Ok(())
     }
 }
 
-impl ReverseStep<()> for ReplayTarget {
-    fn reverse_step(&mut self, _: ()) -> Result<(), Self::Error> {
+impl ReverseStep<Tid> for ReplayTarget {
+    fn reverse_step(&mut self, _: Tid) -> Result<(), Self::Error> {
         self.resume = Resume::ReverseStep;
         Ok(())
     }

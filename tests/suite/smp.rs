@@ -5,10 +5,72 @@
 use crate::common;
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, record_shell, trace_path,
+    assert_replay_matches, free_port, gdb_batch, images, one_guest_at_a_time, path, provm,
+    provm_with_env, record_shell, serve_gdb, trace_path,
 };
+use provm_trace::reader::Trace;
+
+/// What the guest kernel prints before the power-off spin that is still
+/// open (docs/smp.md: `native_stop_other_cpus()` waits for the other CPU
+/// in a loop without exits), which stops some recordings at their end.
+const POWER_OFF_SPIN: &str = "Shutting down cpus with NMI";
+
+/// Records `script` on two vCPUs into `trace`, with `env`. A recording
+/// stopped by the open power-off spin is made again (another try is
+/// another schedule: the tick falls elsewhere), three times at most, each
+/// stopped after 10 s of it rather than 60.
+fn record_on_two_vcpus(trace: &Path, script: &str, env: &[(&str, &Path)]) {
+    let args = [
+        "record",
+        "-o",
+        path(trace),
+        "--cpus",
+        "2",
+        "--exitless-limit",
+        "10",
+        "--force",
+        path(&images().tiny_qcow2),
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ];
+    for _ in 0..3 {
+        let recorded = provm_with_env(&args, env);
+        if recorded.status == 0 {
+            return;
+        }
+        assert!(
+            recorded.stderr.contains(POWER_OFF_SPIN),
+            "{}",
+            recorded.stderr
+        );
+        eprintln!("the recording ended in the open power-off spin; again");
+    }
+    panic!("three recordings of {script} ended in the power-off spin")
+}
+
+/// The race on two vCPUs, recorded once for the tests that read a trace.
+fn race_on_two_vcpus() -> &'static Path {
+    static TRACE: OnceLock<PathBuf> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let _guest = one_guest_at_a_time();
+        let trace = trace_path(&common::scratch(module_path!()), "race-shared");
+        record_on_two_vcpus(&trace, "race_counter 300", &[]);
+        trace
+    })
+}
+
+/// `provm ARGS` that must succeed; its standard output.
+fn succeeds(args: &[&str]) -> String {
+    let finished = provm(args);
+    assert_eq!(finished.status, 0, "provm {args:?}: {}", finished.stderr);
+    finished.stdout
+}
 
 /// The race test program's output in a recording's standard output.
 fn race_count(stdout: &str) -> u64 {
@@ -70,4 +132,225 @@ fn a_race_replays_exactly_and_chaos_seeds_vary_it() {
         counts.insert(count);
     }
     assert!(counts.len() >= 2, "every schedule gave {counts:?}");
+}
+
+/// `provm query`'s `cpu` column follows the log's switches: both vCPUs
+/// exit, vCPU 0 runs first, and each switch leaves the vCPU the one before
+/// it switched to.
+#[test]
+fn query_names_the_vcpu_of_every_event() {
+    let trace = path(race_on_two_vcpus());
+    let per_cpu = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, count(*) FROM exits GROUP BY cpu ORDER BY cpu",
+    ]);
+    let cpus: Vec<&str> = per_cpu
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split(',').next())
+        .collect();
+    assert_eq!(cpus, ["0", "1"], "{per_cpu}");
+    let switches = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, value FROM events WHERE kind = 'vCPU switch' ORDER BY idx",
+    ]);
+    let mut running = "0".to_owned();
+    for line in switches.lines().skip(1) {
+        let (from, to) = line.split_once(',').expect("two columns");
+        assert_eq!(
+            from, running,
+            "a switch from a vCPU not running: {switches}"
+        );
+        running = to.to_owned();
+    }
+    assert!(switches.lines().count() > 2, "{switches}");
+}
+
+/// The `syscalls` table of a two-vCPU run (a replay analysis): calls made
+/// on each vCPU, each read from its vCPU's own current task, and the race's
+/// own among them.
+#[test]
+fn syscalls_are_read_on_each_vcpu() {
+    let trace = path(race_on_two_vcpus());
+    let _guest = one_guest_at_a_time();
+    let per_cpu = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT cpu, count(*), sum(comm = 'race_counter') FROM syscalls GROUP BY cpu ORDER BY cpu",
+    ]);
+    let rows: Vec<Vec<u64>> = per_cpu
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').map(|n| n.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{per_cpu}");
+    assert_eq!((rows[0][0], rows[1][0]), (0, 1), "{per_cpu}");
+    assert!(rows.iter().all(|row| row[1] > 0), "{per_cpu}");
+    assert!(rows.iter().map(|row| row[2]).sum::<u64>() > 0, "{per_cpu}");
+}
+
+/// `provm blame` of a two-vCPU recording: a row per vCPU, which together
+/// make the total, and each vCPU's own idle task (its per-CPU
+/// `current_task` read, not vCPU 0's).
+#[test]
+fn blame_splits_the_time_by_vcpu() {
+    let trace = path(race_on_two_vcpus());
+    let text = succeeds(&["blame", trace]);
+    for row in [
+        "(vCPU 0)",
+        "(vCPU 1)",
+        "swapper/0",
+        "swapper/1",
+        "race_counter",
+    ] {
+        assert!(text.contains(row), "no {row} in:\n{text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&succeeds(&["blame", "--format", "json", trace])).unwrap();
+    let exits = |row: &serde_json::Value| -> u64 {
+        row["exits"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    let vcpus = json["vcpus"].as_array().expect("vcpus rows");
+    assert_eq!(vcpus.len(), 2);
+    assert!(vcpus.iter().all(|row| exits(row) > 0), "{vcpus:?}");
+    assert_eq!(vcpus.iter().map(exits).sum::<u64>(), exits(&json["total"]));
+    let table = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        trace,
+        "SELECT sum(exits) FROM blame_vcpus GROUP BY cpu ORDER BY cpu",
+    ]);
+    let from_table: Vec<u64> = table.lines().skip(1).map(|n| n.parse().unwrap()).collect();
+    assert_eq!(
+        from_table,
+        vcpus.iter().map(exits).collect::<Vec<_>>(),
+        "{table}"
+    );
+}
+
+/// A divergence on vCPU 1 is explained from vCPU 1: `tsc_kept`, pinned to
+/// CPU 1, keeps user-mode RDTSC (unlogged on PVM) on its stack, so a
+/// periodic state check differs while it runs there; the explanation names
+/// that vCPU, the one the log had running (`provm query`'s `cpu`), and
+/// reads the process from that vCPU's per-CPU `current_task`.
+#[test]
+fn a_divergence_is_explained_from_the_vcpu_that_ran() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path(&common::scratch(module_path!()), "tsc-kept-on-cpu-1");
+    record_on_two_vcpus(
+        &trace,
+        "taskset 2 tsc_kept 300",
+        &[("PROVM_STATE_CHECKS", Path::new("50"))],
+    );
+    let holes = Trace::open(&trace).unwrap().manifest.holes.unwrap();
+    let json = provm(&["replay", "--format", "json", path(&trace)]);
+    if !holes.iter().any(|hole| hole == "user-rdtsc") {
+        // A host that logs user-mode RDTSC replays it exactly.
+        assert_eq!(json.status, 0, "{}{}", json.stdout, json.stderr);
+        return;
+    }
+    assert_eq!(json.status, 1, "{}{}", json.stdout, json.stderr);
+    let verdict: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let explanation = &verdict["explanation"];
+    assert_eq!(explanation["vcpu"], 1, "{}", json.stdout);
+    assert_eq!(
+        explanation["process"]["comm"], "tsc_kept",
+        "{}",
+        json.stdout
+    );
+    let event = explanation["event"].as_u64().unwrap().to_string();
+    let logged = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        path(&trace),
+        &format!("SELECT cpu FROM events WHERE idx = {event}"),
+    ]);
+    assert_eq!(logged, "cpu\n1\n", "event {event}");
+    let text = provm(&["replay", path(&trace)]);
+    assert!(
+        text.stdout.contains(", vCPU 1, process ") && text.stdout.contains(" on vCPU 1"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// gdb on a two-vCPU replay: each vCPU a thread, a breakpoint for thread 2
+/// stops there (the breakpoints follow the machine to the vCPU that runs),
+/// the parked vCPU's registers read, stepping and going back stay on the
+/// running vCPU, and the replay still matches after.
+#[test]
+fn gdb_sees_each_vcpu_as_a_thread() {
+    let trace = race_on_two_vcpus();
+    let _guest = one_guest_at_a_time();
+    let vmlinux = trace.with_extension("vmlinux");
+    succeeds(&[
+        "replay",
+        "--extract-kernel",
+        "--force",
+        "-o",
+        path(&vmlinux),
+        path(trace),
+    ]);
+    let address = format!("127.0.0.1:{}", free_port());
+    let (mut replay, stderr) = serve_gdb(trace, &address, 2000);
+    let gdb = gdb_batch(
+        &vmlinux,
+        &address,
+        &[
+            "info threads",
+            // vCPU 1's idle loop; gdb resumes past vCPU 0's own stops there.
+            "hbreak native_safe_halt thread 2",
+            "continue",
+            "monitor where",
+            "p/x $pc",
+            "thread 1",
+            "p/x $pc",
+            "thread 2",
+            "stepi",
+            "reverse-stepi",
+            "p/x $pc",
+            "delete",
+            "continue",
+        ],
+    );
+    let status = replay.wait().unwrap();
+    let all = format!("gdb:\n{gdb}\nprovm:\n{}", stderr.join().unwrap());
+    for line in ["Thread 1.1", "Thread 1.2", "Thread 2 hit Breakpoint 1, "] {
+        assert!(gdb.contains(line), "no {line}: {all}");
+    }
+    assert!(
+        gdb.contains("(swapper/1), parent 1, on vCPU 1 (gdb thread 2)"),
+        "{all}"
+    );
+    let breakpoint = gdb
+        .lines()
+        .find_map(|line| line.strip_prefix("Hardware assisted breakpoint 1 at 0x"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no breakpoint address: {all}"));
+    let pcs: Vec<u64> = gdb
+        .lines()
+        .filter_map(|line| line.strip_prefix('$')?.split_once(" = 0x"))
+        .filter_map(|(_, hex)| u64::from_str_radix(hex.trim(), 16).ok())
+        .collect();
+    assert_eq!(pcs.len(), 3, "{all}");
+    assert_eq!(pcs[0], breakpoint, "{all}");
+    // The parked vCPU 0 is somewhere in its kernel, not at vCPU 1's place.
+    assert!(pcs[1] >= 0xffff_ffff_8000_0000 && pcs[1] != pcs[0], "{all}");
+    assert_eq!(pcs[2], breakpoint, "a step forward and back: {all}");
+    assert_eq!(status.code(), Some(0), "{all}");
 }

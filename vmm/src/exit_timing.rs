@@ -26,6 +26,8 @@ pub struct ExitTiming {
     /// or the exit reason where no device is involved (`halt`, `msr`,
     /// `interrupt-window`).
     pub device: &'static str,
+    /// The vCPU that exited, from 0.
+    pub vcpu: usize,
     /// In KVM_RUN before the exit (guest time, with its in-kernel exits).
     pub in_guest: Duration,
     /// In the VMM from the exit to the next entry, less the halt and the
@@ -80,6 +82,7 @@ impl ExitDelay {
 /// An exit handled, not yet closed by the next entry.
 struct Open {
     device: &'static str,
+    vcpu: usize,
     at: Instant,
     in_guest: Duration,
     halted: Duration,
@@ -131,6 +134,7 @@ impl ExitClock {
             let handling = handling(&open);
             let timing = ExitTiming {
                 device: open.device,
+                vcpu: open.vcpu,
                 in_guest: open.in_guest,
                 handling,
                 halted: open.halted,
@@ -151,12 +155,13 @@ impl ExitClock {
         self.in_guest += self.entered.elapsed();
     }
 
-    /// KVM_RUN returned with an exit to `device`.
-    pub fn exited(&mut self, device: &'static str, logging_ns: u64) {
+    /// KVM_RUN returned with vCPU `vcpu`'s exit to `device`.
+    pub fn exited(&mut self, device: &'static str, vcpu: usize, logging_ns: u64) {
         let at = Instant::now();
         let in_guest = std::mem::take(&mut self.in_guest) + (at - self.entered);
         self.open = Some(Open {
             device,
+            vcpu,
             at,
             in_guest,
             halted: Duration::ZERO,

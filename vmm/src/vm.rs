@@ -275,6 +275,8 @@ pub enum VmError {
     TooManyVcpus { asked: u8, max: usize },
     #[error("the guest asked to start CPU {0}, which this machine does not have or has started")]
     NoSuchCpu(u32),
+    #[error("this machine has no vCPU {0}")]
+    NoVcpu(usize),
     #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
     Timeout { rip: u64 },
     #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}{}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working", on_vcpu(*vcpu))]
@@ -371,6 +373,8 @@ enum Entry {
 /// memory through its page tables. Looking is not an input: nothing here
 /// changes the guest.
 pub struct GuestView<'a> {
+    /// Which vCPU's registers these are.
+    pub vcpu: usize,
     pub regs: kvm_regs,
     pub sregs: kvm_sregs,
     memory: &'a GuestMemory,
@@ -841,10 +845,17 @@ impl Vm {
             // The PIC's timer, wired to vCPU 0, is what wakes the guest.
             Next::AllHalted => (current != 0).then_some(0),
         };
-        if let Some(cpu) = self.seam.schedule(proposed) {
-            cpus.switch(&mut self.vcpu, cpu);
+        let Some(cpu) = self.seam.schedule(proposed) else {
+            return Ok(cpus.scheduler.halted(current));
+        };
+        cpus.switch(&mut self.vcpu, cpu);
+        let halted = cpus.scheduler.halted(cpu);
+        // KVM keeps guest debugging per vCPU: the debugger's breakpoints
+        // (and a replay's window) go to the vCPU that runs now.
+        if !self.stepping_over {
+            self.apply_guest_debug(&self.guest_debug)?;
         }
-        Ok(cpus.scheduler.halted(cpus.scheduler.current()))
+        Ok(halted)
     }
 
     /// Starts the AP the guest kernel asked for, as its start block at
@@ -879,10 +890,7 @@ impl Vm {
         if self.pit.lock().unwrap().poll(now) {
             self.timer_line.pulse();
         }
-        let current = self
-            .cpus
-            .as_ref()
-            .map_or(0, |cpus| cpus.scheduler.current());
+        let current = self.running_vcpu();
         let mut waiting = false;
         let mut injected = false;
         if current == 0 {
@@ -978,12 +986,14 @@ impl Vm {
             clock.entering(&self.memory, self.seam.logging_ns());
         }
         self.kicker.arm(kick_after)?;
+        // The exit is this vCPU's, whoever runs after it.
+        let vcpu = self.running_vcpu();
         let result = self.vcpu.fd.run();
         self.kicker.disarm()?;
         if let Some(clock) = &mut self.exit_clock {
             match &result {
                 Ok(VcpuExit::Intr | VcpuExit::Debug(_)) | Err(_) => clock.resumed_without_exit(),
-                Ok(exit) => clock.exited(exit_device(exit), self.seam.logging_ns()),
+                Ok(exit) => clock.exited(exit_device(exit), vcpu, self.seam.logging_ns()),
             }
         }
         let exit = match result {
@@ -1154,11 +1164,38 @@ impl Vm {
             .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
     }
 
-    /// The guest as it stands, for an observer.
+    /// How many vCPUs the machine has.
+    pub fn vcpu_count(&self) -> usize {
+        self.cpus.as_ref().map_or(1, |cpus| cpus.apics.len())
+    }
+
+    /// The index of the vCPU that runs (0 until a switch; always 0 with
+    /// one vCPU).
+    pub fn running_vcpu(&self) -> usize {
+        self.cpus
+            .as_ref()
+            .map_or(0, |cpus| cpus.scheduler.current())
+    }
+
+    /// The guest as it stands, for an observer: as the running vCPU sees it.
     pub fn view(&self) -> Result<GuestView<'_>, VmError> {
+        self.view_of(self.running_vcpu())
+    }
+
+    /// The guest as vCPU `vcpu` sees it, running or parked: its registers
+    /// and page tables.
+    pub fn view_of(&self, vcpu: usize) -> Result<GuestView<'_>, VmError> {
+        let fd = match &self.cpus {
+            Some(cpus) if vcpu != cpus.scheduler.current() => {
+                &cpus.parked(vcpu).ok_or(VmError::NoVcpu(vcpu))?.fd
+            }
+            None if vcpu != 0 => return Err(VmError::NoVcpu(vcpu)),
+            _ => &self.vcpu.fd,
+        };
         Ok(GuestView {
-            regs: self.vcpu.fd.get_regs().map_err(VmError::Kvm)?,
-            sregs: self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?,
+            vcpu,
+            regs: fd.get_regs().map_err(VmError::Kvm)?,
+            sregs: fd.get_sregs().map_err(VmError::Kvm)?,
             memory: &self.memory,
         })
     }

@@ -622,6 +622,7 @@ mod tests {
             entry_ns: 0,
             exit_event: 0,
             exit_ns: 0,
+            cpu: 0,
         }
     }
 

@@ -1,5 +1,6 @@
 //! `blame` and `blame_devices`: the trace's exit timing (`provm blame`),
-//! per guest process and per process and device. Empty for a trace without
+//! per guest process and per process and device; `blame_vcpus`: per vCPU
+//! and device. Empty for a trace without
 //! a timing section (`--no-timing`, an older provm; `manifest.has_timing`
 //! tells them apart).
 
@@ -97,6 +98,29 @@ pub const BLAME_DEVICES: Table = Table {
     from_replay: false,
 };
 
+pub const BLAME_VCPUS: Table = Table {
+    name: "blame_vcpus",
+    doc: "one row per vCPU and device (or exit reason) it exited for, from the exit timing",
+    columns: &[
+        column("cpu", "INTEGER", "the vCPU, from 0"),
+        column("device", "TEXT", "as in blame_devices"),
+        column("exits", "INTEGER", "the vCPU's VM exits for it"),
+        column("guest_ns", "INTEGER", "host ns in the guest before them"),
+        column("vmm_ns", "INTEGER", "host ns in the VMM handling them"),
+        column("halted_ns", "INTEGER", "host ns halted after them"),
+        column(
+            "preempted_ns",
+            "INTEGER",
+            "host preemption, sampled, part of the others",
+        ),
+        column("recorder_ns", "INTEGER", "host ns logging them"),
+        column("injected_ns", "INTEGER", "of vmm_ns, delay injected"),
+    ],
+    indexes: &["cpu"],
+    fill: fill_vcpus,
+    from_replay: false,
+};
+
 /// SQLite's integers are i64; host nanoseconds of one run stay below 2^63.
 fn int(value: u64) -> i64 {
     value as i64
@@ -149,6 +173,30 @@ fn fill_devices(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
                 &p90,
                 &p99,
                 &latency,
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// Empty for a timing from before the per-vCPU sums.
+fn fill_vcpus(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
+    let Some(timing) = run.timing()? else {
+        return Ok(());
+    };
+    for (cpu, devices) in timing.vcpus.iter().enumerate() {
+        for (device, d) in devices {
+            let times = &d.times;
+            rows.insert(&[
+                &(cpu as i64),
+                device,
+                &int(d.exits),
+                &int(times.guest_ns),
+                &int(times.vmm_ns),
+                &int(times.halted_ns),
+                &int(times.preempted_ns),
+                &int(times.logging_ns),
+                &int(times.injected_ns),
             ])?;
         }
     }

@@ -28,6 +28,7 @@ pub const EVENTS: Table = Table {
         column("data", "TEXT", "the bytes written or returned, in hex (the first 32; a disk write's digest)"),
         column("rip", "TEXT", "where the guest was at an exit, in hex"),
         column("guest_ns", "INTEGER", "the guest's monotonic clock: its last reading at or before the event"),
+        column("cpu", "INTEGER", "the vCPU running at the event, from 0 (a vCPU switch's: the one it switches from; value is the one it switches to)"),
     ],
     indexes: &["exit", "kind"],
     fill,
@@ -38,7 +39,7 @@ pub const EXITS: View = View {
     name: "exits",
     doc: "one row per VM exit (the exits among the events)",
     select:
-        "SELECT run, exit, idx AS event, kind, device, port, address, len, data, rip, guest_ns \
+        "SELECT run, exit, idx AS event, kind, device, port, address, len, data, rip, guest_ns, cpu \
              FROM events WHERE is_exit",
     columns: &[
         column("exit", "INTEGER", "the exit's number, from 0"),
@@ -55,6 +56,7 @@ pub const EXITS: View = View {
         column("data", "TEXT", "as in events"),
         column("rip", "TEXT", "as in events"),
         column("guest_ns", "INTEGER", "as in events"),
+        column("cpu", "INTEGER", "the vCPU that exited"),
     ],
 };
 
@@ -63,6 +65,8 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
     let mut idx = 0i64;
     let mut exit: Option<i64> = None;
     let mut guest_ns: Option<i64> = None;
+    // vCPU 0 runs until the log's first switch.
+    let mut cpu = 0u8;
     while let Some(event) = log.next_event()? {
         if event.is_exit() {
             exit = Some(exit.map_or(0, |n| n + 1));
@@ -73,7 +77,7 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
         let fields = Fields::of(&event);
         let kind = event.kind();
         let rip = event.place().map(|at| format!("{:#x}", at.rip));
-        let values: [&dyn ToSql; 12] = [
+        let values: [&dyn ToSql; 13] = [
             &idx,
             &exit,
             &kind.name(),
@@ -86,8 +90,12 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
             &fields.data,
             &rip,
             &guest_ns,
+            &cpu,
         ];
         rows.insert(&values)?;
+        if let Event::Switch(to) = event {
+            cpu = to;
+        }
         idx += 1;
     }
     Ok(())

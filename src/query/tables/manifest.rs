@@ -60,7 +60,7 @@ pub const MANIFEST: Table = Table {
         column(
             "has_timing",
             "INTEGER",
-            "1 if the trace keeps exit timing (blame and blame_devices are filled)",
+            "1 if the trace keeps exit timing (the blame tables are filled)",
         ),
     ],
     indexes: &[],

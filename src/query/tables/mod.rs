@@ -27,6 +27,7 @@ pub const TABLES: &[Table] = &[
     syscalls::SYSCALLS,
     blame::BLAME,
     blame::BLAME_DEVICES,
+    blame::BLAME_VCPUS,
 ];
 
 /// Every view.

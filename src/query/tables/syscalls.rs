@@ -43,6 +43,11 @@ pub const SYSCALLS: Table = Table {
         column("exit_event", "INTEGER", "the log event index at its return"),
         column("entry_ns", "INTEGER", "guest monotonic time at its entry"),
         column("exit_ns", "INTEGER", "guest monotonic time at its return"),
+        column(
+            "cpu",
+            "INTEGER",
+            "the vCPU it was made on, from 0 (it may return on another)",
+        ),
     ],
     indexes: &["name", "pid", "path"],
     fill,
@@ -85,6 +90,7 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
             &exit_event,
             &entry_ns,
             &exit_ns,
+            &(call.cpu as i64),
         ])?;
     }
     Ok(())
