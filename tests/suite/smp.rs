@@ -14,15 +14,9 @@ use common::{
 };
 use provm_trace::reader::Trace;
 
-/// What the guest kernel prints before the power-off spin that is still
-/// open (docs/smp.md: `native_stop_other_cpus()` waits for the other CPU
-/// in a loop without exits), which stops some recordings at their end.
-const POWER_OFF_SPIN: &str = "Shutting down cpus with NMI";
-
-/// Records `script` on two vCPUs into `trace`, with `env`. A recording
-/// stopped by the open power-off spin is made again (another try is
-/// another schedule: the tick falls elsewhere), three times at most, each
-/// stopped after 10 s of it rather than 60.
+/// Records `script` on two vCPUs into `trace`, with `env`. Every
+/// schedule must power off: a spin at power-off (the SMP kernel's wait
+/// loops must exit, docs/smp.md) fails after 10 s rather than 60.
 fn record_on_two_vcpus(trace: &Path, script: &str, env: &[(&str, &Path)]) {
     let args = [
         "record",
@@ -39,19 +33,8 @@ fn record_on_two_vcpus(trace: &Path, script: &str, env: &[(&str, &Path)]) {
         "-c",
         script,
     ];
-    for _ in 0..3 {
-        let recorded = provm_with_env(&args, env);
-        if recorded.status == 0 {
-            return;
-        }
-        assert!(
-            recorded.stderr.contains(POWER_OFF_SPIN),
-            "{}",
-            recorded.stderr
-        );
-        eprintln!("the recording ended in the open power-off spin; again");
-    }
-    panic!("three recordings of {script} ended in the power-off spin")
+    let recorded = provm_with_env(&args, env);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
 }
 
 /// The race on two vCPUs, recorded once for the tests that read a trace.
