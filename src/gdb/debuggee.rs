@@ -111,6 +111,12 @@ struct Saved {
     replay: Checkpoint,
     vm: Vec<u8>,
     disk: Mark,
+    /// Taken mid-replay, so a restore resumes as the saved VM would have
+    /// (`Vm::resume_as_saved`). The trace's own snapshot is restored as
+    /// the recording and the replay restored it, without: resuming it so
+    /// let an interrupt waiting there (a tick's IPI on a second vCPU) in
+    /// at the first exit, where the recording held it.
+    mid_run: bool,
 }
 
 /// What time-travel snapshots have cost so far.
@@ -177,6 +183,7 @@ impl Debuggee {
             replay: replayer.checkpoint(),
             vm: trace.snapshot.clone(),
             disk: disk.mark(),
+            mid_run: false,
         };
         let config = vm_config(&opened, &options, &disk, &replayer);
         let vm = Vm::restore(config, start)?;
@@ -592,6 +599,7 @@ impl Debuggee {
             replay: self.replayer.checkpoint(),
             vm,
             disk: self.disk.mark(),
+            mid_run: true,
         };
         self.snapshots.add(position.events, saved);
         Ok(())
@@ -611,7 +619,9 @@ impl Debuggee {
         let event = saved.replay.position().events;
         let config = vm_config(&self.opened, &self.options, &self.disk, &self.replayer);
         self.vm = Vm::restore(config, vm)?;
-        self.vm.resume_as_saved();
+        if saved.mid_run {
+            self.vm.resume_as_saved();
+        }
         self.here = Point::at_exit(event);
         self.end = None;
         Ok(())
