@@ -36,7 +36,7 @@ pub struct MachineVersion {
 }
 
 /// Every machine version this provm replays, oldest first; the last is
-/// `CURRENT`.
+/// `SMP`, the newest (one vCPU's `CURRENT` stays before it).
 pub const MACHINE_VERSIONS: &[MachineVersion] = &[
     MachineVersion {
         number: 1,
@@ -130,9 +130,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_current_version_is_the_newest_supported_one() {
-        assert_eq!(MACHINE_VERSIONS.last().unwrap().number, CURRENT);
-        assert_eq!(supported(CURRENT), Ok(MACHINE_VERSIONS.last().unwrap()));
+    fn the_versions_new_recordings_use_are_supported_and_smp_is_the_newest() {
+        assert_eq!(MACHINE_VERSIONS.last().unwrap().number, SMP);
+        assert_eq!(supported(SMP), Ok(MACHINE_VERSIONS.last().unwrap()));
+        assert_eq!(supported(CURRENT).unwrap().number, CURRENT);
+        assert_eq!(
+            (for_cpus(1), for_cpus(2), for_cpus(64)),
+            (CURRENT, SMP, SMP)
+        );
         for pair in MACHINE_VERSIONS.windows(2) {
             assert!(pair[0].number < pair[1].number);
         }
@@ -143,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_newer_version_asks_for_a_newer_provm() {
-        let refused = supported(CURRENT + 1).unwrap_err();
+        let refused = supported(SMP + 1).unwrap_err();
         assert!(
             refused.to_string().contains("use a newer provm"),
             "{refused}"
