@@ -131,6 +131,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// processes, all distinct (a fork and exec takes about 0.5 to 1.2 s on
 /// PVM, where the guest kernel's work is emulated).
 #[test]
+#[ignore = "40 s on PVM, beyond CI's budget: run with --ignored"]
 fn a_fork_and_exec_storm_replays_exactly() {
     let _guest = one_guest_at_a_time();
     let script = "for j in 1 2 3 4; do \
