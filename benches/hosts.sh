@@ -25,12 +25,9 @@ source "$repo/benches/timing.sh"
 # A subshell: its PROVM_CACHE stays its own.
 measure() (
   local host="$1" image="$2" scratch="$3" i
-  local cache="$scratch/cache"
-  mkdir -p "$cache"
-  cp -r "${PROVM_CACHE:-$HOME/.cache/provm}/kernels" "$cache/" 2>/dev/null || true
-  export PROVM_CACHE="$cache"
+  private_cache "$scratch/cache"
   for i in $(seq "$rounds"); do
-    rm -rf "$cache/snapshots"
+    rm -rf "$PROVM_CACHE/snapshots"
     seconds "$provm" run "$image" -- true
   done | summary | sed "s/^/$host|boot|/"; echo
   for i in $(seq "$rounds"); do seconds "$provm" run "$image" -- true; done | summary | sed "s/^/$host|restore|/"; echo

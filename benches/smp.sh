@@ -45,10 +45,7 @@ result() {
 # PROVM_CACHE stays its own.
 measure() (
   local host="$1" image="$2" scratch="$3" cpus name script trace
-  local cache="$scratch/cache"
-  mkdir -p "$cache"
-  cp -r "${PROVM_CACHE:-$HOME/.cache/provm}/kernels" "$cache/" 2>/dev/null || true
-  export PROVM_CACHE="$cache"
+  private_cache "$scratch/cache"
   for cpus in ${PROVM_BENCH_CPUS:-1 2 4}; do
     "$provm" run --cpus "$cpus" "$image" -- true >/dev/null 2>&1 ||
       { echo "smp.sh: the first run with --cpus $cpus failed" >&2; exit 1; }

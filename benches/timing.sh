@@ -18,3 +18,12 @@ summary() {
 median() {
   sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
+
+# private_cache DIR: PROVM_CACHE becomes DIR, holding the built guest
+# kernels only, so that the first run of each machine boots it (call it
+# in a subshell: the variable stays there).
+private_cache() {
+  mkdir -p "$1"
+  cp -r "${PROVM_CACHE:-$HOME/.cache/provm}/kernels" "$1/" 2>/dev/null || true
+  export PROVM_CACHE="$1"
+}

@@ -228,19 +228,7 @@ impl Vcpu {
     pub fn enter_pvh(&self, entry: EntryPoint) -> Result<(), VcpuError> {
         let state_error = |what| move |source| VcpuError::InitialState { what, source };
         let mut sregs = self.fd.get_sregs().map_err(state_error("sregs"))?;
-        let code = segment(1, 0xb);
-        let data = segment(2, 0x3);
-        sregs.cs = code;
-        (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-        sregs.tr = kvm_segment {
-            s: 0,
-            db: 0,
-            g: 0,
-            limit: 0x67,
-            ..segment(3, 0xb)
-        };
-        sregs.gdt.base = GDT_START.0;
-        sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+        flat_segments(&mut sregs, segment(1, 0xb));
         sregs.idt.base = 0;
         sregs.idt.limit = 0;
         sregs.cr0 = 0x11; // PE | ET
@@ -286,27 +274,17 @@ impl Vcpu {
     pub fn enter_long_mode(&self, entry: u64, cr3: u64) -> Result<(), VcpuError> {
         let state_error = |what| move |source| VcpuError::InitialState { what, source };
         let mut sregs = self.fd.get_sregs().map_err(state_error("sregs"))?;
-        let data = segment(2, 0x3);
-        sregs.cs = kvm_segment {
+        let code = kvm_segment {
             l: 1,
             db: 0,
             ..segment(1, 0xb)
         };
-        (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-        sregs.tr = kvm_segment {
-            s: 0,
-            db: 0,
-            g: 0,
-            limit: 0x67,
-            ..segment(3, 0xb)
-        };
-        sregs.gdt.base = GDT_START.0;
-        sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+        flat_segments(&mut sregs, code);
         sregs.cr0 = 0x8000_0031; // PG | NE | ET | PE
         sregs.cr3 = cr3;
-        sregs.cr4 = 0x20; // PAE
-                          // NXE too: the kernel's page tables set NX, a reserved bit without it.
+        // NXE too: the kernel's page tables set NX, a reserved bit without it.
         sregs.efer = 0xd00; // NXE | LMA | LME
+        sregs.cr4 = 0x20; // PAE
         self.fd.set_sregs(&sregs).map_err(state_error("sregs"))?;
         let regs = kvm_regs {
             rip: entry,
@@ -616,6 +594,23 @@ fn segment(gdt_index: u16, type_: u8) -> kvm_segment {
         unusable: 0,
         padding: 0,
     }
+}
+
+/// Flat segments from the boot GDT (`boot::GDT`): `code` in CS, the data
+/// descriptor in the others, and its TSS in TR.
+fn flat_segments(sregs: &mut kvm_sregs, code: kvm_segment) {
+    let data = segment(2, 0x3);
+    sregs.cs = code;
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.tr = kvm_segment {
+        s: 0,
+        db: 0,
+        g: 0,
+        limit: 0x67,
+        ..segment(3, 0xb)
+    };
+    sregs.gdt.base = GDT_START.0;
+    sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
 }
 
 /// A POSIX timer that sends the vCPU thread a signal, so that KVM_RUN returns
