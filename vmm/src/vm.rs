@@ -4,6 +4,12 @@
 //! `Vm::deliver_interrupts`, on the vCPU thread: port and MMIO reads, device
 //! completions, interrupt injections, clock readings. Each is reported to
 //! the VM's [`Seam`], which a recorder or replayer implements.
+//!
+//! Here: building the machine (boot or restore) and the run loop. Beside
+//! it: `layout` (where the devices sit, and their names), `exits` (the
+//! device accesses), `debug` (breakpoints and steps), `state` (what a
+//! snapshot saves), `view` (what an observer reads), `cpus` (the vCPUs
+//! beyond the running one) and `error`.
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -11,150 +17,62 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_debug_exit_arch, kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use provm_cpu_model::{self as cpu_model, baseline, hidden};
-use provm_cpu_model::{Baseline, BaselineError, CpuidEntry, Platform};
-use serde::{Deserialize, Serialize};
+use provm_cpu_model::{Baseline, CpuidEntry, Platform};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::boot::{self, BootError};
-use crate::bus::{Bus, BusError};
-use crate::devices::apic::{APIC_BASE, APIC_SIZE};
-use crate::devices::cmos::{Cmos, CmosState, CMOS_PORT, CMOS_PORT_LEN};
+use crate::bus::Bus;
+use crate::devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_LEN};
 use crate::devices::i8042::{self, I8042};
 use crate::devices::paravirt::{
-    Doorbell, DoorbellState, ParavirtClock, SmpPorts, SmpRequest, StartBlock, DOORBELL_PORT,
-    DOORBELL_PORT_LEN, SMP_PORT, SMP_PORT_LEN,
+    Doorbell, ParavirtClock, SmpPorts, SmpRequest, StartBlock, DOORBELL_PORT, DOORBELL_PORT_LEN,
+    SMP_PORT, SMP_PORT_LEN,
 };
-use crate::devices::persist::{InvalidState, Persist};
+use crate::devices::persist::Persist;
 use crate::devices::pic::{self, Pic, PicIrqLine};
-use crate::devices::pit::{Pit, PitState, PIT_PORT, PIT_PORT_LEN};
-use crate::devices::serial::{
-    ConsoleTail, SerialPort, SerialPortState, COM1_BASE, COM1_IRQ, UART_REGISTERS,
-};
+use crate::devices::pit::{Pit, PIT_PORT, PIT_PORT_LEN};
+use crate::devices::serial::{ConsoleTail, SerialPort, COM1_BASE, COM1_IRQ, UART_REGISTERS};
 use crate::devices::virtio::block::VirtioBlock;
-use crate::devices::virtio::console::{ConsoleState, VirtioConsole};
-use crate::devices::virtio::mmio::{MmioTransport, TransportState};
+use crate::devices::virtio::console::VirtioConsole;
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::SharedIrqLine;
 use crate::disk::Disk;
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
-use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
+use crate::guest_debug::{self, DebugStop, GuestDebug};
 use crate::host_core;
 use crate::logged_window::{WindowBreakpoint, WindowStop};
-use crate::memory::{self, GuestMemory, MemoryError, MemoryImage, MMIO_DEVICE_SIZE, MMIO_START};
+use crate::memory::{self, GuestMemory, MMIO_DEVICE_SIZE};
 use crate::mp_table;
 use crate::msr;
-use crate::paging::{self, Unmapped};
 use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
 use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
-use crate::state_digest::{self, StateDigest};
-use crate::vcpu::{self, Kicker, MmioExit, PioExit, Vcpu, VcpuError, VcpuState};
+use crate::state_digest;
+use crate::vcpu::{self, Kicker, Vcpu};
 
 mod cpus;
+mod debug;
+mod error;
+mod exits;
 #[cfg(test)]
 mod fuzz;
+mod layout;
+mod state;
+mod view;
 
-/// The SYSCALL instruction's entry point (IA32_LSTAR).
-const MSR_LSTAR: u32 = 0xc000_0082;
-
-/// The virtio devices: where each sits and which PIC line it raises.
-const BLOCK_MMIO: u64 = MMIO_START;
-const BLOCK_IRQ: u8 = 5;
-const CONSOLE_MMIO: u64 = MMIO_START + MMIO_DEVICE_SIZE;
-const CONSOLE_IRQ: u8 = 6;
-/// The paravirtual clock's register page (see `devices::paravirt`).
-const CLOCK_MMIO: u64 = MMIO_START + 2 * MMIO_DEVICE_SIZE;
-/// The network card, only with `--net` (`VmConfig::net`). IRQ 3 is COM2's,
-/// which this machine does not have.
-const NET_MMIO: u64 = MMIO_START + 3 * MMIO_DEVICE_SIZE;
-const NET_IRQ: u8 = 3;
-const PIT_IRQ: u8 = 0;
-/// Where x86-64 Linux maps its kernel: addresses from here up are its.
-const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
-
-/// The name of the device behind I/O port `port` (`none` where no device
-/// sits: the guest probed an empty port), for people reading a trace.
-pub fn port_device(port: u16) -> &'static str {
-    let port = u64::from(port);
-    let within = |base: u64, len: u64| (base..base + len).contains(&port);
-    // The PIC's three blocks are two ports each (`pic::pio_devices`).
-    if [pic::MASTER_PORT, pic::SLAVE_PORT, pic::ELCR_PORT]
-        .into_iter()
-        .any(|base| within(base, 2))
-    {
-        "pic"
-    } else if within(PIT_PORT, PIT_PORT_LEN) {
-        "pit"
-    } else if within(CMOS_PORT, CMOS_PORT_LEN) {
-        "cmos"
-    } else if within(COM1_BASE, UART_REGISTERS) {
-        "serial"
-    } else if within(DOORBELL_PORT.into(), DOORBELL_PORT_LEN) {
-        "doorbell"
-    } else if within(SMP_PORT.into(), SMP_PORT_LEN) {
-        "smp"
-    } else if port == i8042::DATA_PORT || port == i8042::COMMAND_PORT {
-        "i8042"
-    } else {
-        "none"
-    }
-}
-
-/// Every name `port_device`, `mmio_device` and `exit_device` give: the
-/// devices exits are timed and delayed by.
-pub const EXIT_DEVICES: &[&str] = &[
-    "pic",
-    "pit",
-    "cmos",
-    "serial",
-    "doorbell",
-    "smp",
-    "apic",
-    "i8042",
-    "virtio-blk",
-    "virtio-console",
-    "virtio-net",
-    "clock",
-    "halt",
-    "msr",
-    "interrupt-window",
-    "none",
-];
-
-/// The device (or, where none is involved, the reason) of a VM exit.
-fn exit_device(exit: &VcpuExit) -> &'static str {
-    match exit {
-        VcpuExit::IoIn(port, _) | VcpuExit::IoOut(port, _) => port_device(*port),
-        VcpuExit::MmioRead(address, _) | VcpuExit::MmioWrite(address, _) => mmio_device(*address),
-        VcpuExit::Hlt => "halt",
-        VcpuExit::X86Rdmsr(_) => "msr",
-        VcpuExit::IrqWindowOpen => "interrupt-window",
-        _ => "none",
-    }
-}
-
-/// The name of the device behind guest-physical MMIO `address`.
-pub fn mmio_device(address: u64) -> &'static str {
-    let within = |base: u64| (base..base + MMIO_DEVICE_SIZE).contains(&address);
-    if within(BLOCK_MMIO) {
-        "virtio-blk"
-    } else if within(CONSOLE_MMIO) {
-        "virtio-console"
-    } else if within(CLOCK_MMIO) {
-        "clock"
-    } else if within(NET_MMIO) {
-        "virtio-net"
-    } else if (APIC_BASE..APIC_BASE + APIC_SIZE).contains(&address) {
-        "apic"
-    } else {
-        "none"
-    }
-}
+pub use error::VmError;
+use layout::{
+    exit_device, BLOCK_IRQ, BLOCK_MMIO, CLOCK_MMIO, CONSOLE_IRQ, CONSOLE_MMIO, NET_IRQ, NET_MMIO,
+    PIT_IRQ,
+};
+pub use layout::{mmio_device, port_device, EXIT_DEVICES};
+pub use state::{VmSnapshot, VmState};
+pub use view::GuestView;
 
 /// What a VM boots: the kernel, its initial root and its arguments.
 #[derive(Clone)]
@@ -188,158 +106,6 @@ pub struct VmConfig {
     pub cpus: u8,
 }
 
-/// The whole VM at a VM exit, enough to continue it in a new process: the
-/// vCPU, every device, the virtual time, and the RAM. The disk is not in
-/// it: a snapshot is taken before the guest writes to its disk.
-pub struct VmSnapshot {
-    pub state: VmState,
-    pub memory: MemoryImage,
-}
-
-/// Changing it is a new machine version (`crate::machine_version`).
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmState {
-    /// The virtual clock's reading when the snapshot was taken.
-    pub clock_ns: u64,
-    vcpu: VcpuState,
-    pic: Pic,
-    pit: PitState,
-    cmos: CmosState,
-    serial: SerialPortState,
-    i8042: I8042,
-    doorbell: DoorbellState,
-    block: TransportState<()>,
-    console: TransportState<ConsoleState>,
-    /// The network card, in machines that have one (from machine version 2
-    /// on, with `--net`); absent, the state is machine version 1's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    net: Option<TransportState<()>>,
-    /// The other vCPUs, their APICs and the schedule, in machines with more
-    /// than one vCPU (machine version 3); absent, the machine has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cpus: Option<cpus::CpusState>,
-}
-
-/// " on vCPU n" where the guest has more than one, for messages.
-fn on_vcpu(vcpu: Option<usize>) -> String {
-    vcpu.map(|n| format!(" on vCPU {n}")).unwrap_or_default()
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    #[error("/dev/kvm does not exist: provm needs KVM (load the kvm module, or run on a host with virtualization enabled)")]
-    NoKvm,
-    #[error("no permission to open /dev/kvm: add your user to the 'kvm' group (then log in again) or run as root")]
-    KvmPermission,
-    #[error("cannot use KVM: {0}")]
-    Kvm(kvm_ioctls::Error),
-    #[error("cannot open the kernel {path}: {source}; build it with `provm kernel build`")]
-    KernelMissing {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Memory(#[from] MemoryError),
-    #[error(transparent)]
-    Boot(#[from] BootError),
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    #[error(transparent)]
-    Baseline(#[from] BaselineError),
-    #[error("device layout: {0}")]
-    Bus(#[from] BusError),
-    #[error("virtio device: {0}")]
-    Virtio(#[from] crate::devices::virtio::mmio::Error),
-    /// Boxed: a snapshot's refusal is rare, and would otherwise double the
-    /// size of every `VmError`.
-    #[error(transparent)]
-    DeviceState(Box<InvalidState>),
-    #[error("the guest triple-faulted (KVM shutdown exit) at RIP {rip:#x}")]
-    TripleFault { rip: u64 },
-    #[error("KVM internal error (suberror {suberror}) at RIP {rip:#x}, code bytes: {code}")]
-    Internal {
-        suberror: u32,
-        rip: u64,
-        code: String,
-    },
-    #[error("KVM could not enter the guest (hardware entry failure reason {0:#x})")]
-    FailEntry(u64),
-    #[error("unexpected VM exit: {0}")]
-    UnexpectedExit(String),
-    #[error("the guest halted with nothing that could wake it")]
-    Stuck,
-    #[error(
-        "this host's KVM offers at most {max} vCPUs per VM (KVM_CAP_MAX_VCPUS); asked for {asked}"
-    )]
-    TooManyVcpus { asked: u8, max: usize },
-    #[error("the guest asked to start CPU {0}, which this machine does not have or has started")]
-    NoSuchCpu(u32),
-    #[error("this machine has no vCPU {0}")]
-    NoVcpu(usize),
-    #[error("the guest did not finish within the time limit; it was running {} at RIP {rip:#x}", if *.rip >= KERNEL_SPACE { "in its kernel" } else { "in user space" })]
-    Timeout { rip: u64 },
-    #[error("the guest kernel ran {seconds} s without a VM exit while a timer interrupt was due, and for the last {repeating} s it only went round the same {states} register states, at RIP {rip:#x}{}: it is spinning with interrupts enabled (e.g. waiting for jiffies), and without an exit provm cannot give it the tick reproducibly; raise --exitless-limit if the kernel is really working", on_vcpu(*vcpu))]
-    Exitless {
-        seconds: u64,
-        repeating: u64,
-        states: usize,
-        rip: u64,
-        /// The spinning vCPU, in a guest with more than one.
-        vcpu: Option<usize>,
-    },
-    #[error("stopped: {0}")]
-    Stopped(String),
-
-    #[error("cannot route the guest's reads of host-dependent MSRs to the VMM (KVM_CAP_X86_USER_SPACE_MSR / KVM_X86_SET_MSR_FILTER; Linux 5.10 or later): {0}")]
-    MsrFilter(kvm_ioctls::Error),
-
-    #[error("KVM_RUN failed: {0}")]
-    Run(kvm_ioctls::Error),
-    #[error(transparent)]
-    GuestDebug(#[from] GuestDebugError),
-}
-
-impl VmState {
-    /// The CPUID table the snapshotted guest saw.
-    pub fn cpuid(&self) -> &[CpuidEntry] {
-        &self.vcpu.cpuid
-    }
-
-    /// How many vCPUs the snapshotted machine has.
-    pub fn vcpu_count(&self) -> usize {
-        self.cpus.as_ref().map_or(1, |cpus| cpus.vcpus.len() + 1)
-    }
-}
-
-impl VmState {
-    /// Each device's saved state's digest, by name (`state_digest`).
-    fn device_digests(&self) -> Vec<(&'static str, u64)> {
-        use state_digest::digest;
-        let mut digests = vec![
-            ("pic", digest(&self.pic)),
-            ("pit", digest(&self.pit)),
-            ("cmos", digest(&self.cmos)),
-            ("serial", digest(&self.serial)),
-            ("i8042", digest(&self.i8042)),
-            ("doorbell", digest(&self.doorbell)),
-            ("virtio-block", digest(&self.block)),
-            ("virtio-console", digest(&self.console)),
-        ];
-        // Listed only where it exists: a machine without one digests as before.
-        if let Some(net) = &self.net {
-            digests.push(("virtio-net", digest(net)));
-        }
-        digests
-    }
-}
-
-impl From<InvalidState> for VmError {
-    fn from(error: InvalidState) -> Self {
-        VmError::DeviceState(Box::new(error))
-    }
-}
-
 /// Why `Vm::run` returned.
 #[derive(Debug, PartialEq, Eq)]
 pub enum VmEvent {
@@ -367,30 +133,6 @@ enum Entry {
         halted: bool,
     },
     Debug(DebugStop),
-}
-
-/// The guest as an observer sees it at a stop: its registers, and its
-/// memory through its page tables. Looking is not an input: nothing here
-/// changes the guest.
-pub struct GuestView<'a> {
-    /// Which vCPU's registers these are.
-    pub vcpu: usize,
-    pub regs: kvm_regs,
-    pub sregs: kvm_sregs,
-    memory: &'a GuestMemory,
-}
-
-impl GuestView<'_> {
-    /// Reads guest virtual memory under the current page tables.
-    pub fn read(&self, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
-        paging::read(self.memory, self.sregs.cr3, virt, buf)
-    }
-
-    /// Reads guest virtual memory under the page tables at `cr3`: another
-    /// process's memory than the running one's.
-    pub fn read_under(&self, cr3: u64, virt: u64, buf: &mut [u8]) -> Result<(), Unmapped> {
-        paging::read(self.memory, cr3, virt, buf)
-    }
 }
 
 pub struct Vm {
@@ -532,70 +274,6 @@ impl Vm {
             net.lock().unwrap().restore(saved)?;
         }
         Ok(vm)
-    }
-
-    /// The VM's state now, at the exit the last run stopped at.
-    pub fn snapshot(&mut self) -> Result<VmSnapshot, VmError> {
-        let clock_ns = self.seam.monotonic_ns();
-        self.snapshot_at(clock_ns)
-    }
-
-    /// Has KVM say, in `kvm_run`, whether the vCPU can take an interrupt
-    /// now, as a running VM's last KVM_RUN said (`snapshot_at` asks that of
-    /// the VM it saves). A VM restored from a snapshot taken mid-run must do
-    /// this to go on as the saved one would: until its first KVM_RUN its
-    /// `kvm_run` says it cannot, and a waiting interrupt would be held for
-    /// the window or the doorbell where the saved VM injected it.
-    pub fn resume_as_saved(&mut self) {
-        self.vcpu.finish_pending_exit();
-    }
-
-    /// Like `snapshot`, with the virtual time given: a replayer's clock is
-    /// its log, where reading it would consume an event.
-    pub fn snapshot_at(&mut self, clock_ns: u64) -> Result<VmSnapshot, VmError> {
-        Ok(VmSnapshot {
-            state: self.state_at(clock_ns)?,
-            memory: MemoryImage::capture(&self.memory),
-        })
-    }
-
-    /// The machine's state as digests (see `state_digest`).
-    pub fn state_digest(&mut self) -> Result<StateDigest, VmError> {
-        // The clock is no device: it is the log's, compared as events.
-        let state = self.state_at(0)?;
-        Ok(StateDigest {
-            memory: state_digest::memory(&self.memory),
-            registers: state_digest::registers(&state.vcpu),
-            devices: state.device_digests(),
-        })
-    }
-
-    /// The vCPU's and the devices' state, with the virtual time given.
-    fn state_at(&mut self, clock_ns: u64) -> Result<VmState, VmError> {
-        self.vcpu.finish_pending_exit();
-        let (vcpu, cpus) = match &mut self.cpus {
-            Some(cpus) => {
-                let others = cpus.save(&self.kvm, &mut self.vcpu)?;
-                let boot = cpus.boot_vcpu_mut(&mut self.vcpu);
-                boot.finish_pending_exit();
-                (boot.save(&self.kvm)?, Some(others))
-            }
-            None => (self.vcpu.save(&self.kvm)?, None),
-        };
-        Ok(VmState {
-            clock_ns,
-            vcpu,
-            cpus,
-            pic: self.pic.lock().unwrap().save(),
-            pit: self.pit.lock().unwrap().save(),
-            cmos: self.cmos.lock().unwrap().save(),
-            serial: self.serial.lock().unwrap().save(),
-            i8042: self.i8042.lock().unwrap().save(),
-            doorbell: self.doorbell.lock().unwrap().save(),
-            block: self.block.lock().unwrap().save(),
-            console: self.console.lock().unwrap().save(),
-            net: self.net.as_ref().map(|net| net.lock().unwrap().save()),
-        })
     }
 
     /// The VM with its memory, vCPU (given `cpuid`) and devices, before boot
@@ -1055,227 +733,6 @@ impl Vm {
         Ok(Entry::Exited { halted: false })
     }
 
-    /// What a debug stop was for the logged window a replay runs to.
-    fn window_stop(&self, debug: &kvm_debug_exit_arch) -> Result<WindowStop, VmError> {
-        if !self.window.aimed() {
-            return Ok(WindowStop::Other);
-        }
-        let now = self.vcpu.place()?;
-        let stop = self.window.stop(debug.dr6, now);
-        if stop != WindowStop::Other {
-            tracing::debug!(
-                "logged window: {stop:?} at RIP {:#x}, registers {:016x}",
-                now.rip,
-                now.registers
-            );
-        }
-        Ok(stop)
-    }
-
-    /// A debug stop for the debugger, or on its way (a step over a
-    /// breakpoint, a step made with breakpoints).
-    fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
-        self.at_exit = false;
-        let stop = match (DebugStop::from_kvm(debug), self.step_breakpoints) {
-            // One of the breakpoints that make a step, not the debugger's.
-            (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
-                DebugStop::Step { rip }
-            }
-            (stop, _) => stop,
-        };
-        if std::mem::take(&mut self.stepping_over) {
-            // Stepped past the breakpoint: put the breakpoints back.
-            self.apply_guest_debug(&self.guest_debug)?;
-            if !self.guest_debug.single_step {
-                return Ok(Entry::Kicked);
-            }
-        }
-        self.step_over_due = stop.needs_step_over(&self.guest_debug);
-        Ok(Entry::Debug(stop))
-    }
-
-    /// Stops the guest at `debug`'s breakpoints, or after every
-    /// instruction; an empty `debug` turns stopping off.
-    pub fn set_guest_debug(&mut self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.guest_debug = debug.clone();
-        if !self.stepping_over {
-            self.apply_guest_debug(debug)?;
-        }
-        Ok(())
-    }
-
-    /// Before entering a guest that single-steps: on a host whose guest
-    /// would see the trap flag, puts breakpoints where the instruction at
-    /// RIP continues (see `breakpoint_step::arm`), after the debugger's own;
-    /// on a host that steps with the flag, takes it off for a return to
-    /// user mode (see `breakpoint_step::arm_past_user_mode`).
-    fn arm_breakpoint_step(&mut self) -> Result<(), VmError> {
-        let was_armed = self.step_breakpoints.take().is_some();
-        // Before every entry: nothing to do (and nothing to copy) unless
-        // the guest is stepping.
-        let stepping = self.stepping_over || self.guest_debug.single_step;
-        if !stepping {
-            return Ok(());
-        }
-        let in_force = if self.stepping_over {
-            guest_debug::step_over()
-        } else {
-            self.guest_debug.clone()
-        };
-        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
-        let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
-        let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
-        let arm = match self.step_method {
-            StepMethod::Breakpoints => breakpoint_step::arm,
-            StepMethod::TrapFlag => breakpoint_step::arm_past_user_mode,
-        };
-        let armed = arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
-        // A step is one instruction: a logged window it lands on is seen
-        // at its stop, and needs no breakpoint of its own.
-        match armed {
-            Some(armed) => {
-                tracing::trace!(rip = regs.rip, ?armed, "step armed");
-                self.apply_without_window(&armed)?;
-                self.step_breakpoints = Some(in_force.breakpoints.len());
-            }
-            // With the trap flag, what was in force stays unless a return
-            // to user mode took the flag off at the last entry.
-            None if self.step_method == StepMethod::TrapFlag && !was_armed => {}
-            None => self.apply_without_window(&in_force)?,
-        }
-        Ok(())
-    }
-
-    /// Hands `debug` to KVM, with the breakpoint of the logged window the
-    /// guest runs to, if any.
-    fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.apply_to_kvm(&self.window.added_to(debug)?)
-    }
-
-    fn apply_without_window(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.window.left_out();
-        self.apply_to_kvm(debug)
-    }
-
-    fn apply_to_kvm(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.vcpu
-            .fd
-            .set_guest_debug(&debug.to_kvm()?)
-            .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
-    }
-
-    /// How many vCPUs the machine has.
-    pub fn vcpu_count(&self) -> usize {
-        self.cpus.as_ref().map_or(1, |cpus| cpus.apics.len())
-    }
-
-    /// The index of the vCPU that runs (0 until a switch; always 0 with
-    /// one vCPU).
-    pub fn running_vcpu(&self) -> usize {
-        self.cpus
-            .as_ref()
-            .map_or(0, |cpus| cpus.scheduler.current())
-    }
-
-    /// The guest as it stands, for an observer: as the running vCPU sees it.
-    pub fn view(&self) -> Result<GuestView<'_>, VmError> {
-        self.view_of(self.running_vcpu())
-    }
-
-    /// The guest as vCPU `vcpu` sees it, running or parked: its registers
-    /// and page tables.
-    pub fn view_of(&self, vcpu: usize) -> Result<GuestView<'_>, VmError> {
-        let fd = match &self.cpus {
-            Some(cpus) if vcpu != cpus.scheduler.current() => {
-                &cpus.parked(vcpu).ok_or(VmError::NoVcpu(vcpu))?.fd
-            }
-            None if vcpu != 0 => return Err(VmError::NoVcpu(vcpu)),
-            _ => &self.vcpu.fd,
-        };
-        Ok(GuestView {
-            vcpu,
-            regs: fd.get_regs().map_err(VmError::Kvm)?,
-            sregs: fd.get_sregs().map_err(VmError::Kvm)?,
-            memory: &self.memory,
-        })
-    }
-
-    /// Reports an exit that carries no data, with where the guest was.
-    fn report(&self, exit: Exit<'_>) -> Result<(), VmError> {
-        self.seam.exit(exit, self.vcpu.place()?);
-        Ok(())
-    }
-
-    /// A port read: each access of a string instruction reads its own
-    /// element from the device, in order.
-    fn port_read(&mut self) -> Result<(), VmError> {
-        let at = self.vcpu.place()?;
-        let PioExit { port, size, data } = self.vcpu.pio_exit();
-        let len = u16::try_from(data.len())
-            .map_err(|_| VmError::UnexpectedExit(format!("port read of {} bytes", data.len())))?;
-        self.seam.exit(Exit::PioRead { port, len }, at);
-        if !self.pio.read_elements(port.into(), size, data) {
-            // Nothing there: an ISA bus floats high.
-            data.fill(0xff);
-        }
-        self.seam.read_result(data);
-        Ok(())
-    }
-
-    /// A port write: each access of a string instruction writes its own
-    /// element to the device, in order.
-    fn port_write(&mut self) -> Result<(), VmError> {
-        let at = match self.out_exit_rip {
-            OutExitRip::PastInstruction => self.vcpu.place()?,
-            OutExitRip::AtInstruction => self.vcpu.place_past_out(&self.memory)?,
-        };
-        let PioExit { port, size, data } = self.vcpu.pio_exit();
-        self.seam.exit(Exit::PioWrite { port, data }, at);
-        self.pio.write_elements(port.into(), size, data);
-        Ok(())
-    }
-
-    /// An RDMSR of an MSR the VMM answers (see `msr`): from its model.
-    fn msr_read(&mut self) -> Result<(), VmError> {
-        let at = self.vcpu.place()?;
-        let read = self.vcpu.msr_read_exit();
-        self.seam.exit(Exit::MsrRead { index: read.index }, at);
-        let value = msr::read(read.index, || self.seam.monotonic_ns());
-        *read.data = value;
-        self.seam.read_result(&value.to_le_bytes());
-        Ok(())
-    }
-
-    fn mmio_read(&mut self) -> Result<(), VmError> {
-        let at = self.vcpu.place()?;
-        let MmioExit { address, data } = self.vcpu.mmio_exit();
-        let len = data.len() as u8;
-        self.seam.exit(Exit::MmioRead { address, len }, at);
-        let apic = self
-            .cpus
-            .as_ref()
-            .is_some_and(|cpus| cpus.mmio_read(address, data));
-        if !apic && !self.mmio.read(address, data) {
-            data.fill(0xff);
-        }
-        self.seam.read_result(data);
-        Ok(())
-    }
-
-    fn mmio_write(&mut self) -> Result<(), VmError> {
-        let at = self.vcpu.place()?;
-        let MmioExit { address, data } = self.vcpu.mmio_exit();
-        self.seam.exit(Exit::MmioWrite { address, data }, at);
-        let apic = self
-            .cpus
-            .as_mut()
-            .is_some_and(|cpus| cpus.mmio_write(address, data));
-        if !apic {
-            self.mmio.write(address, data);
-        }
-        Ok(())
-    }
-
     /// Stops a non-preemptive run whose guest kernel spins while a tick is
     /// due: nothing else would ever interrupt it. A kernel that goes long
     /// without an exit but works is left to work (see `spin_watch`).
@@ -1431,24 +888,7 @@ mod tests {
     use super::*;
     use crate::probes::code_guest::CodeGuest;
     use crate::seam::Place;
-
-    #[test]
-    fn exits_are_named_by_the_device_at_their_address() {
-        assert_eq!(port_device(0x3fd), "serial");
-        assert_eq!(port_device(0x21), "pic");
-        assert_eq!(port_device(0x43), "pit");
-        assert_eq!(port_device(0x441), "doorbell");
-        assert_eq!(port_device(0x80), "none");
-        assert_eq!(mmio_device(CLOCK_MMIO + 8), "clock");
-        assert_eq!(mmio_device(BLOCK_MMIO), "virtio-blk");
-        assert_eq!(mmio_device(MMIO_START - 1), "none");
-        // Every name exits are timed and delayed by is listed.
-        let ports = (0..=u16::MAX).map(port_device);
-        let mmio = (0..4).map(|device| mmio_device(MMIO_START + device * MMIO_DEVICE_SIZE));
-        for name in ports.chain(mmio) {
-            assert!(EXIT_DEVICES.contains(&name), "{name}");
-        }
-    }
+    use crate::vcpu::PioExit;
 
     const BUFFER: u64 = 0x2000;
 

@@ -1,0 +1,124 @@
+//! Stopping the guest for an observer: breakpoints and single steps set
+//! with `Vm::set_guest_debug`, the steps the VMM makes unseen (over a
+//! breakpoint, with breakpoints where the host cannot step with the trap
+//! flag), and the logged interrupt window a replay runs to.
+
+use kvm_bindings::kvm_debug_exit_arch;
+
+use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
+use crate::logged_window::WindowStop;
+use crate::probes::breakpoint_step::{self, StepMethod};
+
+use super::layout::MSR_LSTAR;
+use super::{Entry, Vm, VmError};
+
+impl Vm {
+    /// What a debug stop was for the logged window a replay runs to.
+    pub(super) fn window_stop(&self, debug: &kvm_debug_exit_arch) -> Result<WindowStop, VmError> {
+        if !self.window.aimed() {
+            return Ok(WindowStop::Other);
+        }
+        let now = self.vcpu.place()?;
+        let stop = self.window.stop(debug.dr6, now);
+        if stop != WindowStop::Other {
+            tracing::debug!(
+                "logged window: {stop:?} at RIP {:#x}, registers {:016x}",
+                now.rip,
+                now.registers
+            );
+        }
+        Ok(stop)
+    }
+
+    /// A debug stop for the debugger, or on its way (a step over a
+    /// breakpoint, a step made with breakpoints).
+    pub(super) fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
+        self.at_exit = false;
+        let stop = match (DebugStop::from_kvm(debug), self.step_breakpoints) {
+            // One of the breakpoints that make a step, not the debugger's.
+            (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
+                DebugStop::Step { rip }
+            }
+            (stop, _) => stop,
+        };
+        if std::mem::take(&mut self.stepping_over) {
+            // Stepped past the breakpoint: put the breakpoints back.
+            self.apply_guest_debug(&self.guest_debug)?;
+            if !self.guest_debug.single_step {
+                return Ok(Entry::Kicked);
+            }
+        }
+        self.step_over_due = stop.needs_step_over(&self.guest_debug);
+        Ok(Entry::Debug(stop))
+    }
+
+    /// Stops the guest at `debug`'s breakpoints, or after every
+    /// instruction; an empty `debug` turns stopping off.
+    pub fn set_guest_debug(&mut self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.guest_debug = debug.clone();
+        if !self.stepping_over {
+            self.apply_guest_debug(debug)?;
+        }
+        Ok(())
+    }
+
+    /// Before entering a guest that single-steps: on a host whose guest
+    /// would see the trap flag, puts breakpoints where the instruction at
+    /// RIP continues (see `breakpoint_step::arm`), after the debugger's own;
+    /// on a host that steps with the flag, takes it off for a return to
+    /// user mode (see `breakpoint_step::arm_past_user_mode`).
+    pub(super) fn arm_breakpoint_step(&mut self) -> Result<(), VmError> {
+        let was_armed = self.step_breakpoints.take().is_some();
+        // Before every entry: nothing to do (and nothing to copy) unless
+        // the guest is stepping.
+        let stepping = self.stepping_over || self.guest_debug.single_step;
+        if !stepping {
+            return Ok(());
+        }
+        let in_force = if self.stepping_over {
+            guest_debug::step_over()
+        } else {
+            self.guest_debug.clone()
+        };
+        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
+        let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
+        let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
+        let arm = match self.step_method {
+            StepMethod::Breakpoints => breakpoint_step::arm,
+            StepMethod::TrapFlag => breakpoint_step::arm_past_user_mode,
+        };
+        let armed = arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
+        // A step is one instruction: a logged window it lands on is seen
+        // at its stop, and needs no breakpoint of its own.
+        match armed {
+            Some(armed) => {
+                tracing::trace!(rip = regs.rip, ?armed, "step armed");
+                self.apply_without_window(&armed)?;
+                self.step_breakpoints = Some(in_force.breakpoints.len());
+            }
+            // With the trap flag, what was in force stays unless a return
+            // to user mode took the flag off at the last entry.
+            None if self.step_method == StepMethod::TrapFlag && !was_armed => {}
+            None => self.apply_without_window(&in_force)?,
+        }
+        Ok(())
+    }
+
+    /// Hands `debug` to KVM, with the breakpoint of the logged window the
+    /// guest runs to, if any.
+    pub(super) fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.apply_to_kvm(&self.window.added_to(debug)?)
+    }
+
+    pub(super) fn apply_without_window(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.window.left_out();
+        self.apply_to_kvm(debug)
+    }
+
+    pub(super) fn apply_to_kvm(&self, debug: &GuestDebug) -> Result<(), VmError> {
+        self.vcpu
+            .fd
+            .set_guest_debug(&debug.to_kvm()?)
+            .map_err(|error| VmError::GuestDebug(GuestDebugError::Set(error)))
+    }
+}
