@@ -10,10 +10,12 @@
 //! Tables are `CpuidEntry` lists, the one form the VMM, its snapshots and
 //! the trace share; `provm-vmm` converts them to and from KVM's
 //! `kvm_cpuid_entry2` at its edge (`vcpu.rs`) and reads this host's
-//! (`probes::cpu`).
+//! (`cpu_probe`).
 //!
 //! Modules, each using only those listed before it: `entry`, `hidden`,
 //! `baseline`, `check`, `vector_state`, `manifest`.
+
+#![forbid(unsafe_code)]
 
 pub mod baseline;
 pub mod check;

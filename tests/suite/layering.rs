@@ -28,25 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
 /// Workspace crate -> the workspace crates it depends on, each with
 /// whether only its tests do (a dev-dependency).
 fn workspace_dependencies() -> BTreeMap<String, Vec<(String, bool)>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let packages = metadata["packages"].as_array().unwrap();
+    let packages = workspace_packages();
     let names: Vec<&str> = packages
         .iter()
         .map(|p| p["name"].as_str().unwrap())
@@ -69,6 +51,54 @@ fn workspace_dependencies() -> BTreeMap<String, Vec<(String, bool)>> {
             (package["name"].as_str().unwrap().to_owned(), dependencies)
         })
         .collect()
+}
+
+/// The workspace's packages, as `cargo metadata` describes them.
+fn workspace_packages() -> Vec<serde_json::Value> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    metadata["packages"].as_array().unwrap().clone()
+}
+
+/// Every library and binary of the workspace forbids unsafe code, or, where
+/// it needs some (the VMM, the engine, the guest's agent), makes clippy
+/// require a `SAFETY:` comment on each unsafe block.
+#[test]
+fn every_crate_forbids_unsafe_code_or_documents_each_use() {
+    let mut roots = 0;
+    for package in workspace_packages() {
+        for target in package["targets"].as_array().unwrap() {
+            let kinds = target["kind"].as_array().unwrap();
+            if !kinds.iter().any(|kind| kind == "lib" || kind == "bin") {
+                continue;
+            }
+            let root = target["src_path"].as_str().unwrap();
+            let text = std::fs::read_to_string(root).unwrap();
+            assert!(
+                text.contains("#![forbid(unsafe_code)]")
+                    || text.contains("#![deny(clippy::undocumented_unsafe_blocks)]"),
+                "{root} neither forbids unsafe code nor denies undocumented unsafe blocks"
+            );
+            roots += 1;
+        }
+    }
+    assert!(roots >= 9, "only {roots} crate roots found");
 }
 
 fn layer(name: &str) -> u8 {
