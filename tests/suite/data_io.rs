@@ -321,16 +321,10 @@ fn a_large_folder_goes_by_disk_and_the_trace_replays_from_its_copy_alone() {
         recorded.stderr
     );
     let inspected = provm(&["inspect", path(&work.join("run.provm"))]);
-    assert!(
-        inspected.stdout.contains("input disk ") && inspected.stdout.contains("(embedded)"),
-        "{}",
-        inspected.stdout
-    );
-    assert!(
-        inspected.stdout.contains("machine version 5"),
-        "{}",
-        inspected.stdout
-    );
+    for shown in ["input disk ", "(embedded)", "machine version 5"] {
+        let stdout = &inspected.stdout;
+        assert!(stdout.contains(shown), "{shown}: {stdout}");
+    }
 
     // No host folder, and a cache that has never seen the disk (nor the
     // image, which is named): the trace's copy is extracted and checked.

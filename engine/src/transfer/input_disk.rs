@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use super::inputs::{InputPlan, Planned};
 use super::DataError;
 use crate::digest::{bytes_sha256, file_sha256};
-use crate::image::ext4;
 use crate::image::flatten::{Kind, Node, Tree};
+use crate::image::{ext4, ContainerError};
 use crate::kernel::cache_dir;
 use crate::notice;
 
@@ -88,8 +88,12 @@ pub fn build(plan: &InputPlan) -> Result<Option<InputDisk>, DataError> {
         stage(&mut tree, Path::new(&number.to_string()), &input.entries).map_err(failed)?;
     }
     let built = scratch.path().join("inputs.ext4");
-    ext4::build(&tree, scratch.path(), &built, 0)
-        .map_err(|error| DataError::InputDisk(error.to_string()))?;
+    ext4::build(&tree, scratch.path(), &built, 0).map_err(|error| {
+        DataError::InputDisk(match error {
+            ContainerError::Unsupported(name) => format!("{name}: rename it"),
+            other => other.to_string(),
+        })
+    })?;
     plan.check_unchanged()?;
     fs::rename(&built, &path).map_err(failed)?;
     let disk = cached(path).ok_or_else(|| failed(io::ErrorKind::NotFound.into()))?;
