@@ -12,8 +12,8 @@
 # measurement (benches/blame.rs), what state checks cost
 # (benches/state_check.rs), a 100 MB download through the guest's
 # network under run and record (benches/net.rs), and --input's rate under
-# record and replay (benches/inputs.rs; 1 MiB here: through the agent
-# channel 64 MiB takes most of an hour on PVM, PROVM_INPUT_MIB says more).
+# record and replay (benches/inputs.rs; 1 MiB here, by the input disk;
+# PROVM_INPUT_MIB says more).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,19 +1,24 @@
-//! What `--input` moves: a folder of one file of each size (1 MiB, 64 MiB
-//! and 1 GiB by default), recorded with `sha256sum` of it in the guest and
-//! replayed, each whole run timed from the snapshot's restore to power-off.
-//! MB/s is the input's size over the run's time less the median of the same
-//! run with no input (what starting and stopping the guest costs), so it is
-//! the transport's own rate. Run by benches/bench.sh; prints one table.
+//! What `--input` moves: of each size (1 MiB, 64 MiB and 1 GiB by
+//! default), a folder of one file and a folder of 1 MiB files, recorded
+//! with `sha256sum` of it in the guest and replayed, each whole run timed
+//! from the survey of the input to power-off. MB/s is the input's size over
+//! the run's time less the median of the same run with no input (what
+//! starting and stopping the guest costs), so it is the transport's own
+//! rate. Every run's input is new (its first byte is the run's number), so
+//! each recording builds its input disk; the replay, on the recording's
+//! host, finds it in the cache. The disks are removed from the cache at
+//! the end. Run by benches/bench.sh; prints one table.
 //!
-//! PROVM_INPUT_MIB (comma-separated sizes) and PROVM_INPUT_RUNS (default 5)
-//! choose less: through the agent channel a 64 MiB input takes most of an
-//! hour on PVM, and a 1 GiB one half a day.
+//! PROVM_INPUT_MIB (comma-separated sizes), PROVM_INPUT_KINDS (`file`,
+//! `folder` or both, the default) and PROVM_INPUT_RUNS (default 5) choose
+//! less.
 
 // The tests' image builder and incompressible data.
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use provm_engine::record::RecordOptions;
@@ -22,10 +27,20 @@ use provm_engine::run::RunOptions;
 use provm_engine::transfer::Input;
 use provm_guest_agent::Outcome;
 
+/// The cache's input disks.
+fn input_disks() -> BTreeSet<PathBuf> {
+    let dir = provm_engine::kernel::cache_dir().join("inputs");
+    std::fs::read_dir(dir)
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
 fn main() {
     let sizes = env_list("PROVM_INPUT_MIB", &[1, 64, 1024]);
     let runs = env_list("PROVM_INPUT_RUNS", &[5])[0] as usize;
+    let kinds = std::env::var("PROVM_INPUT_KINDS").unwrap_or_else(|_| "file,folder".into());
     let dir = tempfile::tempdir().unwrap();
+    let disks_before = input_disks();
     // The first recording boots the guest and caches its snapshot: not measured.
     record_and_replay(dir.path(), None);
     let (mut bare_records, mut bare_replays) = (Vec::new(), Vec::new());
@@ -35,45 +50,59 @@ fn main() {
         bare_replays.push(replay);
     }
     let bare = (median(&mut bare_records), median(&mut bare_replays));
-    println!("--input of one file, sha256sum in the guest, {runs} runs each (seconds; MB/s over the run less the no-input run's median: record {:.1} s, replay {:.1} s)", bare.0.as_secs_f64(), bare.1.as_secs_f64());
+    println!("--input, sha256sum in the guest, {runs} runs each (seconds; MB/s over the run less the no-input run's median: record {:.1} s, replay {:.1} s)", bare.0.as_secs_f64(), bare.1.as_secs_f64());
     println!("| input | record median | min | max | MB/s | replay median | min | max | MB/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for mib in sizes {
-        let (mut records, mut replays) = (Vec::new(), Vec::new());
-        for _ in 0..runs {
-            let (record, replay) = record_and_replay(dir.path(), Some(mib));
-            records.push(record);
-            replays.push(replay);
+    for kind in kinds.split(',') {
+        let files_mib = match kind {
+            "file" => None,
+            "folder" => Some(1),
+            other => panic!("PROVM_INPUT_KINDS: {other} is neither file nor folder"),
+        };
+        for &mib in &sizes {
+            let (mut records, mut replays) = (Vec::new(), Vec::new());
+            for run in 0..runs {
+                let input = Some((mib, files_mib.unwrap_or(mib), run as u8));
+                let (record, replay) = record_and_replay(dir.path(), input);
+                records.push(record);
+                replays.push(replay);
+            }
+            println!(
+                "| {mib} MiB ({kind}) |{}|{}|",
+                cells(mib, &mut records, bare.0),
+                cells(mib, &mut replays, bare.1)
+            );
         }
-        println!(
-            "| {mib} MiB |{}|{}|",
-            cells(mib, &mut records, bare.0),
-            cells(mib, &mut replays, bare.1)
-        );
+    }
+    for disk in input_disks().difference(&disks_before) {
+        std::fs::remove_file(disk).unwrap();
     }
 }
 
-/// A recording of `sha256sum` over an input of `mib` MiB (none: no input)
-/// and its replay, timed.
-fn record_and_replay(dir: &Path, mib: Option<u64>) -> (Duration, Duration) {
+/// A recording of `sha256sum` over an input (none: no input) of `mib` MiB
+/// in files of `file_mib`, its first byte `run`, and its replay, timed.
+fn record_and_replay(dir: &Path, input: Option<(u64, u64, u8)>) -> (Duration, Duration) {
     let mut run = RunOptions::new(
         common::images().tiny_qcow2.clone(),
         vec![
             "/bin/sh".into(),
             "-c".into(),
-            "sha256sum /data/* || :".into(),
+            "sha256sum /data/* > /dev/null || :".into(),
         ],
     );
-    if let Some(mib) = mib {
-        let folder = dir.join(format!("input-{mib}"));
-        if !folder.exists() {
-            std::fs::create_dir(&folder).unwrap();
-            let bytes = common::incompressible((mib << 20) as usize);
-            std::fs::write(folder.join("data.bin"), bytes).unwrap();
+    if let Some((mib, file_mib, number)) = input {
+        let folder = dir.join("input");
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir(&folder).unwrap();
+        let mut bytes = common::incompressible((mib << 20) as usize);
+        bytes[0] = number;
+        for (index, file) in bytes.chunks((file_mib << 20) as usize).enumerate() {
+            std::fs::write(folder.join(format!("{index:04}.bin")), file).unwrap();
         }
         run.inputs = vec![Input::parse(&format!("{}:/data", folder.display())).unwrap()];
-        // The channel keeps inputs in guest memory, at most half of it.
-        run.memory_mib = run.memory_mib.max(2 * mib + 128);
+        // Inputs of DISK_FROM bytes or more go by disk, not in guest
+        // memory: the guest (and its booted snapshot) keeps its size.
+        assert!(mib << 20 >= provm_engine::transfer::DISK_FROM);
     }
     let record = RecordOptions {
         run,
@@ -99,8 +128,8 @@ fn record_and_replay(dir: &Path, mib: Option<u64>) -> (Duration, Duration) {
         report.summary()
     );
     eprintln!(
-        "{} MiB: record {:.2} s, replay {:.2} s",
-        mib.unwrap_or(0),
+        "{:?}: record {:.2} s, replay {:.2} s",
+        input,
         recorded_in.as_secs_f64(),
         replayed_in.as_secs_f64()
     );

@@ -165,6 +165,19 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
                 input.host, input.guest, input.files, input.bytes, input.sha256
             )?;
         }
+        if let Some(disk) = &m.input_disk {
+            writeln!(
+                out,
+                "input disk {} bytes, sha256 {}{}",
+                disk.bytes,
+                disk.sha256,
+                if trace.has_input_disk {
+                    " (embedded)"
+                } else {
+                    ""
+                }
+            )?;
+        }
         if let Some(stdin) = &m.stdin {
             writeln!(
                 out,

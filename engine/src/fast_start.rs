@@ -21,7 +21,7 @@ use provm_trace::manifest::ImageFile;
 use provm_trace::snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use provm_vmm::cpu_probe;
 use provm_vmm::disk::image::ImageError;
-use provm_vmm::disk::ReadOnly;
+use provm_vmm::disk::{InputMedium, ReadOnly};
 use provm_vmm::machine_version;
 use provm_vmm::seam::LiveSeam;
 use provm_vmm::vm::{VmError, VmSnapshot};
@@ -107,7 +107,7 @@ pub fn booted(
 ) -> Result<BootedSnapshot, FastStartError> {
     let mut key = format!(
         "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
-        machine_version::for_cpus(prepared.cpus),
+        machine_version::for_machine(prepared.cpus, prepared.input_disk.is_some()),
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,
@@ -120,9 +120,13 @@ pub fn booted(
             .map(|file| &file.sha256)
             .collect::<Vec<_>>(),
     );
-    // One vCPU keeps the key (and the snapshot) it always had.
+    // One vCPU keeps the key (and the snapshot) it always had, and so
+    // does a machine without an input disk.
     if prepared.cpus > 1 {
         key.push_str(&format!("\ncpus {}", prepared.cpus));
+    }
+    if prepared.input_disk.is_some() {
+        key.push_str("\ninput disk");
     }
     let path = cache_dir()
         .join("snapshots")
@@ -156,6 +160,8 @@ fn boot_and_cache(
     // agent mounts the root read-only, and only if that writes nothing;
     // should the guest try anyway, it gets an I/O error instead.
     config.disk = Box::new(ReadOnly(config.disk));
+    // One booted guest for every input: it boots with the disk empty.
+    config.input_disk = config.input_disk.map(|_| InputMedium(None));
     let (mut session, _) = GuestSession::boot(config, &prepared.boot, deadline)?;
     let bytes = snapshot::encode(&session.snapshot()?);
     notice!(

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::{Path, PathBuf};
+
 use provm_vmm::disk::image::{BaseImage, ImageError};
+use provm_vmm::disk::InputMedium;
 use provm_vmm::seam::Seam;
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmSnapshot};
 
@@ -23,6 +26,8 @@ pub struct Machine<'a> {
     pub net: bool,
     /// See `VmConfig::cpus`.
     pub cpus: u8,
+    /// The input disk's image (see `VmConfig::input_disk`).
+    pub input_disk: Option<&'a Path>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +49,7 @@ impl Machine<'_> {
             exitless_limit: self.exitless_limit,
             net: self.net,
             cpus: self.cpus,
+            input_disk: input_medium(self.input_disk)?,
         })
     }
 
@@ -61,6 +67,14 @@ impl Machine<'_> {
     }
 }
 
+/// The input disk's medium: the image at `path`, if any.
+pub fn input_medium(path: Option<&Path>) -> Result<Option<InputMedium>, ImageError> {
+    match path {
+        Some(path) => Ok(Some(InputMedium(Some(Box::new(BaseImage::open(path)?))))),
+        None => Ok(None),
+    }
+}
+
 /// A checked image and the guest to run on it.
 pub struct Prepared {
     pub base: BaseImage,
@@ -72,6 +86,9 @@ pub struct Prepared {
     pub net: bool,
     /// The guest's vCPUs (`--cpus`).
     pub cpus: u8,
+    /// The image of the input disk, when the job's inputs go by disk
+    /// (`transfer::JobData::input_disk`).
+    pub input_disk: Option<PathBuf>,
 }
 
 impl Prepared {
@@ -89,6 +106,7 @@ impl Prepared {
             exitless_limit,
             net: self.net,
             cpus: self.cpus,
+            input_disk: self.input_disk.as_deref(),
         }
     }
 

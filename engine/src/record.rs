@@ -100,9 +100,10 @@ pub fn record(
 ) -> Result<Recorded, RecordError> {
     let start = Instant::now();
     let deadline = start + options.run.timeout;
-    let prepared = run::prepare(&options.run)?;
+    let mut prepared = run::prepare(&options.run)?;
     let job = run::job(&options.run, &prepared.root_device)?;
     let mut data = options.run.job_data().map_err(RunError::from)?;
+    prepared.input_disk = data.input_disk.as_ref().map(|disk| disk.path.clone());
     let identity = Identity::of(&prepared).map_err(RunError::from)?;
     let booted = fast_start::booted(&prepared, &identity, deadline).map_err(RunError::from)?;
     let snapshot = booted.decode(prepared.memory_mib).map_err(RunError::from)?;
@@ -198,6 +199,10 @@ pub fn record(
     if let Some(pages) = recorder.page_digests() {
         after.push((SectionKind::PageDigests, pages));
     }
+    if let Some(disk) = &data.input_disk {
+        let embedded = transfer::input_disk::embed(disk).map_err(RunError::from)?;
+        after.push((SectionKind::InputDisk, embedded));
+    }
     if options.embed_image {
         // The files on this host: the manifest may name them by file name only.
         after.push((
@@ -257,7 +262,7 @@ fn manifest(
     Manifest {
         provm_version: env!("CARGO_PKG_VERSION").into(),
         provm_commit: option_env!("PROVM_COMMIT").map(Into::into),
-        machine_version: machine_version::for_cpus(prepared.cpus),
+        machine_version: machine_version::for_machine(prepared.cpus, data.input_disk.is_some()),
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -309,6 +314,7 @@ fn manifest(
         ),
         fork: None,
         inputs: data.inputs.records(options.run.host_paths),
+        input_disk: data.input_disk.as_ref().map(|disk| disk.digest.clone()),
         stdin: data.inputs.stdin_digest(),
         outputs: options
             .run

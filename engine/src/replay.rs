@@ -31,6 +31,8 @@ use crate::notice;
 use crate::observer::{self, GuestKernel, Observer, ObserverError};
 use crate::seen_images;
 use crate::snapshot;
+use crate::transfer::input_disk::{self, InputDisk};
+use crate::transfer::DataError;
 
 pub struct ReplayOptions {
     pub trace: PathBuf,
@@ -55,6 +57,8 @@ impl ReplayOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
+    #[error(transparent)]
+    InputDisk(#[from] DataError),
     #[error("{0}")]
     Trace(#[from] FormatError),
     #[error("the trace was recorded from the image {name} (sha256 {sha256}), which is neither at {} nor known to this host: pass --image PATH (the digests of its files are checked), put it there, or record with --embed-image", .looked.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(" nor at "))]
@@ -307,6 +311,8 @@ pub struct Opened {
     pub base: BaseImage,
     /// Holds an image extracted from the trace for as long as the VM runs.
     _extracted: Option<ExtractedChain>,
+    /// The input disk the guest read, when its inputs went by disk.
+    pub input_disk: Option<InputDisk>,
     /// The guest's virtual time at the snapshot, where the replay starts.
     pub start_ns: u64,
 }
@@ -342,11 +348,13 @@ impl Opened {
         if snapshot.state.cpuid() != cpu_model::table(&manifest.cpu) {
             return Err(ReplayError::SnapshotCpuid);
         }
+        let input_disk = input_disk::of_trace(&trace)?;
         let opened = Opened {
             start_ns: snapshot.state.clock_ns,
             trace,
             base,
             _extracted: extracted,
+            input_disk,
         };
         Ok((opened, snapshot))
     }
@@ -362,6 +370,7 @@ impl Opened {
             // A restored VM has the network card and vCPUs its snapshot has.
             net: false,
             cpus: self.trace.manifest.cpus,
+            input_disk: self.input_disk.as_ref().map(|disk| disk.path.as_path()),
         }
     }
 

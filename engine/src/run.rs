@@ -224,6 +224,8 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
         echo_console: options.echo_console,
         net: options.net,
         cpus: options.cpus,
+        // Set from the job's data (`JobData::input_disk`).
+        input_disk: None,
     })
 }
 
@@ -373,20 +375,27 @@ pub fn run(
     stderr: &mut dyn Write,
 ) -> Result<Ran, RunError> {
     let deadline = Instant::now() + options.timeout;
-    let prepared = prepare(options)?;
-    run_prepared(options, &prepared, deadline, observers, (stdout, stderr))
+    let mut prepared = prepare(options)?;
+    run_prepared(
+        options,
+        &mut prepared,
+        deadline,
+        observers,
+        (stdout, stderr),
+    )
 }
 
 /// `run`, on an image checked already.
 pub fn run_prepared(
     options: &RunOptions,
-    prepared: &Prepared,
+    prepared: &mut Prepared,
     deadline: Instant,
     observers: &mut [&mut dyn Observer],
     (stdout, stderr): (&mut dyn Write, &mut dyn Write),
 ) -> Result<Ran, RunError> {
     let job = job(options, &prepared.root_device)?;
     let mut data = options.job_data()?;
+    prepared.input_disk = data.input_disk.as_ref().map(|disk| disk.path.clone());
     let Started {
         mut session,
         recorder,

@@ -5,7 +5,9 @@
 //!
 //! Memory, not the image's disk: the guest's disk writes are logged in the
 //! trace, and the input is in it already (every byte the host sends is);
-//! the host checks that the inputs fit the guest's memory.
+//! the host checks that the inputs fit the guest's memory. Large inputs
+//! come on the input disk instead (`Job::input_disk`): its file system is
+//! mounted read-only and each input bound from it to its guest path.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, Write};
@@ -22,6 +24,10 @@ use crate::root::{detach, mount};
 /// Where the inputs are filled before they are mounted in place: a
 /// directory on the image's root, removed again once they are.
 const STAGING: &str = "/.provm-inputs";
+/// The input disk, the machine's second virtio-blk device.
+const INPUT_DISK: &[u8] = b"/dev/vdb";
+/// BLKFLSBUF (linux/fs.h: `_IO(0x12, 97)`), which the libc crate lacks.
+const BLKFLSBUF: libc::c_ulong = 0x1261;
 
 /// The inputs and standard input of one job, as they arrive.
 pub struct Inputs {
@@ -37,7 +43,13 @@ impl Inputs {
     /// standard input if it has one.
     pub fn begin(job: &Job) -> Result<Inputs, String> {
         let mut trees = Vec::new();
-        for (index, guest_path) in job.inputs.iter().enumerate() {
+        let on_channel = if job.input_disk {
+            place_from_disk(&job.inputs)?;
+            &[][..]
+        } else {
+            &job.inputs[..]
+        };
+        for (index, guest_path) in on_channel.iter().enumerate() {
             let staging = Path::new(STAGING).join(index.to_string());
             let mounted = fs::create_dir_all(&staging).and_then(|()| {
                 let target = staging.to_string_lossy();
@@ -60,6 +72,11 @@ impl Inputs {
             stdin,
             open_file: None,
         })
+    }
+
+    /// Whether data messages follow the job (else it has no DataEnd).
+    pub fn come_on_channel(&self) -> bool {
+        !self.trees.is_empty() || self.stdin.is_some()
     }
 
     /// Stores one data message.
@@ -164,17 +181,57 @@ fn place(guest_path: &Path, staging: &Path) -> Result<(), String> {
         "",
     )
     .map_err(|error| failed("seal", error))?;
-    let root = staged_path(staging, b"");
+    bind(&staged_path(staging, b""), guest_path)?;
+    // The bind keeps the tmpfs; its staging mount is no longer needed.
+    detach(&staging_name).map_err(|error| failed("unstage", error))
+}
+
+/// Binds `root` (a file or a directory) over `guest_path`.
+fn bind(root: &Path, guest_path: &Path) -> Result<(), String> {
+    let failed = |what: &str, error: std::io::Error| {
+        format!(
+            "cannot {what} the input at {}: {error}",
+            guest_path.display()
+        )
+    };
     let is_dir = root
         .symlink_metadata()
         .map_err(|error| failed("find", error))?
         .is_dir();
     make_mount_point(guest_path, is_dir).map_err(|error| failed("make room for", error))?;
     let (root, target) = (root.to_string_lossy(), guest_path.to_string_lossy());
-    mount(root.as_bytes(), &target, "", libc::MS_BIND, "")
+    mount(root.as_bytes(), &target, "", libc::MS_BIND, "").map_err(|error| failed("mount", error))
+}
+
+/// Mounts the input disk read-only and binds input N, its /N, over the
+/// Nth of `guest_paths`.
+fn place_from_disk(guest_paths: &[Vec<u8>]) -> Result<(), String> {
+    let failed =
+        |what: &str, error: std::io::Error| format!("cannot {what} the input disk: {error}");
+    // The kernel read the disk at boot, when it held only zeros: what it
+    // kept of them must go before the file system is read.
+    let disk = File::open(std::ffi::OsStr::from_bytes(INPUT_DISK))
+        .map_err(|error| failed("open", error))?;
+    // SAFETY: BLKFLSBUF takes no argument; the descriptor is open.
+    if unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&disk), BLKFLSBUF, 0) } != 0 {
+        return Err(failed(
+            "forget the boot's reads of",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let mounted = Path::new(STAGING).join("disk");
+    fs::create_dir_all(&mounted).map_err(|error| failed("make room for", error))?;
+    let mounted_name = mounted.to_string_lossy();
+    mount(INPUT_DISK, &mounted_name, "ext4", libc::MS_RDONLY, "")
         .map_err(|error| failed("mount", error))?;
-    // The bind keeps the tmpfs; its staging mount is no longer needed.
-    detach(&staging_name).map_err(|error| failed("unstage", error))
+    for (index, guest_path) in guest_paths.iter().enumerate() {
+        let guest_path = Path::new(std::ffi::OsStr::from_bytes(guest_path));
+        bind(&mounted.join(index.to_string()), guest_path)?;
+    }
+    // The binds keep the file system mounted.
+    detach(&mounted_name).map_err(|error| failed("unstage", error))?;
+    let _ = fs::remove_dir_all(STAGING);
+    Ok(())
 }
 
 pub fn make_mount_point(path: &Path, dir: bool) -> std::io::Result<()> {

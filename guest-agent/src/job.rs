@@ -26,8 +26,11 @@ pub struct Job {
     pub provenance: bool,
     /// Where the host's inputs appear, read-only (absolute guest paths;
     /// index = [`Entry::tree`]). Their content follows the job as
-    /// [`HostMessage::Entry`] messages.
+    /// [`HostMessage::Entry`] messages, unless `input_disk`.
     pub inputs: Vec<Vec<u8>>,
+    /// The inputs are on the input disk (/dev/vdb, an ext4 file system
+    /// holding input N at /N), not on the channel.
+    pub input_disk: bool,
     /// The command's standard input follows the job as
     /// [`HostMessage::Stdin`] messages; without it, /dev/null.
     pub stdin: bool,

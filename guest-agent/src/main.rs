@@ -167,10 +167,10 @@ impl Agent {
     /// Takes the job's inputs and standard input as they come, each data
     /// message acknowledged, until DataEnd; gives the standard input.
     fn receive_data(&mut self, job: &Job) -> Result<Option<File>, String> {
-        if job.inputs.is_empty() && !job.stdin {
-            return Ok(None);
-        }
         let mut inputs = Inputs::begin(job)?;
+        if !inputs.come_on_channel() {
+            return inputs.finish();
+        }
         loop {
             match self.next_message() {
                 Some(Ok(HostMessage::DataEnd)) => return inputs.finish(),

@@ -79,9 +79,13 @@ impl HostMessage {
                 put_list(&mut payload, &job.inputs);
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
-                // Only when set: a job as root encodes as it did before.
-                if !job.user.is_empty() {
+                // Only when set: a job as root, with no input disk,
+                // encodes as it did before.
+                if !job.user.is_empty() || job.input_disk {
                     put_bytes(&mut payload, &job.user);
+                }
+                if job.input_disk {
+                    payload.push(1);
                 }
                 kind::RUN
             }
@@ -137,9 +141,13 @@ impl HostMessage {
                     job.stdin = reader.bool()?;
                     job.outputs = reader.list()?;
                 }
-                // A job run as root ends here too (see `encode`).
+                // A job run as root ends here too (see `encode`), and
+                // one with no input disk after its user.
                 if !reader.is_empty() {
                     job.user = reader.bytes()?;
+                }
+                if !reader.is_empty() {
+                    job.input_disk = reader.bool()?;
                 }
                 HostMessage::Run(job)
             }
@@ -358,6 +366,15 @@ mod tests {
 
     #[test]
     fn run_job_round_trips() {
+        let as_root_by_disk = Job {
+            input_disk: true,
+            ..Job::default()
+        };
+        let job = HostMessage::Run(as_root_by_disk);
+        let mut reader = FrameReader::default();
+        reader.push(&job.encode());
+        let (kind, payload) = reader.next_frame().unwrap().unwrap();
+        assert_eq!(HostMessage::decode(kind, &payload).unwrap(), job);
         let job = HostMessage::Run(Job {
             argv: vec![b"/bin/sh".to_vec(), b"-c".to_vec(), b"echo hi".to_vec()],
             env: vec![b"PATH=/bin".to_vec()],
@@ -370,6 +387,7 @@ mod tests {
             stdin: true,
             outputs: vec![b"/out".to_vec(), b"/tmp/result.csv".to_vec()],
             user: b"app:staff".to_vec(),
+            input_disk: false,
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

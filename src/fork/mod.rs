@@ -201,13 +201,17 @@ pub fn fork(options: &ForkOptions) -> Result<Forked, ForkError> {
             console_tail,
         )
     };
-    let after = match trace.has_image {
-        true => vec![(
-            SectionKind::Image,
-            recorded_image(&options.replay.trace).map_err(ForkError::Read)?,
-        )],
-        false => Vec::new(),
-    };
+    // The recording's embedded disks, which the fork's guest read too.
+    let mut after = Vec::new();
+    for (kind, held) in [
+        (SectionKind::InputDisk, trace.has_input_disk),
+        (SectionKind::Image, trace.has_image),
+    ] {
+        if held {
+            let payload = recorded_section(&options.replay.trace, kind).map_err(ForkError::Read)?;
+            after.push((kind, payload));
+        }
+    }
     let path = TraceWriter::finish(writer, outcome, &after).map_err(write_error)?;
     let failure = match &end {
         LiveEnd::PoweredOff => None,
@@ -418,10 +422,10 @@ fn ending(end: &LiveEnd, outputs: &AgentOutputs) -> Ending {
 }
 
 /// The recording's embedded image, as it is.
-fn recorded_image(recording: &Path) -> Result<Vec<u8>, FormatError> {
+fn recorded_section(recording: &Path, kind: SectionKind) -> Result<Vec<u8>, FormatError> {
     let mut reader = TraceReader::open(recording)?;
     while let Some(header) = reader.next_header()? {
-        if header.kind == SectionKind::Image {
+        if header.kind == kind {
             return Ok(reader.read_payload(header)?.payload);
         }
     }

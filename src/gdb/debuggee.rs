@@ -23,6 +23,7 @@ use provm_vmm::vm::{GuestView, Vm, VmConfig, VmError};
 use super::disk_journal::{DiskJournal, Mark};
 use super::snapshots::Snapshots;
 use provm_engine::disk::overlay::{self, OverlayLocation};
+use provm_engine::machine;
 use provm_engine::replay::{Opened, ReplayError, ReplayOptions, ReplayReport};
 use provm_engine::snapshot;
 
@@ -185,7 +186,7 @@ impl Debuggee {
             disk: disk.mark(),
             mid_run: false,
         };
-        let config = vm_config(&opened, &options, &disk, &replayer);
+        let config = vm_config(&opened, &options, &disk, &replayer)?;
         let vm = Vm::restore(config, start)?;
         Ok(Debuggee {
             snapshots: Snapshots::new(every, limit, 0, first),
@@ -617,7 +618,7 @@ impl Debuggee {
         self.replayer
             .rewind(&saved.replay, self.opened.trace.events()?)?;
         let event = saved.replay.position().events;
-        let config = vm_config(&self.opened, &self.options, &self.disk, &self.replayer);
+        let config = vm_config(&self.opened, &self.options, &self.disk, &self.replayer)?;
         self.vm = Vm::restore(config, vm)?;
         if saved.mid_run {
             self.vm.resume_as_saved();
@@ -641,8 +642,8 @@ fn vm_config(
     options: &ReplayOptions,
     disk: &DiskJournal,
     replayer: &Arc<Replayer>,
-) -> VmConfig {
-    VmConfig {
+) -> Result<VmConfig, DebugError> {
+    Ok(VmConfig {
         memory_mib: opened.trace.manifest.memory_mib,
         disk: disk.disk(),
         echo_console: options.echo_console,
@@ -651,5 +652,7 @@ fn vm_config(
         net: false,
         // A restored machine has its snapshot's vCPUs.
         cpus: 1,
-    }
+        input_disk: machine::input_medium(opened.input_disk.as_ref().map(|d| d.path.as_path()))
+            .map_err(ReplayError::from)?,
+    })
 }

@@ -92,11 +92,11 @@ pub enum ReproError {
 
 /// Runs the comparison; `progress` gets a line per run.
 pub fn repro(options: &ReproOptions, progress: &mut dyn Write) -> Result<Verdict, ReproError> {
-    let prepared = run::prepare(&options.run)?;
+    let mut prepared = run::prepare(&options.run)?;
     let dir = tempfile::tempdir().map_err(ReproError::TempDir)?;
     let mut runner = Runner {
         options,
-        prepared: &prepared,
+        prepared: &mut prepared,
         dir: dir.path(),
         done: 0,
         progress,
@@ -136,7 +136,7 @@ fn varied(index: usize) -> Pinning {
 
 struct Runner<'a> {
     options: &'a ReproOptions,
-    prepared: &'a Prepared,
+    prepared: &'a mut Prepared,
     /// Where the runs' provenance goes.
     dir: &'a Path,
     done: usize,

@@ -9,7 +9,8 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{images, path, provm, Finished};
+use common::{images, path, provm, provm_with_env, Finished};
+use sha2::{Digest, Sha256};
 
 /// A CSV of 200 measurements, a note in a subfolder and a link to it.
 fn host_folder(at: &Path) -> String {
@@ -224,13 +225,12 @@ fn bad_data_arguments_are_refused_before_anything_is_written() {
     fs::write(work.join("big"), vec![0u8; 40 << 20]).unwrap();
     fs::create_dir(work.join("taken")).unwrap();
     let image = path(&images().tiny_qcow2);
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--input", "nope:/data"], "the input nope does not exist"),
         (&["--input", "data:data"], "is not an absolute guest path"),
         (&["--input", "data:/proc/data"], "a kernel file system"),
         (&["--output", "/out/../..:x"], "outside the guest's root"),
         (&["--output", "/out:taken"], "taken exists; pass --force"),
-        (&["--memory", "64", "--input", "big:/big"], "pass --memory"),
     ];
     for (extra, message) in cases {
         let mut args = vec!["record", "-o", "t.provm"];
@@ -245,4 +245,151 @@ fn bad_data_arguments_are_refused_before_anything_is_written() {
         );
         assert!(!work.join("t.provm").exists(), "{extra:?} left a trace");
     }
+    // Standard input is kept in memory (a large input goes by disk).
+    let args = [
+        "record", "-o", "t.provm", "--memory", "64", image, "--", "true",
+    ];
+    let refused = provm_with_stdin(&args, &fs::read(work.join("big")).unwrap(), work);
+    assert!(
+        refused.stderr.contains("pass --memory"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!work.join("t.provm").exists());
+}
+
+/// `len` bytes from the host's random generator: content no earlier run
+/// had, so that its input disk is new to the cache.
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0; len];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut bytes).unwrap();
+    bytes
+}
+
+/// A folder of fresh random data, 5 MiB in two files, with a link; the
+/// guest's `sha256sum` of it, as the host computes it.
+fn large_folder(at: &Path) -> String {
+    fs::create_dir_all(at.join("sub")).unwrap();
+    let files = [
+        ("big.bin", random_bytes(4 << 20)),
+        ("sub/small.bin", random_bytes(1 << 20)),
+    ];
+    let mut sums = String::new();
+    for (name, bytes) in files {
+        fs::write(at.join(name), &bytes).unwrap();
+        sums += &format!("{}  {name}\n", provm_trace::hex(&Sha256::digest(&bytes)));
+    }
+    std::os::unix::fs::symlink("sub/small.bin", at.join("link")).unwrap();
+    sums
+}
+
+/// Digests the input in the guest, follows its link and tries to write it.
+const CHECK_LARGE: &str = "cd /data && sha256sum big.bin sub/small.bin && cat link | wc -c && \
+    (touch /data/new 2>/dev/null && echo input-writable || echo input-read-only)";
+
+fn record_large(work: &Path, trace: &str) -> Finished {
+    provm(&[
+        "record",
+        "-o",
+        path(&work.join(trace)),
+        "--input",
+        &format!("{}:/data", path(&work.join("data"))),
+        path(&images().tiny_qcow2),
+        "--",
+        "/bin/sh",
+        "-c",
+        CHECK_LARGE,
+    ])
+}
+
+#[test]
+fn a_large_folder_goes_by_disk_and_the_trace_replays_from_its_copy_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let sums = large_folder(&work.join("data"));
+    let recorded = record_large(work, "run.provm");
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    assert_eq!(
+        recorded.stdout,
+        format!("{sums}{}\ninput-read-only\n", 1 << 20),
+        "{}",
+        recorded.stderr
+    );
+    assert!(
+        recorded.stderr.contains("made the input disk"),
+        "{}",
+        recorded.stderr
+    );
+    let inspected = provm(&["inspect", path(&work.join("run.provm"))]);
+    for shown in ["input disk ", "(embedded)", "machine version 5"] {
+        let stdout = &inspected.stdout;
+        assert!(stdout.contains(shown), "{shown}: {stdout}");
+    }
+
+    // No host folder, and a cache that has never seen the disk (nor the
+    // image, which is named): the trace's copy is extracted and checked.
+    fs::remove_dir_all(work.join("data")).unwrap();
+    let cache = work.join("cache");
+    let replayed = provm_with_env(
+        &[
+            "replay",
+            "--image",
+            path(&images().tiny_qcow2),
+            path(&work.join("run.provm")),
+        ],
+        &[("PROVM_CACHE", &cache)],
+    );
+    assert_eq!(replayed.status, 0, "{}{}", replayed.stdout, replayed.stderr);
+    assert!(
+        replayed.stdout.starts_with("replay matched"),
+        "{}",
+        replayed.stdout
+    );
+    let extracted = fs::read_dir(cache.join("inputs")).unwrap().count();
+    assert_eq!(extracted, 1);
+}
+
+#[test]
+fn an_unchanged_input_is_built_and_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    large_folder(&work.join("data"));
+    let inputs = images_cache_inputs();
+    let first = record_large(work, "one.provm");
+    assert_eq!(first.status, 0, "{}", first.stderr);
+    assert!(
+        first.stderr.contains("made the input disk"),
+        "{}",
+        first.stderr
+    );
+    let built = images_cache_inputs();
+    assert_eq!(built.len(), inputs.len() + 1);
+    let second = record_large(work, "two.provm");
+    assert_eq!(second.status, 0, "{}", second.stderr);
+    assert!(
+        !second.stderr.contains("made the input disk"),
+        "{}",
+        second.stderr
+    );
+    assert_eq!(images_cache_inputs(), built);
+    let disk = |trace: &str| {
+        let inspected = provm(&["inspect", path(&work.join(trace))]);
+        let line = inspected
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("input disk "))
+            .map(str::to_owned);
+        line.unwrap_or_else(|| panic!("{}", inspected.stdout))
+    };
+    assert_eq!(disk("one.provm"), disk("two.provm"));
+}
+
+/// The input disks in provm's cache.
+fn images_cache_inputs() -> Vec<std::path::PathBuf> {
+    let dir = provm_engine::kernel::cache_dir().join("inputs");
+    let mut disks: Vec<_> = fs::read_dir(dir)
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default();
+    disks.sort();
+    disks
 }

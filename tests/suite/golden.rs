@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use provm_trace::events::{Decoder, Encoder, Event, Place};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::{
-    CpuModel, CpuidEntry, FinalStateCheck, ForkOrigin, HostDescription, ImageFile, ImageIdentity,
-    InterruptDelivery, Manifest, Outcome,
+    CpuModel, CpuidEntry, DataDigest, FinalStateCheck, ForkOrigin, HostDescription, ImageFile,
+    ImageIdentity, InterruptDelivery, Manifest, Outcome,
 };
 use provm_trace::snapshot::{self, SNAPSHOT_VERSION};
 use provm_vmm::machine_version::{self, MACHINE_VERSIONS};
@@ -264,6 +264,10 @@ fn sample_manifest() -> Manifest {
         // Left out when empty, as in the format-6 sample written before
         // they were added.
         inputs: Vec::new(),
+        input_disk: Some(DataDigest {
+            sha256: "e".repeat(64),
+            bytes: 4 << 20,
+        }),
         stdin: None,
         outputs: Vec::new(),
     }

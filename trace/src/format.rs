@@ -44,11 +44,14 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// pages that differ; a format-7 trace has none, and its replay says only
 /// that memory differs. Version 9: guests of more than one vCPU, the log's
 /// `Switch` events and the manifest's `cpus` and `chaos_seed`; a format-8
-/// trace is of one vCPU.
+/// trace is of one vCPU. Version 10: the input disk (`InputDisk`, a
+/// section after the outcome) that large `--input`s reach the guest on,
+/// and the manifest's `input_disk`; a format-9 trace sent every input on
+/// the agent channel.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 9;
+pub const FORMAT_VERSION: u16 = 10;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
@@ -91,10 +94,13 @@ pub enum SectionKind {
     Timing,
     /// The page digests of the state checks (see `page_digests`).
     PageDigests,
+    /// zstd: the file system image of the inputs the guest read from its
+    /// input disk (see the manifest's `input_disk`).
+    InputDisk,
 }
 
 impl SectionKind {
-    const ALL: [SectionKind; 11] = [
+    const ALL: [SectionKind; 12] = [
         SectionKind::Manifest,
         SectionKind::Kernel,
         SectionKind::KernelProfile,
@@ -106,6 +112,7 @@ impl SectionKind {
         SectionKind::Provenance,
         SectionKind::Timing,
         SectionKind::PageDigests,
+        SectionKind::InputDisk,
     ];
 
     fn tag(self) -> [u8; 4] {
@@ -121,6 +128,7 @@ impl SectionKind {
             SectionKind::Provenance => b"PROV",
             SectionKind::Timing => b"TIME",
             SectionKind::PageDigests => b"PAGE",
+            SectionKind::InputDisk => b"INPD",
         }
     }
 
@@ -141,6 +149,7 @@ impl SectionKind {
             SectionKind::Provenance => "provenance",
             SectionKind::Timing => "timing",
             SectionKind::PageDigests => "page digests",
+            SectionKind::InputDisk => "input disk",
         }
     }
 }

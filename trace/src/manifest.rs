@@ -65,6 +65,11 @@ pub struct Manifest {
     /// their digests as sent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<InputRecord>,
+    /// The image of the file system the inputs went to the guest on, when
+    /// they went by disk (format 10 on): embedded in the trace
+    /// (`SectionKind::InputDisk`), which a replay checks against this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_disk: Option<DataDigest>,
     /// The command's standard input, when it had one (it is in the log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<DataDigest>,

@@ -33,6 +33,7 @@ pub struct Trace {
     /// Bytes per section kind, as stored (compressed where compressed).
     pub stored_bytes: BTreeMap<SectionKind, u64>,
     pub has_image: bool,
+    pub has_input_disk: bool,
 }
 
 fn structure(path: &Path, what: impl std::fmt::Display) -> FormatError {
@@ -63,7 +64,7 @@ impl Trace {
         let (mut outcome, mut snapshot, mut provenance) = (None, None, None);
         let (mut timing, mut page_digests) = (None, None);
         let mut kernel_profile = None;
-        let (mut chunks, mut has_image) = (0u32, false);
+        let (mut chunks, mut has_image, mut has_input_disk) = (0u32, false, false);
         let mut after_outcome = Vec::new();
         while let Some(header) = reader.next_header()? {
             *stored_bytes.entry(header.kind).or_default() += header.length;
@@ -73,6 +74,7 @@ impl Trace {
                     SectionKind::Image,
                     SectionKind::Timing,
                     SectionKind::PageDigests,
+                    SectionKind::InputDisk,
                 ]
                 .contains(&header.kind)
                 {
@@ -112,6 +114,7 @@ impl Trace {
                 }
                 // Verified, not kept: reading the next header skips it.
                 SectionKind::Image => has_image = true,
+                SectionKind::InputDisk => has_input_disk = true,
             }
         }
         let outcome = outcome.ok_or_else(|| {
@@ -149,6 +152,7 @@ impl Trace {
             page_digests,
             stored_bytes,
             has_image,
+            has_input_disk,
         })
     }
 
@@ -172,6 +176,11 @@ impl Trace {
     /// its end: on an error, `out` holds garbage.
     pub fn extract_image(&self, out: &mut impl Write) -> Result<(), FormatError> {
         self.extract(SectionKind::Image, out)
+    }
+
+    /// Writes the embedded input disk to `out`, as `extract_image` does.
+    pub fn extract_input_disk(&self, out: &mut impl Write) -> Result<(), FormatError> {
+        self.extract(SectionKind::InputDisk, out)
     }
 
     /// Writes the embedded kernel (vmlinux, with its symbols) to `out`,

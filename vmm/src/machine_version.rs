@@ -16,14 +16,17 @@
 pub const CURRENT: u32 = 3;
 /// The machine new recordings of more than one vCPU run on.
 pub const SMP: u32 = 4;
+/// The machine of new recordings whose inputs go by disk, of any vCPUs.
+pub const INPUT_DISK: u32 = 5;
 
-/// The machine version of a new recording with `cpus` vCPUs: one vCPU
-/// stays the machine it was, so that its snapshots and traces do too.
-pub fn for_cpus(cpus: u8) -> u32 {
-    if cpus > 1 {
-        SMP
-    } else {
-        CURRENT
+/// The machine version of a new recording with `cpus` vCPUs, with or
+/// without an `input_disk`: a machine without one stays the machine it
+/// was, so that its snapshots and traces do too.
+pub fn for_machine(cpus: u8, input_disk: bool) -> u32 {
+    match (input_disk, cpus > 1) {
+        (true, _) => INPUT_DISK,
+        (false, true) => SMP,
+        (false, false) => CURRENT,
     }
 }
 
@@ -36,7 +39,7 @@ pub struct MachineVersion {
 }
 
 /// Every machine version this provm replays, oldest first; the last is
-/// `SMP`, the newest (one vCPU's `CURRENT` stays before it).
+/// `INPUT_DISK`, the newest (`CURRENT` and `SMP` stay before it).
 pub const MACHINE_VERSIONS: &[MachineVersion] = &[
     MachineVersion {
         number: 1,
@@ -64,6 +67,13 @@ pub const MACHINE_VERSIONS: &[MachineVersion] = &[
             0x448-0x44f (relax, 64-bit AP start), the SMP kernel (kernels/smp) with \
             noapic nolapic_timer; one vCPU runs at a time, switched at exits \
             (`switch` events); the VM state's `cpus`",
+    },
+    MachineVersion {
+        number: 5,
+        description: "version 3 (one vCPU) or 4 (more), and an input disk: a read-only \
+            virtio-blk (virtio-mmio at 0xd0004000, IRQ 7) of 1 TiB, zeros at boot, its \
+            medium the inputs' file system from the restore on; its state is the VM \
+            state's `input_disk`; recordings without inputs by disk stay on 3 or 4",
     },
 ];
 
@@ -130,13 +140,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_versions_new_recordings_use_are_supported_and_smp_is_the_newest() {
-        assert_eq!(MACHINE_VERSIONS.last().unwrap().number, SMP);
-        assert_eq!(supported(SMP), Ok(MACHINE_VERSIONS.last().unwrap()));
+    fn the_versions_new_recordings_use_are_supported_and_input_disk_is_the_newest() {
+        assert_eq!(MACHINE_VERSIONS.last().unwrap().number, INPUT_DISK);
+        assert_eq!(supported(SMP).unwrap().number, SMP);
         assert_eq!(supported(CURRENT).unwrap().number, CURRENT);
         assert_eq!(
-            (for_cpus(1), for_cpus(2), for_cpus(64)),
-            (CURRENT, SMP, SMP)
+            (
+                for_machine(1, false),
+                for_machine(2, false),
+                for_machine(64, false),
+                for_machine(1, true),
+                for_machine(2, true)
+            ),
+            (CURRENT, SMP, SMP, INPUT_DISK, INPUT_DISK)
         );
         for pair in MACHINE_VERSIONS.windows(2) {
             assert!(pair[0].number < pair[1].number);
@@ -148,7 +164,7 @@ mod tests {
 
     #[test]
     fn a_newer_version_asks_for_a_newer_provm() {
-        let refused = supported(SMP + 1).unwrap_err();
+        let refused = supported(INPUT_DISK + 1).unwrap_err();
         assert!(
             refused.to_string().contains("use a newer provm"),
             "{refused}"

@@ -39,7 +39,7 @@ use crate::devices::virtio::console::VirtioConsole;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::SharedIrqLine;
-use crate::disk::Disk;
+use crate::disk::{Disk, InputMedium};
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug};
 use crate::host_core;
@@ -67,8 +67,8 @@ mod view;
 
 pub use error::VmError;
 use layout::{
-    exit_device, BLOCK_IRQ, BLOCK_MMIO, CLOCK_MMIO, CONSOLE_IRQ, CONSOLE_MMIO, NET_IRQ, NET_MMIO,
-    PIT_IRQ,
+    exit_device, BLOCK_IRQ, BLOCK_MMIO, CLOCK_MMIO, CONSOLE_IRQ, CONSOLE_MMIO, INPUT_DISK_IRQ,
+    INPUT_DISK_MMIO, NET_IRQ, NET_MMIO, PIT_IRQ,
 };
 pub use layout::{mmio_device, port_device, EXIT_DEVICES};
 pub use state::{VmSnapshot, VmState};
@@ -101,6 +101,10 @@ pub struct VmConfig {
     /// Whether a booted guest gets a network card (its frames cross the
     /// seam). A restored one has the card its snapshot has.
     pub net: bool,
+    /// The input disk and its medium, when the job's inputs go by disk: a
+    /// read-only virtio-blk device, /dev/vdb. A guest booted with one gets
+    /// it empty; a restored one must have one exactly if its snapshot has.
+    pub input_disk: Option<InputMedium>,
     /// How many vCPUs a booted guest gets (1 to `mp_table::MAX_CPUS`). A
     /// restored one has its snapshot's.
     pub cpus: u8,
@@ -153,6 +157,7 @@ pub struct Vm {
     block: Arc<Mutex<MmioTransport<VirtioBlock>>>,
     console: Arc<Mutex<MmioTransport<VirtioConsole>>>,
     net: Option<Arc<Mutex<MmioTransport<VirtioNet>>>>,
+    input_disk: Option<Arc<Mutex<MmioTransport<VirtioBlock>>>>,
     console_tail: ConsoleTail,
     seam: Arc<dyn Seam>,
     /// Where this host's KVM leaves RIP at an OUT exit (see `port_exit`).
@@ -237,6 +242,11 @@ impl Vm {
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
         }
+        if vm.input_disk.is_some() {
+            cmdline.push_str(&format!(
+                " virtio_mmio.device=4K@{INPUT_DISK_MMIO:#x}:{INPUT_DISK_IRQ}"
+            ));
+        }
         let entry = boot::load_kernel(&vm.memory, &mut kernel, &boot.initramfs, &cmdline)?;
         vm.vcpu.enter_pvh(entry)?;
         Ok(vm)
@@ -248,6 +258,11 @@ impl Vm {
     /// gets exactly the snapshot's CPUID, or the restore is refused.
     pub fn restore(config: VmConfig, snapshot: VmSnapshot) -> Result<Self, VmError> {
         let state = snapshot.state;
+        if config.input_disk.is_some() != state.input_disk.is_some() {
+            return Err(VmError::InputDiskMismatch {
+                snapshot: state.input_disk.is_some(),
+            });
+        }
         let mut vm = Self::build(open_kvm()?, config, &state.vcpu.cpuid, state.net.is_some())?;
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&vm.kvm, &state.vcpu)?;
@@ -272,6 +287,9 @@ impl Vm {
         vm.console.lock().unwrap().restore(&state.console)?;
         if let (Some(net), Some(saved)) = (&vm.net, &state.net) {
             net.lock().unwrap().restore(saved)?;
+        }
+        if let (Some(disk), Some(saved)) = (&vm.input_disk, &state.input_disk) {
+            disk.lock().unwrap().restore(saved)?;
         }
         Ok(vm)
     }
@@ -351,6 +369,18 @@ impl Vm {
             }
             false => None,
         };
+        let input_disk = match config.input_disk {
+            Some(medium) => {
+                let disk = Arc::new(Mutex::new(MmioTransport::new(
+                    VirtioBlock::new(Box::new(medium), true),
+                    memory.clone(),
+                    line(INPUT_DISK_IRQ),
+                )?));
+                mmio.insert(INPUT_DISK_MMIO, MMIO_DEVICE_SIZE, disk.clone())?;
+                Some(disk)
+            }
+            None => None,
+        };
 
         let timer_line = line(PIT_IRQ);
         Ok(Vm {
@@ -371,6 +401,7 @@ impl Vm {
             block,
             console,
             net,
+            input_disk,
             console_tail,
             seam,
             out_exit_rip,

@@ -23,12 +23,12 @@ use super::ContainerError;
 const UUID: &str = "70726f76-6d00-4f43-8900-696d61676573";
 /// Every time e2fsprogs stamps of its own (the superblock's, each inode's
 /// creation time): 2000-01-01T00:00:00Z, provm's pinned epoch.
-const FIXED_TIME: u64 = 946_684_800;
+pub const FIXED_TIME: u64 = 946_684_800;
 const BLOCK: u64 = 4096;
-/// Free room for the command's writes, which go to the run's overlay: the
-/// disk file is sparse, but every run digests all of it, so it is kept
-/// moderate.
-const FREE_BYTES: u64 = 256 << 20;
+/// Free room for the command's writes on a container image's disk, which
+/// go to the run's overlay: the disk file is sparse, but every run
+/// digests all of it, so it is kept moderate.
+pub const FREE_BYTES: u64 = 256 << 20;
 /// ext4 without a journal (the guest's disk is a throwaway overlay, and a
 /// journal is writes the guest need not make), with the features the
 /// guest kernel reads, whatever the host's /etc/mke2fs.conf says.
@@ -43,10 +43,15 @@ const MKE2FS_CONF: &str = "[defaults]
 	}
 ";
 
-/// Builds the file system of `tree` into `output`, a file not there yet;
-/// `scratch` holds the tools' inputs.
-pub fn build(tree: &Tree, scratch: &Path, output: &Path) -> Result<(), ContainerError> {
-    let (bytes, inodes) = size(tree);
+/// Builds the file system of `tree` into `output`, a file not there yet,
+/// with `free_bytes` of room; `scratch` holds the tools' inputs.
+pub fn build(
+    tree: &Tree,
+    scratch: &Path,
+    output: &Path,
+    free_bytes: u64,
+) -> Result<(), ContainerError> {
+    let (bytes, inodes) = size(tree, free_bytes);
     let config = scratch.join("mke2fs.conf");
     fs::write(&config, MKE2FS_CONF).map_err(write_error(&config))?;
     // `-T ext4`: the usage type too is ours (by size, mkfs would look up a
@@ -80,8 +85,8 @@ pub fn build(tree: &Tree, scratch: &Path, output: &Path) -> Result<(), Container
 }
 
 /// The file system's size in bytes and its inode count: the tree's
-/// content with room for metadata, plus `FREE_BYTES`.
-fn size(tree: &Tree) -> (u64, u64) {
+/// content with room for metadata, plus `free_bytes`.
+fn size(tree: &Tree, free_bytes: u64) -> (u64, u64) {
     let mut blocks = 0;
     for (path, node) in &tree.nodes {
         blocks += 1;
@@ -92,7 +97,7 @@ fn size(tree: &Tree) -> (u64, u64) {
     }
     let inodes = tree.nodes.len() as u64 * 5 / 4 + 16_384;
     let used = blocks * BLOCK + inodes * 256;
-    let bytes = used + used / 4 + FREE_BYTES;
+    let bytes = used + used / 4 + free_bytes;
     (bytes.div_ceil(1 << 20) << 20, inodes)
 }
 

@@ -9,8 +9,8 @@
 //! read.
 
 mod blobs;
-mod ext4;
-mod flatten;
+pub(crate) mod ext4;
+pub(crate) mod flatten;
 pub mod layout;
 pub mod reference;
 mod source;
@@ -184,7 +184,7 @@ fn build_disk(image: &Image, name: &str, disk: &Path) -> Result<(), ContainerErr
         tree.apply(index + 1, image.layer(index)?)?;
     }
     let built = scratch.path().join("disk.ext4");
-    ext4::build(&tree, scratch.path(), &built)?;
+    ext4::build(&tree, scratch.path(), &built, ext4::FREE_BYTES)?;
     std::fs::File::open(&built)
         .and_then(|file| file.sync_all())
         .and_then(|()| std::fs::rename(&built, disk))

@@ -151,6 +151,7 @@ pub fn sample_sections() -> Sections {
         holes: None,
         fork: None,
         inputs: Vec::new(),
+        input_disk: None,
         stdin: None,
         outputs: Vec::new(),
     };

@@ -41,6 +41,44 @@ impl Disk for ReadOnly {
     }
 }
 
+/// The size the input disk shows the guest, whatever its medium holds: a
+/// guest booted with no medium is then the same machine as one restored
+/// with any, so one booted snapshot serves every input.
+pub const INPUT_DISK_BYTES: u64 = 1 << 40;
+
+/// The medium of the input disk (`VmConfig::input_disk`), read-only: zeros
+/// past its end (and with none at all, as when the guest boots), to
+/// `INPUT_DISK_BYTES`.
+pub struct InputMedium(pub Option<Box<dyn Disk>>);
+
+impl Disk for InputMedium {
+    fn size(&self) -> u64 {
+        INPUT_DISK_BYTES
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let held = self.0.as_ref().map_or(0, |medium| medium.size());
+        let within = held.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let (data, zeros) = buf.split_at_mut(within);
+        zeros.fill(0);
+        match &mut self.0 {
+            Some(medium) if within > 0 => medium.read_at(offset, data),
+            _ => Ok(()),
+        }
+    }
+
+    fn write_at(&mut self, _offset: u64, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::ReadOnlyFilesystem,
+            "the input disk is read-only",
+        ))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +112,18 @@ mod tests {
         let mut read = [0; 512];
         disk.read_at(0, &mut read).unwrap();
         assert_eq!(read, [7; 512]);
+    }
+
+    #[test]
+    fn an_input_medium_reads_zeros_past_its_end_and_refuses_writes() {
+        let mut empty = InputMedium(None);
+        let mut read = [1; 512];
+        empty.read_at(0, &mut read).unwrap();
+        assert_eq!((empty.size(), read), (INPUT_DISK_BYTES, [0; 512]));
+        let mut held = InputMedium(Some(Box::new(Sevens)));
+        let mut read = [1; 1024];
+        held.read_at(512, &mut read).unwrap();
+        assert_eq!((read[511], read[512]), (7, 0));
+        assert!(held.write_at(0, &[0; 512]).is_err());
     }
 }

@@ -26,6 +26,8 @@ pub enum VmError {
     KvmPermission,
     #[error("cannot use KVM: {0}")]
     Kvm(kvm_ioctls::Error),
+    #[error("the snapshot's machine {} an input disk and the restored one {}: a snapshot restores into the machine it was taken of", if *.snapshot { "has" } else { "has no" }, if *.snapshot { "has none" } else { "has one" })]
+    InputDiskMismatch { snapshot: bool },
     #[error("cannot open the kernel {path}: {source}; build it with `provm kernel build`")]
     KernelMissing {
         path: PathBuf,

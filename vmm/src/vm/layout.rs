@@ -27,6 +27,10 @@ pub(super) const CLOCK_MMIO: u64 = MMIO_START + 2 * MMIO_DEVICE_SIZE;
 /// which this machine does not have.
 pub(super) const NET_MMIO: u64 = MMIO_START + 3 * MMIO_DEVICE_SIZE;
 pub(super) const NET_IRQ: u8 = 3;
+/// The input disk, only when inputs go by disk (`VmConfig::input_disk`).
+/// IRQ 7 is LPT1's, which this machine does not have.
+pub(super) const INPUT_DISK_MMIO: u64 = MMIO_START + 4 * MMIO_DEVICE_SIZE;
+pub(super) const INPUT_DISK_IRQ: u8 = 7;
 pub(super) const PIT_IRQ: u8 = 0;
 /// Where x86-64 Linux maps its kernel: addresses from here up are its.
 pub(super) const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
@@ -73,6 +77,7 @@ pub const EXIT_DEVICES: &[&str] = &[
     "virtio-blk",
     "virtio-console",
     "virtio-net",
+    "input-disk",
     "clock",
     "halt",
     "msr",
@@ -103,6 +108,8 @@ pub fn mmio_device(address: u64) -> &'static str {
         "clock"
     } else if within(NET_MMIO) {
         "virtio-net"
+    } else if within(INPUT_DISK_MMIO) {
+        "input-disk"
     } else if (APIC_BASE..APIC_BASE + APIC_SIZE).contains(&address) {
         "apic"
     } else {
@@ -126,7 +133,7 @@ mod tests {
         assert_eq!(mmio_device(MMIO_START - 1), "none");
         // Every name exits are timed and delayed by is listed.
         let ports = (0..=u16::MAX).map(port_device);
-        let mmio = (0..4).map(|device| mmio_device(MMIO_START + device * MMIO_DEVICE_SIZE));
+        let mmio = (0..5).map(|device| mmio_device(MMIO_START + device * MMIO_DEVICE_SIZE));
         for name in ports.chain(mmio) {
             assert!(EXIT_DEVICES.contains(&name), "{name}");
         }

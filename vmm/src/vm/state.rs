@@ -46,6 +46,10 @@ pub struct VmState {
     /// on, with `--net`); absent, the state is machine version 1's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) net: Option<TransportState<()>>,
+    /// The input disk, in machines that have one (from machine version 5
+    /// on, when inputs go by disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) input_disk: Option<TransportState<()>>,
     /// The other vCPUs, their APICs and the schedule, in machines with more
     /// than one vCPU (machine version 3); absent, the machine has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +85,9 @@ impl VmState {
         // Listed only where it exists: a machine without one digests as before.
         if let Some(net) = &self.net {
             digests.push(("virtio-net", digest(net)));
+        }
+        if let Some(input_disk) = &self.input_disk {
+            digests.push(("input-disk", digest(input_disk)));
         }
         digests
     }
@@ -148,6 +155,10 @@ impl Vm {
             block: self.block.lock().unwrap().save(),
             console: self.console.lock().unwrap().save(),
             net: self.net.as_ref().map(|net| net.lock().unwrap().save()),
+            input_disk: self
+                .input_disk
+                .as_ref()
+                .map(|disk| disk.lock().unwrap().save()),
         })
     }
 }
