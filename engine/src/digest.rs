@@ -35,10 +35,16 @@ impl<W: io::Write> HashingWriter<W> {
     }
 
     pub fn digested(self) -> Digested {
-        Digested {
+        self.into_parts().1
+    }
+
+    /// The writer bytes went to, and what passed.
+    pub fn into_parts(self) -> (W, Digested) {
+        let digested = Digested {
             sha256: provm_trace::hex(&self.hasher.finalize()),
             size: self.size,
-        }
+        };
+        (self.inner, digested)
     }
 }
 

@@ -12,7 +12,7 @@
 //! is unchanged) and checked against the manifest's digest.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -20,11 +20,10 @@ use std::time::Instant;
 
 use provm_trace::manifest::DataDigest;
 use provm_trace::reader::Trace;
-use sha2::{Digest, Sha256};
 
 use super::inputs::{InputPlan, Planned};
 use super::DataError;
-use crate::digest::{bytes_sha256, file_sha256};
+use crate::digest::{bytes_sha256, file_sha256, HashingWriter};
 use crate::image::flatten::{Kind, Node, Tree};
 use crate::image::{ext4, ContainerError};
 use crate::kernel::cache_dir;
@@ -154,18 +153,16 @@ pub fn embed(disk: &InputDisk) -> Result<Vec<u8>, DataError> {
         DataError::InputDisk(format!("cannot embed {}: {error}", disk.path.display()))
     };
     let encoder = zstd::stream::Encoder::new(Vec::new(), EMBED_LEVEL).map_err(failed)?;
-    let mut tee = Hashing {
-        out: encoder,
-        hash: Sha256::new(),
-    };
+    let mut tee = HashingWriter::new(encoder);
     io::copy(&mut fs::File::open(&disk.path).map_err(failed)?, &mut tee).map_err(failed)?;
-    if provm_trace::hex(&tee.hash.finalize()) != disk.digest.sha256 {
+    let (encoder, read) = tee.into_parts();
+    if read.sha256 != disk.digest.sha256 {
         return Err(DataError::InputDisk(format!(
             "{} changed since it was made: remove it, and record again",
             disk.path.display()
         )));
     }
-    tee.out.finish().map_err(failed)
+    encoder.finish().map_err(failed)
 }
 
 /// The input disk a trace's guest read: from the cache, or extracted from
@@ -186,38 +183,16 @@ pub fn of_trace(trace: &Trace) -> Result<Option<InputDisk>, DataError> {
     }
     let failed = |error: io::Error| DataError::InputDisk(format!("{}: {error}", path.display()));
     fs::create_dir_all(dir()).map_err(failed)?;
-    let mut out = Hashing {
-        out: tempfile::NamedTempFile::new_in(dir()).map_err(failed)?,
-        hash: Sha256::new(),
-    };
+    let mut out = HashingWriter::new(tempfile::NamedTempFile::new_in(dir()).map_err(failed)?);
     trace
         .extract_input_disk(&mut out)
         .map_err(|error| DataError::InputDisk(error.to_string()))?;
-    if provm_trace::hex(&out.hash.finalize()) != digest.sha256 {
+    let (file, extracted) = out.into_parts();
+    if extracted.sha256 != digest.sha256 {
         return Err(DataError::InputDisk(
             "the trace's input disk does not have the digest its manifest records: the trace is corrupt".into(),
         ));
     }
-    out.out
-        .persist(&path)
-        .map_err(|error| failed(error.error))?;
+    file.persist(&path).map_err(|error| failed(error.error))?;
     Ok(cached(path))
-}
-
-/// A writer that digests what goes through it.
-struct Hashing<W> {
-    out: W,
-    hash: Sha256,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let written = self.out.write(buf)?;
-        self.hash.update(&buf[..written]);
-        Ok(written)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
-    }
 }
