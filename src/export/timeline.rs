@@ -11,6 +11,9 @@
 //!   written to disk in every 10 ms of guest time, and, when the trace
 //!   keeps exit timing, a counter of the VMM's time by device (see
 //!   `blame_counter`);
+//! - with more than one vCPU, a thread per vCPU on pid 2 holding each
+//!   stretch it ran as a complete event, from the log's switches (see
+//!   `VcpuStretches`);
 //! - names for both processes and every thread as metadata events (`M`);
 //! - with a replay (`--with-replay`), every system call as a complete event
 //!   on its thread (tid the guest's thread id), nested in its process's
@@ -44,6 +47,8 @@ const GUEST_PID: u32 = 1;
 const VMM_PID: u32 = 2;
 /// The VMM's thread holding the run as a whole.
 const RUN_TID: u32 = 1;
+/// vCPU N's thread on the VMM's process: after the run's.
+const FIRST_VCPU_TID: u32 = 100;
 /// Counters sum what happened in each slice of guest time this long.
 const BUCKET_NS: u64 = 10_000_000;
 
@@ -93,6 +98,7 @@ fn document(run: &Run, with_replay: bool) -> Result<Value, ExportError> {
     if let Some(timing) = run.timing()? {
         events.extend(blame_counter(&timing, &vmm));
     }
+    events.extend(vmm.vcpus.events());
     events.extend(vmm.counters);
     Ok(json!({ "traceEvents": events, "displayTimeUnit": "ms" }))
 }
@@ -190,6 +196,7 @@ struct VmmEvents {
     /// The wall clock the job set, from the host's message to the agent.
     job_wall_ns: Option<u64>,
     counters: Vec<Value>,
+    vcpus: VcpuStretches,
     /// The log's VM exits per bucket of guest time, by device (or exit
     /// reason, as the exit timing names them).
     exits: BTreeMap<u64, BTreeMap<&'static str, u64>>,
@@ -200,6 +207,7 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
     let mut agent_input = FrameReader::default();
     let (mut start_ns, mut now_ns, mut job_wall_ns) = (None, 0, None);
     let mut counters = Counters::default();
+    let mut vcpus = VcpuStretches::default();
     let mut exits: BTreeMap<u64, BTreeMap<&'static str, u64>> = BTreeMap::new();
     while let Some(event) = log.next_event()? {
         let device = match &event {
@@ -223,6 +231,10 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
             }
             Event::DiskWrite { len, .. } => {
                 counters.add(now_ns, "disk writes", "bytes", u64::from(*len));
+                None
+            }
+            Event::Switch(to) => {
+                vcpus.switch(*to, start_ns.unwrap_or(now_ns), now_ns);
                 None
             }
             _ => None,
@@ -249,6 +261,7 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
         end_ns: now_ns,
         job_wall_ns,
         counters: counters.finish(),
+        vcpus: vcpus.finish(now_ns),
         exits,
     })
 }
@@ -314,6 +327,54 @@ fn job_clock(input: &mut FrameReader) -> Option<u64> {
         }
     }
     None
+}
+
+/// Which vCPU ran when, from the log's switches: vCPU 0 runs until the
+/// first (as in `provm query`'s `cpu` column). A stretch's times are the
+/// clock readings last logged before its switches, so stretches with no
+/// reading between them have no length; a log without switches (one vCPU)
+/// gives no tracks.
+#[derive(Default)]
+struct VcpuStretches {
+    /// The running vCPU and when it started, after the first switch.
+    running: Option<(u8, u64)>,
+    /// (vCPU, start, end) in nanoseconds of guest time.
+    stretches: Vec<(u8, u64, u64)>,
+}
+
+impl VcpuStretches {
+    /// A switch to `to` at `now_ns`; `start_ns` is the log's first reading.
+    fn switch(&mut self, to: u8, start_ns: u64, now_ns: u64) {
+        let (from, since) = self.running.unwrap_or((0, start_ns));
+        if from != to {
+            self.stretches.push((from, since, now_ns));
+            self.running = Some((to, now_ns));
+        }
+    }
+
+    fn finish(mut self, end_ns: u64) -> Self {
+        if let Some((cpu, since)) = self.running.take() {
+            self.stretches.push((cpu, since, end_ns));
+        }
+        self
+    }
+
+    /// A named thread per vCPU and a complete event per stretch.
+    fn events(&self) -> Vec<Value> {
+        let tid = |cpu: u8| FIRST_VCPU_TID + u32::from(cpu);
+        let cpus: std::collections::BTreeSet<u8> =
+            self.stretches.iter().map(|&(cpu, ..)| cpu).collect();
+        let names = cpus
+            .into_iter()
+            .map(|cpu| thread_name(VMM_PID, tid(cpu), &format!("vCPU {cpu}")));
+        let stretches = self.stretches.iter().map(|&(cpu, start, end)| {
+            json!({
+                "ph": "X", "pid": VMM_PID, "tid": tid(cpu), "name": format!("vCPU {cpu} runs"),
+                "ts": micros(start), "dur": micros(end.saturating_sub(start)),
+            })
+        });
+        names.chain(stretches).collect()
+    }
 }
 
 /// Counter events: per counter, the sum of each series in every bucket of
@@ -436,6 +497,7 @@ mod tests {
             end_ns: 3 * BUCKET_NS + 7,
             job_wall_ns: None,
             counters: Vec::new(),
+            vcpus: VcpuStretches::default(),
             exits: BTreeMap::from([
                 (0, BTreeMap::from([("pic", 1)])),
                 (2, BTreeMap::from([("pic", 3)])),
@@ -453,6 +515,48 @@ mod tests {
                 (micros(3 * BUCKET_NS), r#"{"msr":0,"pic":400}"#.into()),
                 (micros(3 * BUCKET_NS + 7), r#"{"msr":50,"pic":400}"#.into()),
             ]
+        );
+    }
+
+    #[test]
+    fn each_vcpu_is_a_thread_of_the_stretches_it_ran() {
+        let mut vcpus = VcpuStretches::default();
+        vcpus.switch(1, 10, 50);
+        vcpus.switch(1, 10, 60);
+        vcpus.switch(0, 10, 70);
+        let events = vcpus.finish(90).events();
+        let shown: Vec<(String, u64, f64, f64)> = events
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                let at = |field: &str| e[field].as_f64().unwrap();
+                (
+                    e["name"].to_string(),
+                    e["tid"].as_u64().unwrap(),
+                    at("ts"),
+                    at("dur"),
+                )
+            })
+            .collect();
+        let stretch = |cpu: u8, start, end| {
+            let name = format!("\"vCPU {cpu} runs\"");
+            let tid = u64::from(FIRST_VCPU_TID + u32::from(cpu));
+            (name, tid, micros(start), micros(end - start))
+        };
+        assert_eq!(
+            shown,
+            [stretch(0, 10, 50), stretch(1, 50, 70), stretch(0, 70, 90)],
+            "a switch to the running vCPU starts no stretch"
+        );
+        let names: Vec<&str> = events
+            .iter()
+            .filter(|e| e["ph"] == "M")
+            .map(|e| e["args"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["vCPU 0", "vCPU 1"]);
+        assert!(
+            VcpuStretches::default().finish(90).events().is_empty(),
+            "one vCPU: no tracks"
         );
     }
 

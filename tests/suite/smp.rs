@@ -158,6 +158,63 @@ fn query_names_the_vcpu_of_every_event() {
     assert!(switches.lines().count() > 2, "{switches}");
 }
 
+/// `export timeline` of a two-vCPU run: a thread per vCPU, each holding
+/// the stretches it ran, one after the other (never two at once: the
+/// recording serialised them), as many as the log switched.
+#[test]
+fn the_timeline_has_a_track_per_vcpu() {
+    let trace = race_on_two_vcpus();
+    let json = trace.with_extension("timeline.json");
+    succeeds(&[
+        "export",
+        "timeline",
+        "--force",
+        path(trace),
+        "-o",
+        path(&json),
+    ]);
+    let document: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = document["traceEvents"].as_array().unwrap();
+    let named = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["args"]["name"] == name)
+            .map(|e| e["tid"].clone())
+    };
+    let tids = [named("vCPU 0"), named("vCPU 1")];
+    assert!(tids.iter().all(Option::is_some), "{document}");
+    let mut stretches: Vec<(f64, f64, serde_json::Value)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && tids.contains(&Some(e["tid"].clone())))
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap(),
+                e["dur"].as_f64().unwrap(),
+                e["tid"].clone(),
+            )
+        })
+        .collect();
+    stretches.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for pair in stretches.windows(2) {
+        // In microseconds: a nanosecond's slack for the sum's rounding.
+        assert!(
+            pair[0].0 + pair[0].1 <= pair[1].0 + 1e-3,
+            "overlap: {pair:?}"
+        );
+        assert_ne!(pair[0].2, pair[1].2, "a vCPU follows itself: {pair:?}");
+    }
+    let switches = succeeds(&[
+        "query",
+        "--format",
+        "csv",
+        path(trace),
+        "SELECT count(*) FROM events WHERE kind = 'vCPU switch'",
+    ]);
+    let switches: usize = switches.lines().nth(1).unwrap().parse().unwrap();
+    assert_eq!(stretches.len(), switches + 1, "{switches} switches");
+}
+
 /// The `syscalls` table of a two-vCPU run (a replay analysis): calls made
 /// on each vCPU, each read from its vCPU's own current task, and the race's
 /// own among them.

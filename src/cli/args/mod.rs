@@ -105,8 +105,9 @@ pub enum ExportCommand {
     },
     /// The run as a timeline in the Trace Event Format, for Perfetto
     /// (ui.perfetto.dev) or chrome://tracing: one track per guest process
-    /// (with --prov), VM exits by device, interrupts and disk writes, and
-    /// the VMM's time by device (when the trace keeps exit timing).
+    /// (with --prov), one per vCPU (with --cpus N), VM exits by device,
+    /// interrupts and disk writes, and the VMM's time by device (when the
+    /// trace keeps exit timing).
     Timeline {
         /// The trace (.provm).
         run: PathBuf,
