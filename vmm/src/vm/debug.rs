@@ -7,7 +7,7 @@ use kvm_bindings::kvm_debug_exit_arch;
 
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::logged_window::WindowStop;
-use crate::probes::breakpoint_step::{self, StepMethod};
+use crate::probes::breakpoint_step::{self, StepMethod, RESUME_FLAG};
 
 use super::layout::MSR_LSTAR;
 use super::{Entry, Vm, VmError};
@@ -34,10 +34,30 @@ impl Vm {
     /// breakpoint, a step made with breakpoints).
     pub(super) fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
         self.at_exit = false;
+        let (dr6, pc) = (debug.dr6, debug.pc);
+        tracing::trace!(
+            dr6 = format_args!("{dr6:#x}"),
+            pc = format_args!("{pc:#x}"),
+            stepping_over = self.stepping_over,
+            step_breakpoints = ?self.step_breakpoints,
+            "debug exit"
+        );
         let stop = match (DebugStop::from_kvm(debug), self.step_breakpoints) {
             // One of the breakpoints that make a step, not the debugger's.
             (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
-                DebugStop::Step { rip }
+                DebugStop::Step {
+                    rip,
+                    resumed: false,
+                }
+            }
+            // A step with the trap flag over an IRET whose frame set RF:
+            // a breakpoint here would not fire (see `breakpoint_step`).
+            (DebugStop::Step { rip, .. }, _) if self.step_method == StepMethod::Breakpoints => {
+                let rflags = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?.rflags;
+                DebugStop::Step {
+                    rip,
+                    resumed: rflags & RESUME_FLAG != 0,
+                }
             }
             (stop, _) => stop,
         };
@@ -99,7 +119,10 @@ impl Vm {
             // With the trap flag, what was in force stays unless a return
             // to user mode took the flag off at the last entry.
             None if self.step_method == StepMethod::TrapFlag && !was_armed => {}
-            None => self.apply_without_window(&in_force)?,
+            None => {
+                tracing::trace!(rip = regs.rip, "step with the trap flag");
+                self.apply_without_window(&in_force)?
+            }
         }
         Ok(())
     }
