@@ -358,6 +358,7 @@ impl Debuggee {
                 ControlFlow::Break(halt) => return Ok(halt),
             }
         };
+        tracing::debug!(?here, ?target, "reverse step");
         Ok(match self.go_to(target, interrupted)? {
             ControlFlow::Continue(()) => Halt::Step,
             ControlFlow::Break(halt) => halt,
@@ -569,11 +570,7 @@ impl Debuggee {
         } else {
             Point::at_exit(event)
         };
-        let hit = match stop {
-            DebugStop::Breakpoint { .. } => true,
-            DebugStop::Step { rip } => self.breakpoints.contains(&rip),
-        };
-        if hit {
+        if stop.at_breakpoint(&self.breakpoints) {
             Point {
                 event,
                 hits: since.hits + 1,

@@ -86,8 +86,11 @@ pub enum DebugStop {
     /// It reached the instruction of breakpoint `index` (of
     /// `GuestDebug::breakpoints`), at `rip`, and has not executed it.
     Breakpoint { index: usize, rip: u64 },
-    /// It executed one instruction and stands at `rip`.
-    Step { rip: u64 },
+    /// It executed one instruction and stands at `rip`. `resumed`: with
+    /// RFLAGS.RF set there (an IRET restored it from its frame), so that a
+    /// breakpoint at `rip` does not fire: a run that does not step passes
+    /// it. Only where the host honours RF (SVM and VMX; see `Vm`).
+    Step { rip: u64, resumed: bool },
 }
 
 impl DebugStop {
@@ -100,13 +103,16 @@ impl DebugStop {
                 rip: exit.pc,
             }
         } else {
-            DebugStop::Step { rip: exit.pc }
+            DebugStop::Step {
+                rip: exit.pc,
+                resumed: false,
+            }
         }
     }
 
     pub fn rip(&self) -> u64 {
         match *self {
-            DebugStop::Breakpoint { rip, .. } | DebugStop::Step { rip } => rip,
+            DebugStop::Breakpoint { rip, .. } | DebugStop::Step { rip, .. } => rip,
         }
     }
 
@@ -117,11 +123,22 @@ impl DebugStop {
     /// on one would stop there twice (SVM and VMX; PVM's ring-0 emulator
     /// does not fault there). RFLAGS.RF would suppress it for one
     /// instruction on hardware, but PVM's emulator ignores RF; a single step
-    /// without breakpoints works on every host (as gdb does it).
+    /// without breakpoints works on every host (as gdb does it). A step
+    /// that leaves RF set needs none: the breakpoint does not fire.
     pub fn needs_step_over(&self, debug: &GuestDebug) -> bool {
         match *self {
             DebugStop::Breakpoint { .. } => true,
-            DebugStop::Step { rip } => debug.breakpoints.contains(&rip),
+            DebugStop::Step { rip, resumed } => !resumed && debug.breakpoints.contains(&rip),
+        }
+    }
+
+    /// Whether a debugger's breakpoint at where the guest stands would
+    /// have stopped a run that continued there: the breakpoint's own stop,
+    /// or a step that landed on one without RF.
+    pub fn at_breakpoint(&self, breakpoints: &[u64]) -> bool {
+        match *self {
+            DebugStop::Breakpoint { .. } => true,
+            DebugStop::Step { rip, resumed } => !resumed && breakpoints.contains(&rip),
         }
     }
 }
@@ -184,7 +201,10 @@ mod tests {
         );
         assert_eq!(
             DebugStop::from_kvm(&exit(0xffff_4ff0)),
-            DebugStop::Step { rip: 0x1000 }
+            DebugStop::Step {
+                rip: 0x1000,
+                resumed: false
+            }
         );
     }
 }

@@ -188,6 +188,10 @@ pub struct Vm {
     /// While a step is made with breakpoints: how many of the armed ones
     /// are the debugger's (the rest make the step).
     step_breakpoints: Option<usize>,
+    /// The last entry ended without an exit or a debug stop (a signal
+    /// kicked the vCPU out), so a step made with breakpoints is still
+    /// under way: it goes on to the breakpoints it was armed with.
+    step_kicked: bool,
     /// The logged interrupt window a replay runs the guest to
     /// (`Delivery::LoggedWindow`).
     window: WindowBreakpoint,
@@ -418,6 +422,7 @@ impl Vm {
             stepping_over: false,
             step_method,
             step_breakpoints: None,
+            step_kicked: false,
             window: WindowBreakpoint::default(),
             _not_send: PhantomData,
         })
@@ -731,6 +736,7 @@ impl Vm {
         };
         self.at_exit = exit.is_some();
         let Some(exit) = exit else {
+            self.step_kicked = true;
             return Ok(Entry::Kicked);
         };
         self.last_exit = Instant::now();
