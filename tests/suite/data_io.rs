@@ -433,6 +433,16 @@ fn an_unchanged_input_is_built_and_stored_once() {
         line.unwrap_or_else(|| panic!("{}", inspected.stdout))
     };
     assert_eq!(disk("one.provm"), disk("two.provm"));
+    // The same length, other bytes: read again, and a disk of its own.
+    fs::write(work.join("data/big.bin"), random_bytes(4 << 20)).unwrap();
+    let third = record_large(work, "three.provm");
+    assert_eq!(third.status, 0, "{}", third.stderr);
+    assert!(
+        third.stderr.contains("made the input disk"),
+        "{}",
+        third.stderr
+    );
+    assert_ne!(disk("one.provm"), disk("three.provm"));
 }
 
 /// The input disks in provm's cache.

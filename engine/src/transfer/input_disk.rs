@@ -72,12 +72,26 @@ fn cached(path: PathBuf) -> Option<InputDisk> {
 ///
 /// Why one pass, and a disk made before the digests are known: a second
 /// read of every input (a survey for the cache's key, then the build)
-/// cost a pass over the data (1 GiB: 20 s on the SVM test bed). An
-/// unchanged input then costs a write of its bytes to a scratch disk that
-/// is dropped, not a read less.
+/// cost a pass over the data (1 GiB: 20 s on the SVM test bed). Inputs
+/// whose files are as a run that read them left them (`identity`: inode,
+/// size and times, as the cache of image digests trusts) are not read at
+/// all when the cache has their disk; others changed in name only (a copy
+/// of a folder) cost a scratch disk, dropped for the cached one.
 pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
     if !plan.by_disk() {
         return Ok(None);
+    }
+    // Inputs unchanged since a run that digested them: their disk, if the
+    // cache has it, with nothing read.
+    let identity = plan.identity();
+    if let Some(digests) = identity.as_deref().and_then(remembered) {
+        if digests.len() == plan.trees().len() {
+            let path = cached_path(digests.iter().map(|digest| digest.sha256.as_str()));
+            if let Some(disk) = cached(path) {
+                plan.set_digests(digests);
+                return Ok(Some(disk));
+            }
+        }
     }
     let started = Instant::now();
     let failed = |error: io::Error| DataError::InputDisk(format!("{}: {error}", dir().display()));
@@ -159,6 +173,9 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
             return Err(plan.changed(index.unwrap_or(position)));
         }
     }
+    if let Some(identity) = &identity {
+        remember(identity, &plan.digests());
+    }
     let path = cached_path(plan.trees().iter().map(|tree| tree.digest.sha256.as_str()));
     if let Some(disk) = cached(path.clone()) {
         // Built before: the scratch disk goes with its directory.
@@ -173,6 +190,36 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
         started.elapsed().as_secs_f64()
     );
     Ok(Some(disk))
+}
+
+/// Where the digests of inputs of this identity are kept.
+fn remembered_path(identity: &str) -> PathBuf {
+    cache_dir().join("input-identities").join(identity)
+}
+
+/// The digests of the inputs of `identity`, as a run that read them
+/// remembered them: a line "SHA256 BYTES" per input.
+fn remembered(identity: &str) -> Option<Vec<DataDigest>> {
+    let text = fs::read_to_string(remembered_path(identity)).ok()?;
+    text.lines()
+        .map(|line| {
+            let (sha256, bytes) = line.split_once(' ')?;
+            (sha256.len() == 64).then_some(())?;
+            Some(DataDigest {
+                sha256: sha256.to_owned(),
+                bytes: bytes.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn remember(identity: &str, digests: &[DataDigest]) {
+    let text: String = digests
+        .iter()
+        .map(|digest| format!("{} {}\n", digest.sha256, digest.bytes))
+        .collect();
+    // A cache that cannot be written only costs the next run a read.
+    let _ = crate::digest::write_atomically(&remembered_path(identity), text.as_bytes());
 }
 
 /// Puts one input's `entries` in the staging directory under `at`, and

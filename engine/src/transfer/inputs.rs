@@ -200,6 +200,63 @@ impl InputPlan {
         Ok(())
     }
 
+    /// What identifies the inputs' current state without reading them:
+    /// every entry's path, kind, mode or link target, and each file's
+    /// device, inode, size and modification and change times (a write
+    /// changes the change time, which no one can set), as the cache of
+    /// image digests trusts (`digest::file_sha256`). None if a file cannot
+    /// be looked at.
+    pub(super) fn identity(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut hasher = Sha256::new();
+        hasher.update(b"provm input identity 1\n");
+        for tree in &self.trees {
+            hasher.update(b"tree\n");
+            for entry in &tree.entries {
+                let line = match entry {
+                    Planned::Dir { path, mode } => {
+                        [b"d ", &path[..], format!(" {mode}").as_bytes()].concat()
+                    }
+                    Planned::Symlink { path, target } => {
+                        [b"l ", &path[..], b"\0", &target[..]].concat()
+                    }
+                    Planned::File {
+                        path, mode, source, ..
+                    } => {
+                        let meta = fs::metadata(source).ok()?;
+                        let fields = format!(
+                            " {mode} {} {} {} {}.{} {}.{}",
+                            meta.dev(),
+                            meta.ino(),
+                            meta.size(),
+                            meta.mtime(),
+                            meta.mtime_nsec(),
+                            meta.ctime(),
+                            meta.ctime_nsec()
+                        );
+                        [b"f ", &path[..], fields.as_bytes()].concat()
+                    }
+                };
+                hasher.update((line.len() as u64).to_le_bytes());
+                hasher.update(&line);
+            }
+        }
+        Some(provm_trace::hex(&hasher.finalize()))
+    }
+
+    /// The trees' digests, in order.
+    pub(super) fn digests(&self) -> Vec<DataDigest> {
+        self.trees.iter().map(|tree| tree.digest.clone()).collect()
+    }
+
+    /// Sets the trees' digests (as `digests` gave them, for inputs whose
+    /// identity is unchanged since).
+    pub(super) fn set_digests(&mut self, digests: Vec<DataDigest>) {
+        for (tree, digest) in self.trees.iter_mut().zip(digests) {
+            tree.digest = digest;
+        }
+    }
+
     /// An input changed since its survey (a file of another length).
     pub(super) fn changed(&self, index: usize) -> DataError {
         DataError::InputChanged(self.trees[index].input.host.clone())
