@@ -65,9 +65,9 @@ pub fn bytes_sha256(bytes: &[u8]) -> String {
     provm_trace::hex(&Sha256::digest(bytes))
 }
 
-/// The file's SHA-256, from the cache when the file has not changed.
-pub fn file_sha256(path: &Path) -> io::Result<String> {
-    let meta = fs::metadata(path)?;
+/// Where the digest of the file of metadata `meta` is cached: under its
+/// identity, so a file changed in place misses it.
+fn cached_digest(meta: &fs::Metadata) -> std::path::PathBuf {
     let identity = format!(
         "{}:{}:{}:{}.{}",
         meta.dev(),
@@ -76,20 +76,46 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
         meta.ctime(),
         meta.ctime_nsec()
     );
-    let cached = cache_dir()
+    cache_dir()
         .join("digests")
-        .join(bytes_sha256(identity.as_bytes()));
+        .join(bytes_sha256(identity.as_bytes()))
+}
+
+/// The file's SHA-256, from the cache when the file has not changed.
+pub fn file_sha256(path: &Path) -> io::Result<String> {
+    let cached = cached_digest(&fs::metadata(path)?);
     if let Ok(digest) = fs::read_to_string(&cached) {
         if digest.len() == 64 {
             return Ok(digest);
         }
     }
+    // Large reads: fewer system calls than io::copy's 8 KiB (which count
+    // under emulation, where the test beds read 1 GiB input disks).
+    let mut file = File::open(path)?;
     let mut hash = Sha256::new();
-    io::copy(&mut File::open(path)?, &mut hash)?;
+    let mut buffer = vec![0; 1 << 20];
+    loop {
+        match io::Read::read(&mut file, &mut buffer) {
+            Ok(0) => break,
+            Ok(len) => hash.update(&buffer[..len]),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
     let digest = provm_trace::hex(&hash.finalize());
     // A cache that cannot be written only costs the next run a re-read.
     let _ = write_atomically(&cached, digest.as_bytes());
     Ok(digest)
+}
+
+/// Records `sha256` as the digest of the file at `path`, which the caller
+/// has just written and digested in the same pass, so that `file_sha256`
+/// need not read it again.
+pub fn remember_file_sha256(path: &Path, sha256: &str) {
+    if let Ok(meta) = fs::metadata(path) {
+        // A cache that cannot be written only costs the next run a re-read.
+        let _ = write_atomically(&cached_digest(&meta), sha256.as_bytes());
+    }
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, creating

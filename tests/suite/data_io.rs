@@ -258,6 +258,57 @@ fn bad_data_arguments_are_refused_before_anything_is_written() {
     assert!(!work.join("t.provm").exists());
 }
 
+/// A name the input disk cannot hold (not UTF-8, or with a newline: its
+/// builder's debugfs script is text of one command a line) is refused
+/// with the fix, rename it, before the guest starts: no trace, and
+/// nothing left in the cache's input disks.
+#[test]
+fn a_name_the_input_disk_cannot_hold_is_refused_and_nothing_is_written() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let real_cache = provm_engine::kernel::cache_dir();
+    for name in [&b"two\nlines.csv"[..], &b"latin1-\xe9t\xe9.csv"[..]] {
+        let data = work.join("data");
+        let _ = fs::remove_dir_all(&data);
+        fs::create_dir(&data).unwrap();
+        // Large enough to go by disk.
+        fs::write(data.join("fine.bin"), vec![7u8; 128 << 10]).unwrap();
+        fs::write(data.join(std::ffi::OsStr::from_bytes(name)), b"a,b\n").unwrap();
+        // A cache of its own (with the built kernels), whose input disks
+        // no other test writes.
+        let cache = work.join("cache");
+        let _ = fs::remove_dir_all(&cache);
+        fs::create_dir(&cache).unwrap();
+        std::os::unix::fs::symlink(real_cache.join("kernels"), cache.join("kernels")).unwrap();
+        let refused = provm_with_env(
+            &[
+                "record",
+                "-o",
+                path(&work.join("t.provm")),
+                "--input",
+                &format!("{}:/data", path(&data)),
+                path(&images().tiny_qcow2),
+                "--",
+                "true",
+            ],
+            &[("PROVM_CACHE", &cache)],
+        );
+        assert_eq!(refused.status, common::PROVM_FAILED, "{}", refused.stderr);
+        assert!(
+            refused.stderr.contains("rename it")
+                && refused.stderr.contains("not UTF-8 or has a newline"),
+            "{}",
+            refused.stderr
+        );
+        assert!(!work.join("t.provm").exists(), "a trace was left");
+        let left: Vec<_> = fs::read_dir(cache.join("inputs"))
+            .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left in the cache: {left:?}");
+    }
+}
+
 /// `len` bytes from the host's random generator: content no earlier run
 /// had, so that its input disk is new to the cache.
 fn random_bytes(len: usize) -> Vec<u8> {
@@ -382,6 +433,16 @@ fn an_unchanged_input_is_built_and_stored_once() {
         line.unwrap_or_else(|| panic!("{}", inspected.stdout))
     };
     assert_eq!(disk("one.provm"), disk("two.provm"));
+    // The same length, other bytes: read again, and a disk of its own.
+    fs::write(work.join("data/big.bin"), random_bytes(4 << 20)).unwrap();
+    let third = record_large(work, "three.provm");
+    assert_eq!(third.status, 0, "{}", third.stderr);
+    assert!(
+        third.stderr.contains("made the input disk"),
+        "{}",
+        third.stderr
+    );
+    assert_ne!(disk("one.provm"), disk("three.provm"));
 }
 
 /// The input disks in provm's cache.

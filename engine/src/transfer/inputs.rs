@@ -57,6 +57,8 @@ pub(super) enum Planned {
         path: Vec<u8>,
         mode: u32,
         source: PathBuf,
+        /// Its length when surveyed.
+        len: u64,
     },
     Symlink {
         path: Vec<u8>,
@@ -81,9 +83,11 @@ pub struct InputPlan {
 }
 
 impl InputPlan {
-    /// Surveys `inputs` (every file read once, for its digest) and checks
-    /// that what goes on the channel (they, below `disk_from` bytes, and
-    /// `stdin`) fits the guest's `memory_mib`.
+    /// Surveys `inputs` and checks that what goes on the channel (they,
+    /// below `disk_from` bytes, and `stdin`) fits the guest's `memory_mib`.
+    /// Inputs on the channel are read once here, for their digests; inputs
+    /// that go by disk are digested as they are written to it
+    /// (`digest_into`), so that they are read once in all.
     pub fn survey(
         inputs: &[Input],
         stdin: Option<Vec<u8>>,
@@ -97,16 +101,31 @@ impl InputPlan {
                 .iter()
                 .filter(|entry| matches!(entry, Planned::File { .. }))
                 .count() as u64;
-            let digest = digest(TreeMessages::new(&entries))?;
+            let bytes = entries
+                .iter()
+                .map(|entry| match entry {
+                    Planned::File { len, .. } => *len,
+                    _ => 0,
+                })
+                .sum();
             trees.push(Tree {
                 input: input.clone(),
                 entries,
-                digest,
+                digest: DataDigest {
+                    sha256: String::new(),
+                    bytes,
+                },
                 files,
             });
         }
         let tree_bytes = trees.iter().map(|tree| tree.digest.bytes).sum::<u64>();
         let by_disk = tree_bytes >= disk_from;
+        if !by_disk {
+            for tree in &mut trees {
+                tree.digest = digest(TreeMessages::new(&tree.entries))?;
+            }
+        }
+        let tree_bytes = trees.iter().map(|tree| tree.digest.bytes).sum::<u64>();
         let plan = InputPlan {
             trees,
             stdin,
@@ -142,14 +161,105 @@ impl InputPlan {
         &self.trees
     }
 
-    /// Fails if an input changed since its survey (each read again).
-    pub(super) fn check_unchanged(&self) -> Result<(), DataError> {
-        for tree in &self.trees {
-            if digest(TreeMessages::new(&tree.entries))?.sha256 != tree.digest.sha256 {
-                return Err(DataError::InputChanged(tree.input.host.clone()));
+    /// Reads every input (that goes by disk), handing each file's content
+    /// to `write` (the input's index, the file's path in it, the bytes, in
+    /// order), and digests it on the way, as the channel would send it:
+    /// the digests are of what was handed over. A file that grew since its
+    /// survey fails when `write` has no room for it (`WriteZero`).
+    pub(super) fn digest_into(
+        &mut self,
+        mut write: impl FnMut(usize, &[u8], &[u8]) -> io::Result<()>,
+    ) -> Result<(), DataError> {
+        for (index, tree) in self.trees.iter_mut().enumerate() {
+            let mut hasher = Sha256::new();
+            let mut bytes = 0;
+            for message in TreeMessages::new(&tree.entries) {
+                let message = message?;
+                hasher.update(message.encode());
+                if let HostMessage::Entry(Entry {
+                    path,
+                    content: EntryContent::Data(data),
+                    ..
+                }) = &message
+                {
+                    bytes += data.len() as u64;
+                    write(index, path, data).map_err(|error| {
+                        if error.kind() == io::ErrorKind::WriteZero {
+                            DataError::InputChanged(tree.input.host.clone())
+                        } else {
+                            DataError::InputDisk(error.to_string())
+                        }
+                    })?;
+                }
             }
+            tree.digest = DataDigest {
+                sha256: provm_trace::hex(&hasher.finalize()),
+                bytes,
+            };
         }
         Ok(())
+    }
+
+    /// What identifies the inputs' current state without reading them:
+    /// every entry's path, kind, mode or link target, and each file's
+    /// device, inode, size and modification and change times (a write
+    /// changes the change time, which no one can set), as the cache of
+    /// image digests trusts (`digest::file_sha256`). None if a file cannot
+    /// be looked at.
+    pub(super) fn identity(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut hasher = Sha256::new();
+        hasher.update(b"provm input identity 1\n");
+        for tree in &self.trees {
+            hasher.update(b"tree\n");
+            for entry in &tree.entries {
+                let line = match entry {
+                    Planned::Dir { path, mode } => {
+                        [b"d ", &path[..], format!(" {mode}").as_bytes()].concat()
+                    }
+                    Planned::Symlink { path, target } => {
+                        [b"l ", &path[..], b"\0", &target[..]].concat()
+                    }
+                    Planned::File {
+                        path, mode, source, ..
+                    } => {
+                        let meta = fs::metadata(source).ok()?;
+                        let fields = format!(
+                            " {mode} {} {} {} {}.{} {}.{}",
+                            meta.dev(),
+                            meta.ino(),
+                            meta.size(),
+                            meta.mtime(),
+                            meta.mtime_nsec(),
+                            meta.ctime(),
+                            meta.ctime_nsec()
+                        );
+                        [b"f ", &path[..], fields.as_bytes()].concat()
+                    }
+                };
+                hasher.update((line.len() as u64).to_le_bytes());
+                hasher.update(&line);
+            }
+        }
+        Some(provm_trace::hex(&hasher.finalize()))
+    }
+
+    /// The trees' digests, in order.
+    pub(super) fn digests(&self) -> Vec<DataDigest> {
+        self.trees.iter().map(|tree| tree.digest.clone()).collect()
+    }
+
+    /// Sets the trees' digests (as `digests` gave them, for inputs whose
+    /// identity is unchanged since).
+    pub(super) fn set_digests(&mut self, digests: Vec<DataDigest>) {
+        for (tree, digest) in self.trees.iter_mut().zip(digests) {
+            tree.digest = digest;
+        }
+    }
+
+    /// An input changed since its survey (a file of another length).
+    pub(super) fn changed(&self, index: usize) -> DataError {
+        DataError::InputChanged(self.trees[index].input.host.clone())
     }
 
     /// The job's input paths, in the guest.
@@ -232,6 +342,7 @@ fn plan(host: &Path) -> Result<Vec<Planned>, DataError> {
                 path,
                 mode,
                 source: at,
+                len: metadata.len(),
             });
         } else if kind.is_dir() {
             let mut children = Vec::new();
@@ -348,7 +459,9 @@ impl Iterator for TreeMessages<'_> {
             Planned::Symlink { path, target } => {
                 self.entry(path, EntryContent::Symlink(target.clone()))
             }
-            Planned::File { path, mode, source } => {
+            Planned::File {
+                path, mode, source, ..
+            } => {
                 match File::open(source) {
                     Ok(file) => self.open = Some((file, path, source)),
                     Err(error) => {

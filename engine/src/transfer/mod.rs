@@ -47,9 +47,9 @@ impl JobData {
         memory_mib: u64,
     ) -> Result<JobData, DataError> {
         let outputs = OutputSink::new(outputs, force)?;
-        let inputs = InputPlan::survey(inputs, stdin, memory_mib, DISK_FROM)?;
+        let mut inputs = InputPlan::survey(inputs, stdin, memory_mib, DISK_FROM)?;
         Ok(JobData {
-            input_disk: input_disk::build(&inputs)?,
+            input_disk: input_disk::build(&mut inputs)?,
             inputs,
             outputs,
         })
