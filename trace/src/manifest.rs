@@ -282,3 +282,34 @@ impl FinalStateCheck {
             .map(|name| format!("device {name} differs"))
     }
 }
+
+#[cfg(test)]
+mod final_check_tests {
+    use super::FinalStateCheck;
+
+    fn check(memory: &str, registers: &str, pit: &str) -> FinalStateCheck {
+        FinalStateCheck {
+            memory: memory.into(),
+            registers: registers.into(),
+            devices: [("pit".to_owned(), pit.to_owned())].into(),
+        }
+    }
+
+    #[test]
+    fn a_register_difference_alone_is_named() {
+        let recorded = check("m", "r", "p");
+        assert_eq!(recorded.first_difference(&check("m", "r", "p")), None);
+        assert_eq!(
+            recorded.first_difference(&check("m", "R", "p")).as_deref(),
+            Some("registers differ")
+        );
+        assert_eq!(
+            recorded.first_difference(&check("M", "R", "p")).as_deref(),
+            Some("memory differs")
+        );
+        assert_eq!(
+            recorded.first_difference(&check("m", "r", "P")).as_deref(),
+            Some("device pit differs")
+        );
+    }
+}

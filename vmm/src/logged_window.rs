@@ -117,6 +117,13 @@ impl WindowBreakpoint {
     }
 }
 
+/// The bits of DR6 that a breakpoint or single-step stop set in `after`
+/// which the guest's `before` lacked: the hit bits (B0-B3) and BS. What
+/// the guest set itself, or any other bit, is not the stop's.
+pub fn dr6_marks(before: u64, after: u64) -> u64 {
+    after & !before & (DR6_HITS | DR6_SINGLE_STEP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +174,18 @@ mod tests {
         assert_eq!(window.stop(DR6_SINGLE_STEP, WINDOW), WindowStop::Reached);
         window.aim(None);
         assert_eq!(window.stop(0b10, WINDOW), WindowStop::Other);
+    }
+
+    #[test]
+    fn a_stops_marks_are_the_hit_and_step_bits_the_guest_lacked() {
+        // DR6's reset value, then a hit on DR1 and a step.
+        assert_eq!(dr6_marks(0xffff_0ff0, 0xffff_0ff0), 0);
+        assert_eq!(dr6_marks(0xffff_0ff0, 0xffff_0ff2), 0b10);
+        assert_eq!(dr6_marks(0xffff_0ff0, 0xffff_4ff1), 0x4001);
+        // A hit bit the guest had already is its own.
+        assert_eq!(dr6_marks(0xffff_0ff1, 0xffff_0ff3), 0b10);
+        // BD, BT and the reserved bits are never the stop's.
+        assert_eq!(dr6_marks(0xffff_0ff0, 0xffff_aff0), 0);
     }
 
     #[test]

@@ -118,6 +118,11 @@ pub(crate) fn registers(vcpu: &VcpuState) -> u64 {
         xcrs: &vcpu.xcrs,
         mp_state: &vcpu.mp_state,
     };
+    tracing::trace!(
+        target: "provm_vmm::state_digest",
+        "compared registers: {}",
+        serde_json::to_string(&compared).expect("a saved state serialises")
+    );
     digest(&compared)
 }
 

@@ -195,6 +195,9 @@ pub struct Vm {
     /// The logged interrupt window a replay runs the guest to
     /// (`Delivery::LoggedWindow`).
     window: WindowBreakpoint,
+    /// The guest's debug registers before the window's breakpoint was
+    /// armed, for the stops it makes (see `Vm::window_stopped`).
+    window_debugregs: Option<kvm_bindings::kvm_debugregs>,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -424,6 +427,7 @@ impl Vm {
             step_breakpoints: None,
             step_kicked: false,
             window: WindowBreakpoint::default(),
+            window_debugregs: None,
             _not_send: PhantomData,
         })
     }
@@ -657,6 +661,7 @@ impl Vm {
                 self.vcpu.request_interrupt_window(logged.is_some());
                 if self.window.aim(logged) && !self.stepping_over {
                     tracing::debug!("logged window: running to {logged:x?}");
+                    self.keep_guest_debugregs(logged.is_some())?;
                     self.apply_guest_debug(&self.guest_debug)?;
                 }
             }
@@ -716,6 +721,7 @@ impl Vm {
             // logged interrupt window a replay runs to stands for that exit.
             Ok(VcpuExit::Debug(debug)) => match self.window_stop(&debug)? {
                 WindowStop::Reached => {
+                    self.window_stopped(true)?;
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
                     self.stepping_over = false;
@@ -724,6 +730,7 @@ impl Vm {
                     Some(VcpuExit::IrqWindowOpen)
                 }
                 WindowStop::Passing => {
+                    self.window_stopped(false)?;
                     self.at_exit = false;
                     self.step_over_due = true;
                     return Ok(Entry::Kicked);

@@ -6,7 +6,7 @@
 use kvm_bindings::kvm_debug_exit_arch;
 
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
-use crate::logged_window::WindowStop;
+use crate::logged_window::{self, WindowStop};
 use crate::probes::breakpoint_step::{self, StepMethod, RESUME_FLAG};
 
 use super::layout::MSR_LSTAR;
@@ -28,6 +28,53 @@ impl Vm {
             );
         }
         Ok(stop)
+    }
+
+    /// Reads the guest's DR6 before the window's breakpoint is armed
+    /// (`aimed`): one KVM_GET_DEBUGREGS per logged window aimed at, none
+    /// where no window is.
+    pub(super) fn keep_guest_debugregs(&mut self, aimed: bool) -> Result<(), VmError> {
+        self.window_debugregs = if aimed {
+            Some(self.vcpu.fd.get_debug_regs().map_err(VmError::Kvm)?)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
+    /// After a stop made by the window's breakpoint or by the step over
+    /// it (`done`: the window is reached): clears the hit and single-step
+    /// bits of DR6 that the guest did not have before the breakpoint was
+    /// armed, where KVM shows them, so that a replay's state check
+    /// compares the guest's registers and not provm's marks. Nothing else
+    /// is put back: a value the guest wrote meanwhile stays. KVM_GET_DEBUGREGS
+    /// reports KVM's copy of the guest's registers (`vcpu->arch`), which
+    /// a stop for KVM_SET_GUEST_DEBUG leaves alone in Linux 6.1 to 6.12:
+    /// SVM's `db_interception` copies the VMCB's DR6 to `kvm_run` only and
+    /// the next entry loads DR6's reset value, VMX reports the exit
+    /// qualification; so this reads, and writes only where a KVM does
+    /// otherwise.
+    pub(super) fn window_stopped(&mut self, done: bool) -> Result<(), VmError> {
+        let kept = if done {
+            self.window_debugregs.take()
+        } else {
+            self.window_debugregs
+        };
+        let Some(kept) = kept else {
+            return Ok(());
+        };
+        let mut now = self.vcpu.fd.get_debug_regs().map_err(VmError::Kvm)?;
+        let marks = logged_window::dr6_marks(kept.dr6, now.dr6);
+        if marks != 0 {
+            tracing::debug!(
+                "logged window: the stop set DR6 bits {marks:#x} (DR6 {:#x}, was {:#x}): cleared",
+                now.dr6,
+                kept.dr6
+            );
+            now.dr6 &= !marks;
+            self.vcpu.fd.set_debug_regs(&now).map_err(VmError::Kvm)?;
+        }
+        Ok(())
     }
 
     /// A debug stop for the debugger, or on its way (a step over a
@@ -62,6 +109,10 @@ impl Vm {
             (stop, _) => stop,
         };
         if std::mem::take(&mut self.stepping_over) {
+            // The step over the window's breakpoint is provm's own stop.
+            if self.window.aimed() {
+                self.window_stopped(false)?;
+            }
             // Stepped past the breakpoint: put the breakpoints back.
             self.apply_guest_debug(&self.guest_debug)?;
             if !self.guest_debug.single_step {
