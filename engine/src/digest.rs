@@ -89,23 +89,27 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
             return Ok(digest);
         }
     }
-    // Large reads: fewer system calls than io::copy's 8 KiB (which count
-    // under emulation, where the test beds read 1 GiB input disks).
-    let mut file = File::open(path)?;
     let mut hash = Sha256::new();
-    let mut buffer = vec![0; 1 << 20];
-    loop {
-        match io::Read::read(&mut file, &mut buffer) {
-            Ok(0) => break,
-            Ok(len) => hash.update(&buffer[..len]),
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
+    copy_in_large_reads(&mut File::open(path)?, &mut hash)?;
     let digest = provm_trace::hex(&hash.finalize());
     // A cache that cannot be written only costs the next run a re-read.
     let _ = write_atomically(&cached, digest.as_bytes());
     Ok(digest)
+}
+
+/// `io::copy` with 1 MiB reads: far fewer system calls than its 8 KiB
+/// ones, which count under emulation (the test beds read 1 GiB input
+/// disks).
+pub fn copy_in_large_reads(from: &mut impl io::Read, to: &mut impl io::Write) -> io::Result<()> {
+    let mut buffer = vec![0; 1 << 20];
+    loop {
+        match from.read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(len) => to.write_all(&buffer[..len])?,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Records `sha256` as the digest of the file at `path`, which the caller

@@ -121,26 +121,27 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
         .write(true)
         .open(&built)
         .map_err(failed)?;
-    let files: HashMap<(usize, &Path), usize> = placed
+    // Each placed file's input and path in it, in `placed`'s order (the
+    // order `stage` went through them).
+    let owners: Vec<(usize, Vec<u8>)> = plan
+        .trees()
         .iter()
         .enumerate()
-        .map(|(position, (path, _))| {
-            let mut parts = path.components();
-            let number = parts
-                .next()
-                .and_then(|n| n.as_os_str().to_str()?.parse().ok());
-            (
-                (
-                    number.expect("staged under the input's number"),
-                    parts.as_path(),
-                ),
-                position,
-            )
+        .flat_map(|(index, tree)| {
+            tree.entries.iter().filter_map(move |entry| match entry {
+                Planned::File { path, .. } => Some((index, path.clone())),
+                _ => None,
+            })
         })
+        .collect();
+    let files: HashMap<(usize, &[u8]), usize> = owners
+        .iter()
+        .enumerate()
+        .map(|(position, (index, path))| ((*index, path.as_slice()), position))
         .collect();
     let mut written = vec![0u64; placed.len()];
     plan.digest_into(|index, path, data| {
-        let position = files[&(index, Path::new(std::ffi::OsStr::from_bytes(path)))];
+        let position = files[&(index, path)];
         let offset = &mut written[position];
         let mut data = data;
         while !data.is_empty() {
@@ -164,13 +165,9 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
         }
     }
     // A file that shrank since its survey.
-    for (position, ((path, len), written)) in placed.iter().zip(&written).enumerate() {
+    for (((_, len), written), (index, _)) in placed.iter().zip(&written).zip(&owners) {
         if len != written {
-            let index = path
-                .components()
-                .next()
-                .and_then(|n| n.as_os_str().to_str()?.parse().ok());
-            return Err(plan.changed(index.unwrap_or(position)));
+            return Err(plan.changed(*index));
         }
     }
     if let Some(identity) = &identity {
@@ -282,16 +279,7 @@ pub fn embed(disk: &InputDisk) -> Result<Vec<u8>, DataError> {
     encoder.multithread(others as u32).map_err(failed)?;
     let mut tee = HashingWriter::new(encoder);
     let mut file = fs::File::open(&disk.path).map_err(failed)?;
-    // Large reads: io::copy's 8 KiB would be 130,000 system calls a GiB.
-    let mut buffer = vec![0; 1 << 20];
-    loop {
-        match io::Read::read(&mut file, &mut buffer) {
-            Ok(0) => break,
-            Ok(len) => io::Write::write_all(&mut tee, &buffer[..len]).map_err(failed)?,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(failed(error)),
-        }
-    }
+    crate::digest::copy_in_large_reads(&mut file, &mut tee).map_err(failed)?;
     let (encoder, read) = tee.into_parts();
     if read.sha256 != disk.digest.sha256 {
         return Err(DataError::InputDisk(format!(
