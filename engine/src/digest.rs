@@ -65,20 +65,28 @@ pub fn bytes_sha256(bytes: &[u8]) -> String {
     provm_trace::hex(&Sha256::digest(bytes))
 }
 
-/// Where the digest of the file of metadata `meta` is cached: under its
-/// identity, so a file changed in place misses it.
-fn cached_digest(meta: &fs::Metadata) -> std::path::PathBuf {
-    let identity = format!(
-        "{}:{}:{}:{}.{}",
+/// What identifies a file's content without reading it: its device,
+/// inode, size and modification and change times (a write changes the
+/// change time, which no one can set).
+pub fn file_identity(meta: &fs::Metadata) -> String {
+    format!(
+        "{}:{}:{}:{}.{}:{}.{}",
         meta.dev(),
         meta.ino(),
         meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
         meta.ctime(),
         meta.ctime_nsec()
-    );
+    )
+}
+
+/// Where the digest of the file of metadata `meta` is cached: under its
+/// identity, so a file changed in place misses it.
+fn cached_digest(meta: &fs::Metadata) -> std::path::PathBuf {
     cache_dir()
         .join("digests")
-        .join(bytes_sha256(identity.as_bytes()))
+        .join(bytes_sha256(file_identity(meta).as_bytes()))
 }
 
 /// The file's SHA-256, from the cache when the file has not changed.

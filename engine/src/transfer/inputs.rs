@@ -17,6 +17,7 @@ use provm_trace::manifest::{DataDigest, InputRecord};
 use sha2::{Digest, Sha256};
 
 use super::{guest_path, split_spec, DataError};
+use crate::digest::file_identity;
 use crate::host_paths::HostPaths;
 
 const MIB: u64 = 1 << 20;
@@ -202,12 +203,9 @@ impl InputPlan {
 
     /// What identifies the inputs' current state without reading them:
     /// every entry's path, kind, mode or link target, and each file's
-    /// device, inode, size and modification and change times (a write
-    /// changes the change time, which no one can set), as the cache of
-    /// image digests trusts (`digest::file_sha256`). None if a file cannot
-    /// be looked at.
+    /// identity (`digest::file_identity`, what the cache of image digests
+    /// trusts). None if a file cannot be looked at.
     pub(super) fn identity(&self) -> Option<String> {
-        use std::os::unix::fs::MetadataExt;
         let mut hasher = Sha256::new();
         hasher.update(b"provm input identity 1\n");
         for tree in &self.trees {
@@ -224,16 +222,7 @@ impl InputPlan {
                         path, mode, source, ..
                     } => {
                         let meta = fs::metadata(source).ok()?;
-                        let fields = format!(
-                            " {mode} {} {} {} {}.{} {}.{}",
-                            meta.dev(),
-                            meta.ino(),
-                            meta.size(),
-                            meta.mtime(),
-                            meta.mtime_nsec(),
-                            meta.ctime(),
-                            meta.ctime_nsec()
-                        );
+                        let fields = format!(" {mode} {}", file_identity(&meta));
                         [b"f ", &path[..], fields.as_bytes()].concat()
                     }
                 };
