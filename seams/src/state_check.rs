@@ -29,16 +29,50 @@ pub(crate) fn interval() -> Option<u64> {
 
 /// The final check as the trace's outcome holds it.
 pub fn recorded(digest: &StateDigest) -> FinalStateCheck {
-    let hex = |digest: u64| format!("{digest:016x}");
     FinalStateCheck {
         memory: hex(digest.memory.whole),
         registers: hex(digest.registers),
+        registers_leave_out_tsc_rate: true,
         devices: digest
             .devices
             .iter()
             .map(|(name, digest)| ((*name).to_owned(), hex(*digest)))
             .collect(),
     }
+}
+
+/// A replay's final check, in the form of the `recorded` one. A trace
+/// older than format 11 digested KVM's TSC frequency with the registers,
+/// the rate at which its recording host calibrated the TSC: where this
+/// host's rate differs (another machine, or another boot of one: seen on
+/// the SVM test bed under load), the replay finds the recording host's
+/// rate from the recorded digest and compares the rest.
+pub fn replayed(digest: &StateDigest, recorded: Option<&FinalStateCheck>) -> FinalStateCheck {
+    let mut check = self::recorded(digest);
+    let Some(recorded) = recorded.filter(|check| !check.registers_leave_out_tsc_rate) else {
+        return check;
+    };
+    check.registers_leave_out_tsc_rate = false;
+    let older = &digest.registers_at_tsc_rate;
+    let Some(own) = older.own() else {
+        // This KVM lists no TSC frequency: both forms are one.
+        return check;
+    };
+    let found = u64::from_str_radix(&recorded.registers, 16)
+        .ok()
+        .filter(|&registers| {
+            registers == digest.registers
+                || older.find(registers).is_some_and(|hz| {
+                    tracing::debug!("the recording host's KVM ran the TSC at {hz} Hz");
+                    true
+                })
+        });
+    check.registers = hex(found.unwrap_or(own));
+    check
+}
+
+fn hex(digest: u64) -> String {
+    format!("{digest:016x}")
 }
 
 /// What a trace's state checks are, in words: `periodic` memory checks in

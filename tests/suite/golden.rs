@@ -294,6 +294,7 @@ fn sample_outcome() -> Outcome {
         state_check: Some(FinalStateCheck {
             memory: "0123456789abcdef".into(),
             registers: "fedcba9876543210".into(),
+            registers_leave_out_tsc_rate: true,
             devices: [("pic", "0000000000000001"), ("pit", "0000000000000002")]
                 .map(|(name, digest)| (name.to_owned(), digest.to_owned()))
                 .into(),

@@ -47,11 +47,14 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// trace is of one vCPU. Version 10: the input disk (`InputDisk`, a
 /// section after the outcome) that large `--input`s reach the guest on,
 /// and the manifest's `input_disk`; a format-9 trace sent every input on
-/// the agent channel.
+/// the agent channel. Version 11: the final state check's register digest
+/// leaves out KVM's TSC frequency (`registers_leave_out_tsc_rate`), which
+/// differs between hosts; a format-10 replay would digest it and report
+/// registers differing on a host whose TSC runs at another rate.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 10;
+pub const FORMAT_VERSION: u16 = 11;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;

@@ -260,6 +260,12 @@ pub struct Outcome {
 pub struct FinalStateCheck {
     pub memory: String,
     pub registers: String,
+    /// Whether `registers` leaves out KVM's TSC frequency (Hyper-V's TSC
+    /// frequency MSR), the rate at which the recording host calibrated its
+    /// TSC. Older traces digested it: a replay finds their host's rate
+    /// (`provm_vmm::state_digest::RegistersAtTscRate`).
+    #[serde(default)]
+    pub registers_leave_out_tsc_rate: bool,
     /// By device name.
     pub devices: BTreeMap<String, String>,
 }
@@ -291,6 +297,7 @@ mod final_check_tests {
         FinalStateCheck {
             memory: memory.into(),
             registers: registers.into(),
+            registers_leave_out_tsc_rate: true,
             devices: [("pit".to_owned(), pit.to_owned())].into(),
         }
     }

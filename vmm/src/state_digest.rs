@@ -17,19 +17,22 @@ use kvm_bindings::{
 use provm_cpu_model::CpuidEntry;
 use serde::Serialize;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3, Xxh3Default};
 
 use crate::memory::GuestMemory;
 use crate::msr::IA32_TSC;
 use crate::vcpu::VcpuState;
 
 /// The machine's state as digests.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StateDigest {
     /// All guest RAM.
     pub memory: MemoryDigest,
     /// The vCPU's state, less what differs legitimately (`registers`).
     pub registers: u64,
+    /// The vCPU's state as older traces digested it, with KVM's TSC
+    /// frequency, for any frequency (`RegistersAtTscRate`).
+    pub registers_at_tsc_rate: RegistersAtTscRate,
     /// Each device's saved state, by name.
     pub devices: Vec<(&'static str, u64)>,
 }
@@ -87,43 +90,146 @@ struct ComparedRegisters<'a> {
     mp_state: &'a kvm_mp_state,
 }
 
-/// MSRs KVM keeps counting in host time, whatever the guest does, so that
-/// no two runs share their values; the guest cannot read them as they
-/// are:
+/// KVM's TSC frequency as Hyper-V's TSC frequency MSR shows it
+/// (`virtual_tsc_khz` times 1000): the rate at which the host's kernel
+/// calibrated its TSC, which differs between machines and between two
+/// boots of one (2,600,000,000 and 2,600,001,000 Hz on two boots of the
+/// SVM test bed's L1 under load).
+const HV_TSC_FREQUENCY: u32 = 0x4000_0022;
+
+/// MSRs whose values are the host's, not the guest's, so that two runs of
+/// one guest differ in them; the guest cannot read them as they are:
 /// - IA32_TSC: the TSC is hidden from provm's kernel, and a user-mode
 ///   RDTSC that reads it natively (PVM) leaves its mark in registers or
 ///   memory, which are compared;
 /// - Hyper-V's VP runtime and reference time counter (0x40000010,
 ///   0x40000020), which KVM lists on SVM and VMX hosts: the guest sees no
 ///   Hyper-V CPUID leaves. Seen to differ between a recording and its
-///   replay on the SVM test bed.
-const HOST_TIME_MSRS: [u32; 3] = [IA32_TSC, 0x4000_0010, 0x4000_0020];
+///   replay on the SVM test bed;
+/// - Hyper-V's TSC frequency (`HV_TSC_FREQUENCY`), likewise. Traces before
+///   it was left out digested it (`RegistersAtTscRate`).
+const HOST_MSRS: [u32; 4] = [IA32_TSC, 0x4000_0010, 0x4000_0020, HV_TSC_FREQUENCY];
+
+/// What older traces left out of the register digest.
+const HOST_MSRS_BEFORE_TSC_RATE: [u32; 3] = [IA32_TSC, 0x4000_0010, 0x4000_0020];
+
+impl<'a> ComparedRegisters<'a> {
+    fn of(vcpu: &'a VcpuState, left_out: &[u32]) -> Self {
+        ComparedRegisters {
+            cpuid: &vcpu.cpuid,
+            regs: &vcpu.regs,
+            sregs: &vcpu.sregs,
+            xsave: &vcpu.xsave,
+            events: &vcpu.events,
+            debug: &vcpu.debug,
+            msrs: vcpu
+                .msrs
+                .iter()
+                .filter(|msr| !left_out.contains(&msr.index))
+                .collect(),
+            xcrs: &vcpu.xcrs,
+            mp_state: &vcpu.mp_state,
+        }
+    }
+}
 
 /// The digest of the vCPU's state: general, special, debug, FPU and XSAVE
 /// (vector) registers, XCRs, pending events, MP state and MSRs, less the
-/// MSRs that count host time (`HOST_TIME_MSRS`).
+/// host's MSRs (`HOST_MSRS`).
 pub(crate) fn registers(vcpu: &VcpuState) -> u64 {
-    let compared = ComparedRegisters {
-        cpuid: &vcpu.cpuid,
-        regs: &vcpu.regs,
-        sregs: &vcpu.sregs,
-        xsave: &vcpu.xsave,
-        events: &vcpu.events,
-        debug: &vcpu.debug,
-        msrs: vcpu
-            .msrs
-            .iter()
-            .filter(|msr| !HOST_TIME_MSRS.contains(&msr.index))
-            .collect(),
-        xcrs: &vcpu.xcrs,
-        mp_state: &vcpu.mp_state,
-    };
+    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS);
     tracing::trace!(
         target: "provm_vmm::state_digest",
         "compared registers: {}",
         serde_json::to_string(&compared).expect("a saved state serialises")
     );
     digest(&compared)
+}
+
+/// The register digest in the form traces took before they left KVM's
+/// TSC frequency out, with the frequency open: a replay of such a trace on
+/// a host whose KVM calibrated its TSC at another rate finds the
+/// recording host's rate (`find`), and the check compares the rest. The
+/// serialised state around the frequency's value, so that trying a rate
+/// digests only what follows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RegistersAtTscRate {
+    /// The serialised state before KVM's TSC frequency MSR, that MSR, and
+    /// the serialised state after it; `None` (the default) where this KVM
+    /// lists no such MSR, whose digest is the same in both forms.
+    split: Option<(Vec<u8>, kvm_msr_entry, Vec<u8>)>,
+}
+
+/// The rates `RegistersAtTscRate::find` tries, in kHz (KVM's unit):
+/// 100 MHz to 10 GHz.
+const TSC_KHZ_TRIED: std::ops::RangeInclusive<u64> = 100_000..=10_000_000;
+
+impl RegistersAtTscRate {
+    pub(crate) fn of(vcpu: &VcpuState) -> Self {
+        let Some(rate) = vcpu.msrs.iter().find(|msr| msr.index == HV_TSC_FREQUENCY) else {
+            return RegistersAtTscRate { split: None };
+        };
+        let state = serde_json::to_vec(&ComparedRegisters::of(vcpu, &HOST_MSRS_BEFORE_TSC_RATE))
+            .expect("a saved state serialises");
+        let entry = serde_json::to_vec(rate).expect("an MSR serialises");
+        // The MSR list comes after every other array that could hold the
+        // same numbers, and an MSR's index appears once in it.
+        let msrs = find(&state, b"\"msrs\":").expect("the state has its MSRs");
+        let at = msrs + find(&state[msrs..], &entry).expect("the MSR is in the list");
+        RegistersAtTscRate {
+            split: Some((
+                state[..at].to_vec(),
+                *rate,
+                state[at + entry.len()..].to_vec(),
+            )),
+        }
+    }
+
+    /// The digest in the older form at this host's TSC frequency; `None`
+    /// where its KVM lists none (the digest is then the same in both
+    /// forms).
+    pub fn own(&self) -> Option<u64> {
+        let (before, rate, after) = self.split.as_ref()?;
+        let mut hash = Xxh3Default::new();
+        hash.update(before);
+        Some(Self::finish(hash, rate, rate.data, after))
+    }
+
+    /// The TSC frequency in Hz at which this state's digest in the older
+    /// form is `recorded`: the recording host's, if it is a whole number
+    /// of kHz between 100 MHz and 10 GHz and the rest of the state is the
+    /// same. Tried from this host's own rate outward, nearest first: one
+    /// host's boots differ by a kHz or so. `None` where no rate gives it,
+    /// or this KVM lists no TSC frequency to try.
+    pub fn find(&self, recorded: u64) -> Option<u64> {
+        let (before, rate, after) = self.split.as_ref()?;
+        let mut hash = Xxh3Default::new();
+        hash.update(before);
+        let (lowest, highest) = TSC_KHZ_TRIED.into_inner();
+        let own = (rate.data / 1000).clamp(lowest, highest);
+        let mut nearest_first = (0..=highest - lowest)
+            .flat_map(|step| [own.checked_add(step), own.checked_sub(step + 1)])
+            .flatten()
+            .filter(|khz| (lowest..=highest).contains(khz));
+        nearest_first.find_map(|khz| {
+            let hz = khz * 1000;
+            (Self::finish(hash.clone(), rate, hz, after) == recorded).then_some(hz)
+        })
+    }
+
+    fn finish(mut hash: Xxh3Default, rate: &kvm_msr_entry, hz: u64, after: &[u8]) -> u64 {
+        let entry = kvm_msr_entry { data: hz, ..*rate };
+        hash.update(&serde_json::to_vec(&entry).expect("an MSR serialises"));
+        hash.update(after);
+        hash.digest()
+    }
+}
+
+/// Where `needle` first appears in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
 }
 
 /// The digest of a saved state, through its serialised form.
@@ -162,5 +268,66 @@ mod tests {
         use provm_trace::page_digests;
         assert_eq!(PIECE_SIZE, page_digests::PIECE_SIZE);
         assert_eq!(4096, page_digests::PAGE_SIZE);
+    }
+
+    /// A vCPU whose KVM reports its TSC at `hz`, between other MSRs.
+    fn vcpu_at_tsc_rate(hz: u64) -> VcpuState {
+        let msr = |index, data| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        };
+        VcpuState {
+            cpuid: Vec::new(),
+            regs: kvm_regs {
+                rip: 0xffff_ffff_8101_4450,
+                ..Default::default()
+            },
+            sregs: Default::default(),
+            xsave: Default::default(),
+            events: Default::default(),
+            debug: Default::default(),
+            msrs: vec![
+                msr(0x174, 0),
+                msr(HV_TSC_FREQUENCY, hz),
+                msr(0x4000_0023, 1_000_000_000),
+                msr(IA32_TSC, hz / 3),
+            ],
+            xcrs: Default::default(),
+            mp_state: Default::default(),
+        }
+    }
+
+    /// The register digest as traces before format 11 took it.
+    fn older_digest(vcpu: &VcpuState) -> u64 {
+        digest(&ComparedRegisters::of(vcpu, &HOST_MSRS_BEFORE_TSC_RATE))
+    }
+
+    #[test]
+    fn the_hosts_tsc_rate_is_left_out_and_an_older_digest_finds_it() {
+        let recording = vcpu_at_tsc_rate(2_600_000_000);
+        let replaying = vcpu_at_tsc_rate(2_600_001_000);
+        assert_eq!(registers(&recording), registers(&replaying));
+        let older = RegistersAtTscRate::of(&replaying);
+        assert_eq!(older.own(), Some(older_digest(&replaying)));
+        assert_ne!(older.own(), Some(older_digest(&recording)));
+        assert_eq!(older.find(older_digest(&recording)), Some(2_600_000_000));
+        // Another machine's rate, far from this one's.
+        let elsewhere = vcpu_at_tsc_rate(3_493_442_000);
+        assert_eq!(older.find(older_digest(&elsewhere)), Some(3_493_442_000));
+    }
+
+    #[test]
+    fn no_tsc_rate_matches_an_older_digest_of_other_registers() {
+        let mut recording = vcpu_at_tsc_rate(2_600_000_000);
+        recording.regs.rflags = 0x10046; // RF set
+        let replaying = RegistersAtTscRate::of(&vcpu_at_tsc_rate(2_600_000_000));
+        assert_eq!(replaying.find(older_digest(&recording)), None);
+        // A KVM that lists no TSC frequency has one form only.
+        let mut without = vcpu_at_tsc_rate(0);
+        without.msrs.retain(|msr| msr.index != HV_TSC_FREQUENCY);
+        let older = RegistersAtTscRate::of(&without);
+        assert_eq!(older.own(), None);
+        assert_eq!(older_digest(&without), registers(&without));
     }
 }

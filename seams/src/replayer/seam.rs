@@ -199,7 +199,8 @@ impl Seam for Replayer {
 
     fn final_state(&self, digest: &StateDigest) {
         let mut state = self.state.lock().unwrap();
-        state.final_check = Some(state_check::recorded(digest));
+        let replayed = state_check::replayed(digest, state.recorded.final_check.as_ref());
+        state.final_check = Some(replayed);
         state.final_pieces = Some(digest.memory.pieces.clone());
     }
 

@@ -14,7 +14,7 @@ use crate::devices::serial::SerialPortState;
 use crate::devices::virtio::console::ConsoleState;
 use crate::devices::virtio::mmio::TransportState;
 use crate::memory::MemoryImage;
-use crate::state_digest::{self, StateDigest};
+use crate::state_digest::{self, RegistersAtTscRate, StateDigest};
 use crate::vcpu::VcpuState;
 
 use super::{cpus, Vm, VmError};
@@ -126,6 +126,7 @@ impl Vm {
         Ok(StateDigest {
             memory: state_digest::memory(&self.memory),
             registers: state_digest::registers(&state.vcpu),
+            registers_at_tsc_rate: RegistersAtTscRate::of(&state.vcpu),
             devices: state.device_digests(),
         })
     }
