@@ -33,6 +33,11 @@ pub fn recorded(digest: &StateDigest) -> FinalStateCheck {
         memory: hex(digest.memory.whole),
         registers: hex(digest.registers),
         registers_leave_out_tsc_rate: true,
+        register_parts: digest
+            .register_parts
+            .iter()
+            .map(|(name, value)| (name.clone(), hex(*value)))
+            .collect(),
         devices: digest
             .devices
             .iter()

@@ -694,6 +694,7 @@ fn the_final_state_check_names_what_differs() {
     let state = |pit: u64| StateDigest {
         memory: digest(1),
         registers: 2,
+        register_parts: Vec::new(),
         registers_at_tsc_rate: Default::default(),
         devices: vec![("pic", 3), ("pit", pit)],
     };

@@ -295,6 +295,12 @@ fn sample_outcome() -> Outcome {
             memory: "0123456789abcdef".into(),
             registers: "fedcba9876543210".into(),
             registers_leave_out_tsc_rate: true,
+            register_parts: [
+                ("general", "0000000000000003"),
+                ("MSR 0x1d9", "0000000000000000"),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .into(),
             devices: [("pic", "0000000000000001"), ("pit", "0000000000000002")]
                 .map(|(name, digest)| (name.to_owned(), digest.to_owned()))
                 .into(),

@@ -6,11 +6,11 @@
 
 use crate::common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, trace_path,
-    Finished, RECORD_WORKLOADS,
+    assert_replay_matches, images, log_events, one_guest_at_a_time, path, provm, provm_with_env,
+    trace_path, Finished, RECORD_WORKLOADS,
 };
 use provm_trace::reader::Trace;
 
@@ -213,40 +213,32 @@ fn state_checks_at_the_default_interval_and_switched_off() {
 /// first segment is loaded at its physical address (LOAD_PHYSICAL_ADDR).
 const KERNEL_TEXT_PAGE: u64 = 0x100_0000;
 
-/// One byte of one page made to differ, by script, on every host kind:
-/// the recorded final check's memory digest and one piece digest of the
-/// kernel's first text page are changed in the trace, as a byte flipped in
-/// that piece would change them. The replay (whose memory is the
-/// recording's) names that page, that piece and the page's owner.
-#[test]
-fn a_page_made_to_differ_is_named_with_the_piece_and_its_owner() {
+/// A copy of `trace` named `name`, its outcome (JSON) and its page
+/// digests changed by `outcome` and `pages`; whether each changed
+/// anything.
+fn altered(
+    trace: &Path,
+    name: &str,
+    outcome: impl Fn(&mut serde_json::Value) -> bool,
+    pages: impl Fn(&mut Vec<provm_trace::page_digests::PageDigests>) -> bool,
+) -> (PathBuf, (bool, bool)) {
     use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
-    use provm_trace::page_digests::{self, CheckPoint, PAGE_SIZE, PIECES_PER_PAGE};
+    use provm_trace::page_digests;
 
-    let _guest = one_guest_at_a_time();
-    let (trace, _) = record("to-flip", None, "echo flipped");
-    let flipped = trace.with_file_name("flipped.provm");
-    let mut reader = TraceReader::open(&trace).unwrap();
-    let mut writer = SectionWriter::create(&flipped).unwrap();
-    let piece = (KERNEL_TEXT_PAGE as usize / PAGE_SIZE) * PIECES_PER_PAGE + 3;
+    let copy = trace.with_file_name(name);
+    let mut reader = TraceReader::open(trace).unwrap();
+    let mut writer = SectionWriter::create(&copy).unwrap();
     let mut changed = (false, false);
     while let Some(section) = reader.next_section().unwrap() {
         let payload = match section.kind {
             SectionKind::Outcome => {
-                let mut outcome: serde_json::Value =
-                    serde_json::from_slice(&section.payload).unwrap();
-                let memory = &mut outcome["state_check"]["memory"];
-                let digest = u64::from_str_radix(memory.as_str().unwrap(), 16).unwrap();
-                *memory = format!("{:016x}", digest ^ 1).into();
-                changed.0 = true;
-                serde_json::to_vec(&outcome).unwrap()
+                let mut json: serde_json::Value = serde_json::from_slice(&section.payload).unwrap();
+                changed.0 = outcome(&mut json);
+                serde_json::to_vec(&json).unwrap()
             }
             SectionKind::PageDigests => {
                 let mut checks = page_digests::decode(&section.payload).unwrap();
-                for check in checks.iter_mut().filter(|c| c.at == CheckPoint::PowerOff) {
-                    check.pieces[piece] ^= 1;
-                    changed.1 = true;
-                }
+                changed.1 = pages(&mut checks);
                 checks.iter().flat_map(page_digests::encode_check).collect()
             }
             _ => section.payload,
@@ -254,6 +246,47 @@ fn a_page_made_to_differ_is_named_with_the_piece_and_its_owner() {
         writer.section(section.kind, &payload).unwrap();
     }
     writer.finish().unwrap();
+    (copy, changed)
+}
+
+/// The recorded final check's digest `field` (a JSON pointer) with its
+/// lowest bit flipped.
+fn flip_digest(outcome: &mut serde_json::Value, field: &str) -> bool {
+    let Some(digest) = outcome.pointer_mut(field) else {
+        return false;
+    };
+    let value = u64::from_str_radix(digest.as_str().unwrap(), 16).unwrap();
+    *digest = format!("{:016x}", value ^ 1).into();
+    true
+}
+
+/// One byte of one page made to differ, by script, on every host kind:
+/// the recorded final check's memory digest and one piece digest of the
+/// kernel's first text page are changed in the trace, as a byte flipped in
+/// that piece would change them. The replay (whose memory is the
+/// recording's) names that page, that piece and the page's owner. Then an
+/// MSR made to differ likewise, its value and the register digest: the
+/// replay names the MSR with both values.
+#[test]
+fn a_page_or_a_register_made_to_differ_is_named() {
+    use provm_trace::page_digests::{CheckPoint, PAGE_SIZE, PIECES_PER_PAGE};
+
+    let _guest = one_guest_at_a_time();
+    let (trace, _) = record("to-flip", None, "echo flipped");
+    let piece = (KERNEL_TEXT_PAGE as usize / PAGE_SIZE) * PIECES_PER_PAGE + 3;
+    let (flipped, changed) = altered(
+        &trace,
+        "flipped.provm",
+        |outcome| flip_digest(outcome, "/state_check/memory"),
+        |checks| {
+            let mut changed = false;
+            for check in checks.iter_mut().filter(|c| c.at == CheckPoint::PowerOff) {
+                check.pieces[piece] ^= 1;
+                changed = true;
+            }
+            changed
+        },
+    );
     assert_eq!(
         changed,
         (true, true),
@@ -269,4 +302,33 @@ fn a_page_made_to_differ_is_named_with_the_piece_and_its_owner() {
     ] {
         assert!(replay.stdout.contains(&part), "{part}: {}", replay.stdout);
     }
+
+    // The first MSR the check compares, its value one more.
+    let (msr, value) = {
+        let recorded = Trace::open(&trace).unwrap();
+        let parts = recorded.outcome.state_check.unwrap().register_parts;
+        let (name, hex) = parts
+            .into_iter()
+            .find(|(name, _)| name.starts_with("MSR "))
+            .unwrap();
+        (name, u64::from_str_radix(&hex, 16).unwrap())
+    };
+    let (changed_msr, changed) = altered(
+        &trace,
+        "msr-changed.provm",
+        |outcome| {
+            outcome["state_check"]["register_parts"][&msr] = format!("{:016x}", value + 1).into();
+            flip_digest(outcome, "/state_check/registers")
+        },
+        |_| false,
+    );
+    assert!(changed.0);
+    let replay = provm(&["replay", path(&changed_msr)]);
+    assert_eq!(replay.status, 1, "{}{}", replay.stdout, replay.stderr);
+    let named = format!(
+        "state check at event {}: registers differ: {msr} (recorded {:#x}, replayed {value:#x})",
+        log_events(&trace),
+        value + 1
+    );
+    assert!(replay.stdout.contains(&named), "{named}: {}", replay.stdout);
 }

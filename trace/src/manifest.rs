@@ -266,6 +266,13 @@ pub struct FinalStateCheck {
     /// (`provm_vmm::state_digest::RegistersAtTscRate`).
     #[serde(default)]
     pub registers_leave_out_tsc_rate: bool,
+    /// The registers by part, so that a difference is named: the digest
+    /// of each group KVM saves ("general", "special", "debug", "vector
+    /// (XSAVE)", "events", "XCRs", "MP state", "CPUID") and each compared
+    /// MSR's value, by a name starting "MSR " ("MSR 0x1d9"). Absent from
+    /// traces before format 11.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub register_parts: BTreeMap<String, String>,
     /// By device name.
     pub devices: BTreeMap<String, String>,
 }
@@ -279,13 +286,52 @@ impl FinalStateCheck {
             return Some("memory differs".into());
         }
         if self.registers != replayed.registers {
-            return Some("registers differ".into());
+            return Some(match self.register_differences(replayed) {
+                parts if parts.is_empty() => "registers differ".into(),
+                parts => format!("registers differ: {parts}"),
+            });
         }
         let names = self.devices.keys().chain(replayed.devices.keys());
         names
             .into_iter()
             .find(|name| self.devices.get(*name) != replayed.devices.get(*name))
             .map(|name| format!("device {name} differs"))
+    }
+
+    /// The register parts that differ in `replayed`, in words: a group by
+    /// its name, an MSR with both values; the first few, then how many
+    /// more. Empty where either check has no parts.
+    fn register_differences(&self, replayed: &FinalStateCheck) -> String {
+        const NAMED: usize = 4;
+        let (recorded, replayed) = (&self.register_parts, &replayed.register_parts);
+        if recorded.is_empty() || replayed.is_empty() {
+            return String::new();
+        }
+        let names: std::collections::BTreeSet<&String> =
+            recorded.keys().chain(replayed.keys()).collect();
+        let differing: Vec<String> = names
+            .into_iter()
+            .filter(|name| recorded.get(*name) != replayed.get(*name))
+            .map(|name| {
+                if !name.starts_with("MSR ") {
+                    return name.clone();
+                }
+                let value = |part: Option<&String>| {
+                    part.map_or("none".to_owned(), |hex| {
+                        format!("{:#x}", u64::from_str_radix(hex, 16).unwrap_or_default())
+                    })
+                };
+                format!(
+                    "{name} (recorded {}, replayed {})",
+                    value(recorded.get(name)),
+                    value(replayed.get(name))
+                )
+            })
+            .collect();
+        match differing.len() {
+            n if n > NAMED => format!("{} and {} more", differing[..NAMED].join(", "), n - NAMED),
+            _ => differing.join(", "),
+        }
     }
 }
 
@@ -298,6 +344,7 @@ mod final_check_tests {
             memory: memory.into(),
             registers: registers.into(),
             registers_leave_out_tsc_rate: true,
+            register_parts: Default::default(),
             devices: [("pit".to_owned(), pit.to_owned())].into(),
         }
     }
@@ -318,5 +365,51 @@ mod final_check_tests {
             recorded.first_difference(&check("m", "r", "P")).as_deref(),
             Some("device pit differs")
         );
+    }
+
+    #[test]
+    fn the_register_parts_that_differ_are_named() {
+        let with_parts = |registers: &str, parts: &[(&str, &str)]| FinalStateCheck {
+            register_parts: parts
+                .iter()
+                .map(|(name, hex)| ((*name).to_owned(), (*hex).to_owned()))
+                .collect(),
+            ..check("m", registers, "p")
+        };
+        let recorded = with_parts(
+            "r",
+            &[
+                ("debug", "0000000000000001"),
+                ("MSR 0x40000022", "000000009af8da00"),
+                ("MSR 0x1d9", "0000000000000000"),
+            ],
+        );
+        let replayed = with_parts(
+            "R",
+            &[
+                ("debug", "0000000000000002"),
+                ("MSR 0x40000022", "000000009af8dde8"),
+            ],
+        );
+        assert_eq!(
+            recorded.first_difference(&replayed).as_deref(),
+            Some(
+                "registers differ: MSR 0x1d9 (recorded 0x0, replayed none), \
+                 MSR 0x40000022 (recorded 0x9af8da00, replayed 0x9af8dde8), debug"
+            )
+        );
+        // An older trace has no parts: only that they differ.
+        assert_eq!(
+            check("m", "r", "p").first_difference(&replayed).as_deref(),
+            Some("registers differ")
+        );
+        let many: Vec<(String, String)> = (0..6)
+            .map(|i| (format!("MSR {i:#x}"), format!("{i:016x}")))
+            .collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        assert!(with_parts("r", &many)
+            .first_difference(&with_parts("R", &[("debug", "0")]))
+            .unwrap()
+            .ends_with("and 3 more"));
     }
 }

@@ -30,6 +30,9 @@ pub struct StateDigest {
     pub memory: MemoryDigest,
     /// The vCPU's state, less what differs legitimately (`registers`).
     pub registers: u64,
+    /// The compared registers by part, so that a difference is named
+    /// (`register_parts`).
+    pub register_parts: Vec<(String, u64)>,
     /// The vCPU's state as older traces digested it, with KVM's TSC
     /// frequency, for any frequency (`RegistersAtTscRate`).
     pub registers_at_tsc_rate: RegistersAtTscRate,
@@ -144,6 +147,31 @@ pub(crate) fn registers(vcpu: &VcpuState) -> u64 {
         serde_json::to_string(&compared).expect("a saved state serialises")
     );
     digest(&compared)
+}
+
+/// The registers `registers` compares, by part: the digest of each group
+/// KVM saves and each MSR's value, by a name starting "MSR ".
+pub(crate) fn register_parts(vcpu: &VcpuState) -> Vec<(String, u64)> {
+    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS);
+    let groups = [
+        ("CPUID", digest(&compared.cpuid)),
+        ("general", digest(compared.regs)),
+        ("special", digest(compared.sregs)),
+        ("debug", digest(compared.debug)),
+        ("vector (XSAVE)", digest(compared.xsave)),
+        ("events", digest(compared.events)),
+        ("XCRs", digest(compared.xcrs)),
+        ("MP state", digest(compared.mp_state)),
+    ];
+    let msrs = compared
+        .msrs
+        .iter()
+        .map(|msr| (format!("MSR {:#x}", msr.index), msr.data));
+    groups
+        .into_iter()
+        .map(|(name, digest)| (name.to_owned(), digest))
+        .chain(msrs)
+        .collect()
 }
 
 /// The register digest in the form traces took before they left KVM's
@@ -308,6 +336,7 @@ mod tests {
         let recording = vcpu_at_tsc_rate(2_600_000_000);
         let replaying = vcpu_at_tsc_rate(2_600_001_000);
         assert_eq!(registers(&recording), registers(&replaying));
+        assert_eq!(register_parts(&recording), register_parts(&replaying));
         let older = RegistersAtTscRate::of(&replaying);
         assert_eq!(older.own(), Some(older_digest(&replaying)));
         assert_ne!(older.own(), Some(older_digest(&recording)));
@@ -321,7 +350,15 @@ mod tests {
     fn no_tsc_rate_matches_an_older_digest_of_other_registers() {
         let mut recording = vcpu_at_tsc_rate(2_600_000_000);
         recording.regs.rflags = 0x10046; // RF set
-        let replaying = RegistersAtTscRate::of(&vcpu_at_tsc_rate(2_600_000_000));
+        let replaying = vcpu_at_tsc_rate(2_600_000_000);
+        let differing: Vec<String> = register_parts(&recording)
+            .into_iter()
+            .zip(register_parts(&replaying))
+            .filter(|(recorded, replayed)| recorded != replayed)
+            .map(|(recorded, _)| recorded.0)
+            .collect();
+        assert_eq!(differing, ["general"]);
+        let replaying = RegistersAtTscRate::of(&replaying);
         assert_eq!(replaying.find(older_digest(&recording)), None);
         // A KVM that lists no TSC frequency has one form only.
         let mut without = vcpu_at_tsc_rate(0);
