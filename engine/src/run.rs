@@ -101,6 +101,9 @@ pub struct RunOptions {
     pub dns: Option<std::net::SocketAddr>,
     /// The guest's vCPUs (`--cpus`, 1 to `MAX_CPUS`).
     pub cpus: u8,
+    /// Whether they run side by side where nothing is recorded (`run`
+    /// without `--serial` or `--pinned`); one at a time otherwise.
+    pub parallel: bool,
 }
 
 impl RunOptions {
@@ -130,6 +133,7 @@ impl RunOptions {
             net: false,
             dns: None,
             cpus: 1,
+            parallel: false,
         }
     }
 
@@ -315,6 +319,9 @@ pub fn start(
                 false => seam,
             }
         })?;
+        if options.parallel {
+            vm.run_vcpus_in_parallel();
+        }
         attach(observers, &mut vm, prepared)?;
         return Ok(Started {
             session: GuestSession::resume(vm, deadline, &prepared.boot.kernel),

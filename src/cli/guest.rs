@@ -25,7 +25,11 @@ pub fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
     )?;
     let timing = args.timing.options(false);
     let provenance = args.provenance.clone();
-    let options = run_options(args, verbose)?;
+    let serial = args.serial;
+    let options = RunOptions {
+        parallel: !serial,
+        ..run_options(args, verbose)?
+    };
     let mut observers = RunObservers::new(&options, "run", &timing, provenance);
     let ran = provm_engine::run::run(
         &options,

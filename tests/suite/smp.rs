@@ -89,6 +89,30 @@ fn a_two_vcpu_guest_sees_two_cpus() {
     assert_eq!(run.stdout, "2\n");
 }
 
+/// `run` runs the vCPUs side by side (`--serial` one at a time): four
+/// vCPUs, four counting shells and four forking ones at once, each leaving
+/// its result in a file, give every result whole. A lost IPI or wake-up
+/// hangs the guest (the timeout fails the test), a lost exit garbles an
+/// output.
+#[test]
+fn a_parallel_run_of_four_vcpus_gives_every_result() {
+    let _guest = one_guest_at_a_time();
+    let image = path(&images().tiny_qcow2);
+    let script = "nproc; \
+        for r in 1 2 3 4; do (i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo $r:$i >/tmp/count$r) & done; \
+        for r in 1 2 3 4; do (for i in 1 2 3 4 5; do /bin/echo $r.$i; done >/tmp/fork$r) & done; \
+        wait; cat /tmp/count1 /tmp/count2 /tmp/count3 /tmp/count4; cat /tmp/fork* | wc -l";
+    let expected = "4\n1:20000\n2:20000\n3:20000\n4:20000\n20\n";
+    for mode in [None, Some("--serial")] {
+        let mut args = vec!["run", "--cpus", "4", "--timeout", "300"];
+        args.extend(mode);
+        args.extend([image, "--", "/bin/sh", "-c", script]);
+        let run = provm(&args);
+        assert_eq!(run.status, 0, "{mode:?}: {}", run.stderr);
+        assert_eq!(run.stdout, expected, "{mode:?}");
+    }
+}
+
 /// Four threads race on an unlocked counter in a two-vCPU guest: each
 /// recording replays exactly (same count, every switch where it was), and
 /// the default schedule and chaos seeds give more than one count.

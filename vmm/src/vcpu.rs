@@ -627,6 +627,15 @@ fn kick_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
+/// Kicks `thread` out of KVM_RUN (KVM_RUN ends with EINTR), with the
+/// kick's signal; elsewhere the signal does nothing. The thread must have
+/// made a `Kicker` (which installs the handler).
+pub fn kick_thread(thread: libc::pthread_t) {
+    // SAFETY: the signal's handler is installed and does nothing; a thread
+    // that has ended is refused (ESRCH), not harmed.
+    unsafe { libc::pthread_kill(thread, kick_signal()) };
+}
+
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
 impl Kicker {

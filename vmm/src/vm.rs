@@ -62,6 +62,7 @@ mod exits;
 #[cfg(test)]
 mod fuzz;
 mod layout;
+mod parallel;
 mod state;
 mod view;
 
@@ -139,11 +140,47 @@ enum Entry {
     Debug(DebugStop),
 }
 
+/// A VM exit by kind, its data left in `kvm_run` (where the handlers read
+/// it): it outlives the borrow of the vCPU that KVM_RUN's answer holds.
+enum ExitKind {
+    PortRead,
+    PortWrite,
+    MmioRead,
+    MmioWrite,
+    Halt,
+    InterruptWindow,
+    MsrRead,
+    Shutdown,
+    InternalError,
+    FailEntry(u64),
+    Unexpected(String),
+}
+
+impl ExitKind {
+    fn of(exit: &VcpuExit<'_>) -> Self {
+        match exit {
+            VcpuExit::IoIn(..) => ExitKind::PortRead,
+            VcpuExit::IoOut(..) => ExitKind::PortWrite,
+            VcpuExit::MmioRead(..) => ExitKind::MmioRead,
+            VcpuExit::MmioWrite(..) => ExitKind::MmioWrite,
+            VcpuExit::Hlt => ExitKind::Halt,
+            VcpuExit::IrqWindowOpen => ExitKind::InterruptWindow,
+            VcpuExit::X86Rdmsr(..) => ExitKind::MsrRead,
+            VcpuExit::Shutdown => ExitKind::Shutdown,
+            VcpuExit::InternalError => ExitKind::InternalError,
+            VcpuExit::FailEntry(reason, _) => ExitKind::FailEntry(*reason),
+            other => ExitKind::Unexpected(format!("{other:?}")),
+        }
+    }
+}
+
 pub struct Vm {
     kvm: Kvm,
     _vm: VmFd,
     memory: GuestMemory,
-    vcpu: Vcpu,
+    /// The running vCPU. Boxed: a parallel run's threads hold their
+    /// vCPU's address while it moves between here and `cpus`.
+    vcpu: Box<Vcpu>,
     kicker: Kicker,
     pio: Bus,
     mmio: Bus,
@@ -174,6 +211,8 @@ pub struct Vm {
     spin_watch: SpinWatch,
     /// The other vCPUs, with more than one (see `cpus`).
     cpus: Option<cpus::Cpus>,
+    /// Whether they run side by side (`run_vcpus_in_parallel`).
+    parallel: bool,
     smp_ports: Arc<Mutex<SmpPorts>>,
     /// What the guest stops at (`set_guest_debug`).
     guest_debug: GuestDebug,
@@ -309,7 +348,7 @@ impl Vm {
         msr::route_reads_to_vmm(&vm).map_err(VmError::MsrFilter)?;
         let memory = memory::create(config.memory_mib)?;
         memory::register(&vm, &memory).map_err(VmError::Kvm)?;
-        let vcpu = Vcpu::new(&kvm, &vm, cpuid)?;
+        let vcpu = Box::new(Vcpu::new(&kvm, &vm, cpuid)?);
         let out_exit_rip = port_exit::host_convention(&kvm)?;
         let step_method = breakpoint_step::host_method(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
@@ -418,6 +457,7 @@ impl Vm {
             exitless_warned: false,
             spin_watch: SpinWatch::new(Instant::now()),
             cpus: None,
+            parallel: false,
             smp_ports,
             guest_debug: GuestDebug::default(),
             exit_clock: None,
@@ -438,6 +478,14 @@ impl Vm {
         if let Some(cpus) = &mut self.cpus {
             cpus.scheduler.chaos(seed);
         }
+    }
+
+    /// Runs the vCPUs side by side, each on a host thread of its own, from
+    /// now on (`provm run`; see `parallel`); nothing with one vCPU. Only
+    /// for a seam that logs nothing (a preemptive one), and not while
+    /// exits are timed or a debugger is attached: those stay serial.
+    pub fn run_vcpus_in_parallel(&mut self) {
+        self.parallel = true;
     }
 
     /// Times every exit from now on and tells `observer`; with `delay`,
@@ -461,6 +509,14 @@ impl Vm {
     /// Runs the guest until it sends agent output, halts or resets, or until
     /// `deadline` passes.
     pub fn run(&mut self, deadline: Instant) -> Result<VmEvent, VmError> {
+        let parallel = self.parallel
+            && self.cpus.is_some()
+            && self.seam.delivery().preemptive()
+            && self.exit_clock.is_none()
+            && self.guest_debug == GuestDebug::default();
+        if parallel {
+            return parallel::run(self, deadline);
+        }
         loop {
             if Instant::now() >= deadline {
                 return Err(VmError::Timeout { rip: self.rip() });
@@ -604,10 +660,7 @@ impl Vm {
     /// it can take it, or has the guest exit when it can (KVM's interrupt
     /// window or the guest's doorbell, as the seam says).
     fn deliver_interrupts(&mut self) -> Result<(), VmError> {
-        let now = self.seam.monotonic_ns();
-        if self.pit.lock().unwrap().poll(now) {
-            self.timer_line.pulse();
-        }
+        self.poll_timer();
         let current = self.running_vcpu();
         let mut waiting = false;
         let mut injected = false;
@@ -670,6 +723,14 @@ impl Vm {
         Ok(())
     }
 
+    /// Raises the timer line if a tick is due.
+    fn poll_timer(&self) {
+        let now = self.seam.monotonic_ns();
+        if self.pit.lock().unwrap().poll(now) {
+            self.timer_line.pulse();
+        }
+    }
+
     /// Sets or clears the guest kernel's doorbell byte, if it has one
     /// (see `devices::paravirt`).
     fn mark_doorbell(&self, waiting: bool) {
@@ -727,7 +788,7 @@ impl Vm {
                     self.stepping_over = false;
                     self.window.aim(None);
                     self.apply_guest_debug(&self.guest_debug)?;
-                    Some(VcpuExit::IrqWindowOpen)
+                    Some(ExitKind::InterruptWindow)
                 }
                 WindowStop::Passing => {
                     self.window_stopped(false)?;
@@ -737,28 +798,36 @@ impl Vm {
                 }
                 WindowStop::Other => return self.debug_stop(&debug),
             },
-            Ok(exit) => Some(exit),
+            Ok(exit) => Some(ExitKind::of(&exit)),
             Err(error) if error.errno() == libc::EINTR => None,
             Err(error) => return Err(VmError::Run(error)),
         };
         self.at_exit = exit.is_some();
-        let Some(exit) = exit else {
-            self.step_kicked = true;
-            return Ok(Entry::Kicked);
-        };
+        match exit {
+            Some(exit) => self.handle_exit(exit),
+            None => {
+                self.step_kicked = true;
+                Ok(Entry::Kicked)
+            }
+        }
+    }
+
+    /// Handles the running vCPU's VM exit, whose data KVM left in its
+    /// `kvm_run`.
+    fn handle_exit(&mut self, exit: ExitKind) -> Result<Entry, VmError> {
         self.last_exit = Instant::now();
         self.exitless_warned = false;
         self.spin_watch.exited(self.last_exit);
         match exit {
-            VcpuExit::IoIn(..) => self.port_read()?,
-            VcpuExit::IoOut(..) => self.port_write()?,
-            VcpuExit::MmioRead(..) => self.mmio_read()?,
-            VcpuExit::MmioWrite(..) => self.mmio_write()?,
-            VcpuExit::Hlt => {
+            ExitKind::PortRead => self.port_read()?,
+            ExitKind::PortWrite => self.port_write()?,
+            ExitKind::MmioRead => self.mmio_read()?,
+            ExitKind::MmioWrite => self.mmio_write()?,
+            ExitKind::Halt => {
                 self.report(Exit::Halt)?;
                 return Ok(Entry::Exited { halted: true });
             }
-            VcpuExit::IrqWindowOpen => {
+            ExitKind::InterruptWindow => {
                 if self.window.opens_early(self.vcpu.place()?) {
                     // Not the logged window: the guest goes on to it.
                     tracing::debug!("logged window: KVM's window opened before it");
@@ -768,11 +837,11 @@ impl Vm {
                 }
                 self.report(Exit::InterruptWindow)?
             }
-            VcpuExit::X86Rdmsr(..) => self.msr_read()?,
-            VcpuExit::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
-            VcpuExit::InternalError => return Err(self.internal_error()),
-            VcpuExit::FailEntry(reason, _) => return Err(VmError::FailEntry(reason)),
-            other => return Err(VmError::UnexpectedExit(format!("{other:?}"))),
+            ExitKind::MsrRead => self.msr_read()?,
+            ExitKind::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
+            ExitKind::InternalError => return Err(self.internal_error()),
+            ExitKind::FailEntry(reason) => return Err(VmError::FailEntry(reason)),
+            ExitKind::Unexpected(exit) => return Err(VmError::UnexpectedExit(exit)),
         }
         Ok(Entry::Exited { halted: false })
     }

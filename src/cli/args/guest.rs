@@ -34,6 +34,12 @@ pub struct RunArgs {
     /// --keep-overlay).
     #[arg(long)]
     pub force: bool,
+    /// With --cpus N: run the vCPUs one at a time, switched at VM exits,
+    /// as a recording does; by default `run` runs them side by side, each
+    /// on a host thread of its own, which pays on parallel work where the
+    /// host has a free core for each (docs/smp.md).
+    #[arg(long)]
+    pub serial: bool,
     /// Give the guest a network card behind provm's NAT: the guest is
     /// 10.0.2.15, reaches the host's 127.0.0.1 as 10.0.2.2 and has a
     /// resolver at 10.0.2.3 that forwards to the host's (outbound TCP and
@@ -62,8 +68,9 @@ pub struct GuestArgs {
     #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
     /// The guest's vCPUs, 1 to 64. More than one boots the SMP kernel
-    /// variant (`provm kernel build --smp`); they run one at a time,
-    /// switched at VM exits, and a recording logs the schedule.
+    /// variant (`provm kernel build --smp`). A recording runs them one at
+    /// a time, switched at VM exits, and logs the schedule; `run` runs
+    /// them side by side (see `run --serial`).
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..=i64::from(provm_vmm::mp_table::MAX_CPUS)))]
     pub cpus: u8,

@@ -234,6 +234,11 @@ impl LocalApic {
         self.nmi_pending = true;
     }
 
+    /// Whether an NMI waits (which wakes even a CPU halted with interrupts off).
+    pub fn nmi_pending(&self) -> bool {
+        self.nmi_pending
+    }
+
     /// Takes the waiting NMI, if any, to inject it.
     pub fn take_nmi(&mut self) -> bool {
         std::mem::take(&mut self.nmi_pending)

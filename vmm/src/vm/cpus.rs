@@ -22,7 +22,7 @@ pub struct Cpus {
     /// By vCPU index (= APIC ID).
     pub apics: Vec<LocalApic>,
     /// By vCPU index; the running one's slot is empty.
-    parked: Vec<Option<Vcpu>>,
+    parked: Vec<Option<Box<Vcpu>>>,
 }
 
 /// The vCPUs beyond vCPU 0 in a snapshot (`VmState::cpus`).
@@ -67,7 +67,7 @@ impl Cpus {
         for id in 1..count {
             let vcpu = Vcpu::with_id(kvm, vm, id, &cpuid_for(model, id))?;
             vcpu.enable_apic(APIC_BASE, false)?;
-            parked.push(Some(vcpu));
+            parked.push(Some(Box::new(vcpu)));
         }
         Ok(Cpus {
             scheduler: Scheduler::new(count.into()),
@@ -85,7 +85,7 @@ impl Cpus {
         for (index, saved) in state.vcpus.iter().enumerate() {
             let vcpu = Vcpu::with_id(kvm, vm, (index + 1) as u8, &saved.cpuid)?;
             vcpu.restore(kvm, saved)?;
-            parked.push(Some(vcpu));
+            parked.push(Some(Box::new(vcpu)));
         }
         let mut apics: Vec<LocalApic> = (0..count as u8).map(LocalApic::new).collect();
         if state.apics.len() != count || state.scheduler.cpus.len() != count {
@@ -113,7 +113,7 @@ impl Cpus {
         let current = self.scheduler.current();
         let mut vcpus = Vec::new();
         for id in 1..self.parked.len() {
-            let vcpu = match self.parked[id].as_mut() {
+            let vcpu = match self.parked[id].as_deref_mut() {
                 Some(parked) => parked,
                 None => &mut *running,
             };
@@ -143,14 +143,14 @@ impl Cpus {
 
     /// vCPU 0's state when it is parked (else `running` is vCPU 0).
     pub fn boot_vcpu_mut<'a>(&'a mut self, running: &'a mut Vcpu) -> &'a mut Vcpu {
-        match self.parked[0].as_mut() {
+        match self.parked[0].as_deref_mut() {
             Some(parked) => parked,
             None => running,
         }
     }
 
     /// Swaps `running` (the scheduler's current vCPU) for vCPU `to`.
-    pub fn switch(&mut self, running: &mut Vcpu, to: usize) {
+    pub fn switch(&mut self, running: &mut Box<Vcpu>, to: usize) {
         let from = self.scheduler.current();
         if from == to {
             return;
@@ -162,11 +162,11 @@ impl Cpus {
 
     /// A parked vCPU, to start it.
     pub fn parked(&self, id: usize) -> Option<&Vcpu> {
-        self.parked.get(id).and_then(Option::as_ref)
+        self.parked.get(id).and_then(Option::as_deref)
     }
 
     /// Takes parked vCPU `id` out, to run it (a restore's running vCPU).
-    pub fn take_parked(&mut self, id: usize) -> Result<Vcpu, VmError> {
+    pub fn take_parked(&mut self, id: usize) -> Result<Box<Vcpu>, VmError> {
         self.parked
             .get_mut(id)
             .and_then(Option::take)
@@ -174,7 +174,7 @@ impl Cpus {
     }
 
     /// Parks vCPU `id`.
-    pub fn park(&mut self, id: usize, vcpu: Vcpu) {
+    pub fn park(&mut self, id: usize, vcpu: Box<Vcpu>) {
         self.parked[id] = Some(vcpu);
     }
 
@@ -182,9 +182,27 @@ impl Cpus {
     /// `pic_waits`: the PIC, wired to vCPU 0, has an interrupt for it.
     pub fn next_after(&mut self, reason: Reason, pic_waits: bool) -> Next {
         let apics = &self.apics;
-        self.scheduler.after_exit(reason, |cpu| {
-            apics[cpu].has_pending_interrupt() || (cpu == 0 && pic_waits)
-        })
+        self.scheduler
+            .after_exit(reason, |cpu| interrupt_waits(apics, cpu, pic_waits))
+    }
+
+    /// Whether an interrupt waits for vCPU `cpu` (`pic_waits`: the PIC's,
+    /// for vCPU 0).
+    pub fn interrupt_waits(&self, cpu: usize, pic_waits: bool) -> bool {
+        interrupt_waits(&self.apics, cpu, pic_waits)
+    }
+
+    /// Every vCPU's address, by index, `running` being the scheduler's
+    /// current (for a parallel run's threads: `super::parallel`).
+    pub fn addresses(&mut self, running: &mut Vcpu) -> Vec<*mut Vcpu> {
+        let current = self.scheduler.current();
+        (0..self.parked.len())
+            .map(|id| match self.parked[id].as_deref_mut() {
+                Some(parked) => parked as *mut Vcpu,
+                None if id == current => running as *mut Vcpu,
+                None => unreachable!("only the running vCPU is not parked"),
+            })
+            .collect()
     }
 
     /// A read of the running vCPU's APIC page; false if `address` is not in it.
@@ -229,6 +247,10 @@ impl Cpus {
             kind => tracing::warn!("APIC: {kind:?} IPI to {:?} not delivered", ipi.to),
         }
     }
+}
+
+fn interrupt_waits(apics: &[LocalApic], cpu: usize, pic_waits: bool) -> bool {
+    apics[cpu].has_pending_interrupt() || (cpu == 0 && pic_waits)
 }
 
 /// The register offset of an address in the APIC page.
