@@ -67,10 +67,12 @@ pub fn replayed(digest: &StateDigest, recorded: Option<&FinalStateCheck>) -> Fin
         .ok()
         .filter(|&registers| {
             registers == digest.registers
-                || older.find(registers).is_some_and(|hz| {
-                    tracing::debug!("the recording host's KVM ran the TSC at {hz} Hz");
-                    true
-                })
+                || older
+                    .find(registers)
+                    .inspect(|hz| {
+                        tracing::debug!("the recording host's KVM ran the TSC at {hz} Hz")
+                    })
+                    .is_some()
         });
     check.registers = hex(found.unwrap_or(own));
     check

@@ -201,6 +201,22 @@ pub fn log_events(trace: &Path) -> u64 {
         .unwrap_or_else(|| panic!("no event count in: {}", inspect.stdout))
 }
 
+/// Writes a copy of the trace `from` at `to`, each section's payload as
+/// `change` returns it, given the section's kind and recorded payload.
+pub fn rewrite_trace(
+    from: &Path,
+    to: &Path,
+    mut change: impl FnMut(provm_trace::format::SectionKind, Vec<u8>) -> Vec<u8>,
+) {
+    let mut reader = provm_trace::format::TraceReader::open(from).unwrap();
+    let mut writer = provm_trace::format::SectionWriter::create(to).unwrap();
+    while let Some(section) = reader.next_section().unwrap() {
+        let payload = change(section.kind, section.payload);
+        writer.section(section.kind, &payload).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
 /// Where a test keeps the trace it calls `name`.
 pub fn trace_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{}.provm", name.replace(['/', ' '], "-")))

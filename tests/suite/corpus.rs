@@ -9,9 +9,11 @@ use crate::common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{assert_replay_matches, one_guest_at_a_time, path, provm, PROVM_FAILED};
+use common::{
+    assert_replay_matches, one_guest_at_a_time, path, provm, rewrite_trace, PROVM_FAILED,
+};
 use provm_cpu_model::{self as cpu_model, Baseline, Platform};
-use provm_trace::format::{SectionKind, SectionWriter, TraceReader, FORMAT_VERSION, OLDEST_FORMAT};
+use provm_trace::format::{SectionKind, FORMAT_VERSION, OLDEST_FORMAT};
 use provm_trace::manifest::Manifest;
 use provm_trace::reader::Trace;
 
@@ -145,18 +147,14 @@ fn an_older_format_names_the_provm_that_replays_it() {
 fn a_newer_machine_version_is_refused_before_the_replay_starts() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("machine-99.provm");
-    let mut reader = TraceReader::open(&corpus()[0]).unwrap();
-    let mut writer = SectionWriter::create(&copy).unwrap();
-    while let Some(section) = reader.next_section().unwrap() {
-        let mut payload = section.payload;
-        if section.kind == SectionKind::Manifest {
-            let mut manifest: Manifest = serde_json::from_slice(&payload).unwrap();
-            manifest.machine_version = 99;
-            payload = serde_json::to_vec(&manifest).unwrap();
+    rewrite_trace(&corpus()[0], &copy, |kind, payload| {
+        if kind != SectionKind::Manifest {
+            return payload;
         }
-        writer.section(section.kind, &payload).unwrap();
-    }
-    writer.finish().unwrap();
+        let mut manifest: Manifest = serde_json::from_slice(&payload).unwrap();
+        manifest.machine_version = 99;
+        serde_json::to_vec(&manifest).unwrap()
+    });
     refused(
         &copy,
         &format!(

@@ -222,30 +222,24 @@ fn altered(
     outcome: impl Fn(&mut serde_json::Value) -> bool,
     pages: impl Fn(&mut Vec<provm_trace::page_digests::PageDigests>) -> bool,
 ) -> (PathBuf, (bool, bool)) {
-    use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
+    use provm_trace::format::SectionKind;
     use provm_trace::page_digests;
 
     let copy = trace.with_file_name(name);
-    let mut reader = TraceReader::open(trace).unwrap();
-    let mut writer = SectionWriter::create(&copy).unwrap();
     let mut changed = (false, false);
-    while let Some(section) = reader.next_section().unwrap() {
-        let payload = match section.kind {
-            SectionKind::Outcome => {
-                let mut json: serde_json::Value = serde_json::from_slice(&section.payload).unwrap();
-                changed.0 = outcome(&mut json);
-                serde_json::to_vec(&json).unwrap()
-            }
-            SectionKind::PageDigests => {
-                let mut checks = page_digests::decode(&section.payload).unwrap();
-                changed.1 = pages(&mut checks);
-                checks.iter().flat_map(page_digests::encode_check).collect()
-            }
-            _ => section.payload,
-        };
-        writer.section(section.kind, &payload).unwrap();
-    }
-    writer.finish().unwrap();
+    common::rewrite_trace(trace, &copy, |kind, payload| match kind {
+        SectionKind::Outcome => {
+            let mut json: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+            changed.0 = outcome(&mut json);
+            serde_json::to_vec(&json).unwrap()
+        }
+        SectionKind::PageDigests => {
+            let mut checks = page_digests::decode(&payload).unwrap();
+            changed.1 = pages(&mut checks);
+            checks.iter().flat_map(page_digests::encode_check).collect()
+        }
+        _ => payload,
+    });
     (copy, changed)
 }
 

@@ -218,9 +218,7 @@ impl RegistersAtTscRate {
     /// forms).
     pub fn own(&self) -> Option<u64> {
         let (before, rate, after) = self.split.as_ref()?;
-        let mut hash = Xxh3Default::new();
-        hash.update(before);
-        Some(Self::finish(hash, rate, rate.data, after))
+        Some(Self::finish(Self::started(before), rate, rate.data, after))
     }
 
     /// The TSC frequency in Hz at which this state's digest in the older
@@ -231,8 +229,7 @@ impl RegistersAtTscRate {
     /// or this KVM lists no TSC frequency to try.
     pub fn find(&self, recorded: u64) -> Option<u64> {
         let (before, rate, after) = self.split.as_ref()?;
-        let mut hash = Xxh3Default::new();
-        hash.update(before);
+        let hash = Self::started(before);
         let (lowest, highest) = TSC_KHZ_TRIED.into_inner();
         let own = (rate.data / 1000).clamp(lowest, highest);
         let mut nearest_first = (0..=highest - lowest)
@@ -243,6 +240,13 @@ impl RegistersAtTscRate {
             let hz = khz * 1000;
             (Self::finish(hash.clone(), rate, hz, after) == recorded).then_some(hz)
         })
+    }
+
+    /// The hash of the serialised state before the frequency's value.
+    fn started(before: &[u8]) -> Xxh3Default {
+        let mut hash = Xxh3Default::new();
+        hash.update(before);
+        hash
     }
 
     fn finish(mut hash: Xxh3Default, rate: &kvm_msr_entry, hz: u64, after: &[u8]) -> u64 {
