@@ -45,6 +45,10 @@ pub fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
 }
 
 pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    // `record` shares run's options; this one is run's alone.
+    if args.run.serial {
+        return Err("--serial is for `provm run`: a recording always runs its vCPUs one at a time, switched at VM exits, and logs the schedule; drop --serial".into());
+    }
     let output = args
         .output
         .unwrap_or_else(|| provm_engine::record::default_output(args.run.guest.image.path()));

@@ -71,6 +71,26 @@ fn out_of_range_vcpu_counts_and_replay_cpus_are_refused() {
         assert_eq!(run.status, 2, "{}", run.stderr);
         assert!(run.stderr.contains("1..=64"), "{}", run.stderr);
     }
+    // `record` shares run's options, but a recording is always serial.
+    let trace = common::scratch(module_path!()).join("serial.provm");
+    let record = provm(&[
+        "record",
+        "--serial",
+        "--cpus",
+        "2",
+        "-o",
+        path(&trace),
+        image,
+        "--",
+        "true",
+    ]);
+    assert_ne!(record.status, 0, "{}", record.stderr);
+    assert!(
+        record.stderr.contains("--serial is for `provm run`"),
+        "{}",
+        record.stderr
+    );
+    assert!(!trace.exists());
     let replay = provm(&["replay", "--cpus", "2", "no-such.provm"]);
     assert_ne!(replay.status, 0);
     assert!(

@@ -34,10 +34,11 @@ pub struct RunArgs {
     /// --keep-overlay).
     #[arg(long)]
     pub force: bool,
-    /// With --cpus N: run the vCPUs one at a time, switched at VM exits,
-    /// as a recording does; by default `run` runs them side by side, each
-    /// on a host thread of its own, which pays on parallel work where the
-    /// host has a free core for each (docs/smp.md).
+    /// `run` with --cpus N: run the vCPUs one at a time, switched at VM
+    /// exits, as a recording does (`record` refuses it: it always does);
+    /// by default `run` runs them side by side, each on a host thread of
+    /// its own, which pays on parallel work where the host has a free core
+    /// for each (docs/smp.md).
     #[arg(long)]
     pub serial: bool,
     /// Give the guest a network card behind provm's NAT: the guest is
