@@ -28,6 +28,16 @@ const STAGING: &str = "/.provm-inputs";
 const INPUT_DISK: &[u8] = b"/dev/vdb";
 /// BLKFLSBUF (linux/fs.h: `_IO(0x12, 97)`), which the libc crate lacks.
 const BLKFLSBUF: libc::c_ulong = 0x1261;
+/// BLKRASET (linux/fs.h: `_IO(0x12, 98)`): the device's read-ahead, in
+/// 512-byte sectors; the libc crate lacks it too.
+const BLKRASET: libc::c_ulong = 0x1262;
+/// The input disk's read-ahead: 8 MiB, not the kernel's 128 KiB. Inputs
+/// are read whole, front to back, and each request costs exits: reading 1
+/// GiB with `cat` took 23.0 s in 8219 requests at 128 KiB on the SVM test
+/// bed, 8.4 s in 950 at 8 MiB. (On PVM the guest kernel's copy of each
+/// page is the cost, whatever the requests: 64 MiB in 14 to 16 s either
+/// way.)
+const INPUT_DISK_READ_AHEAD_SECTORS: libc::c_ulong = (8 << 20) / 512;
 
 /// The inputs and standard input of one job, as they arrive.
 pub struct Inputs {
@@ -212,13 +222,11 @@ fn place_from_disk(guest_paths: &[Vec<u8>]) -> Result<(), String> {
     // kept of them must go before the file system is read.
     let disk = File::open(std::ffi::OsStr::from_bytes(INPUT_DISK))
         .map_err(|error| failed("open", error))?;
-    // SAFETY: BLKFLSBUF takes no argument; the descriptor is open.
-    if unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&disk), BLKFLSBUF, 0) } != 0 {
-        return Err(failed(
-            "forget the boot's reads of",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    block_ioctl(&disk, BLKFLSBUF, 0)
+        .map_err(|error| failed("forget the boot's reads of", error))?;
+    // Set before the mount: files opened on the file system take it then.
+    block_ioctl(&disk, BLKRASET, INPUT_DISK_READ_AHEAD_SECTORS)
+        .map_err(|error| failed("set the read-ahead of", error))?;
     let mounted = Path::new(STAGING).join("disk");
     fs::create_dir_all(&mounted).map_err(|error| failed("make room for", error))?;
     let mounted_name = mounted.to_string_lossy();
@@ -232,6 +240,16 @@ fn place_from_disk(guest_paths: &[Vec<u8>]) -> Result<(), String> {
     detach(&mounted_name).map_err(|error| failed("unstage", error))?;
     let _ = fs::remove_dir_all(STAGING);
     Ok(())
+}
+
+/// A block device ioctl whose argument is a value, not a pointer
+/// (BLKFLSBUF, BLKRASET).
+fn block_ioctl(disk: &File, request: libc::c_ulong, value: libc::c_ulong) -> std::io::Result<()> {
+    // SAFETY: the descriptor is open, and these requests read no memory.
+    match unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(disk), request, value) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 pub fn make_mount_point(path: &Path, dir: bool) -> std::io::Result<()> {
