@@ -14,6 +14,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod cached_section;
+mod compress;
 pub mod digest;
 pub mod disk;
 pub mod explain;
