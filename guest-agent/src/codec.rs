@@ -81,10 +81,16 @@ impl FrameReader {
 }
 
 pub(crate) fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    frame_head(kind, payload, 0)
+}
+
+/// The frame of a payload of `head` then `tail_len` more bytes, up to
+/// those bytes: they follow it.
+pub(crate) fn frame_head(kind: u8, head: &[u8], tail_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + head.len());
     out.push(kind);
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(payload);
+    out.extend_from_slice(&((head.len() + tail_len) as u32).to_le_bytes());
+    out.extend_from_slice(head);
     out
 }
 

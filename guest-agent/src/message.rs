@@ -1,7 +1,7 @@
 //! The messages of the agent channel, each way, and their frames.
 
 use crate::codec::{
-    frame, put_bytes, put_list, put_u64, DecodeError, FrameReader, Reader, MAX_PAYLOAD,
+    frame, frame_head, put_bytes, put_list, put_u64, DecodeError, FrameReader, Reader, MAX_PAYLOAD,
 };
 use crate::job::{Job, Outcome};
 use crate::records::ProvRecord;
@@ -66,7 +66,17 @@ mod kind {
 
 impl HostMessage {
     pub fn encode(&self) -> Vec<u8> {
+        let (mut frame, tail) = self.encoded_parts();
+        frame.extend_from_slice(tail);
+        frame
+    }
+
+    /// The message's frame in two parts: all of it but the bytes a `Data`
+    /// entry or standard input carries, then those bytes. `encode` is the
+    /// two together; digesting them apart spares copying large data.
+    pub fn encoded_parts(&self) -> (Vec<u8>, &[u8]) {
         let mut payload = Vec::new();
+        let mut tail: &[u8] = &[];
         let kind = match self {
             HostMessage::Run(job) => {
                 put_list(&mut payload, &job.argv);
@@ -91,16 +101,16 @@ impl HostMessage {
             }
             HostMessage::PowerOff => kind::POWER_OFF,
             HostMessage::Entry(entry) => {
-                entry.encode(&mut payload);
+                tail = entry.encode_head(&mut payload);
                 kind::ENTRY
             }
             HostMessage::Stdin(bytes) => {
-                payload.extend_from_slice(bytes);
+                tail = bytes;
                 kind::STDIN
             }
             HostMessage::DataEnd => kind::DATA_END,
         };
-        frame(kind, &payload)
+        (frame_head(kind, &payload, tail.len()), tail)
     }
 
     /// The message whose frame starts `bytes` (one send of the host's, as a
@@ -422,7 +432,14 @@ mod tests {
                 path: b"sub/x.csv".to_vec(),
                 content: EntryContent::File { mode: 0o644 },
             }),
+            HostMessage::Entry(Entry {
+                tree: 1,
+                path: b"sub/x.csv".to_vec(),
+                content: EntryContent::Data(b"1,2\n".to_vec()),
+            }),
         ] {
+            let (head, tail) = message.encoded_parts();
+            assert_eq!([head, tail.to_vec()].concat(), message.encode());
             let mut reader = FrameReader::default();
             reader.push(&message.encode());
             let (kind, payload) = reader.next_frame().unwrap().unwrap();
@@ -434,6 +451,22 @@ mod tests {
             path: Vec::new(),
             content: EntryContent::Data(vec![1, 2, 3]),
         }));
+    }
+
+    /// Input digests are of these bytes (a trace's manifest, the input
+    /// disk's cache key): they must not change.
+    #[test]
+    fn a_data_entry_encodes_as_it_always_has() {
+        let message = HostMessage::Entry(Entry {
+            tree: 1,
+            path: b"a".to_vec(),
+            content: EntryContent::Data(vec![9, 8]),
+        });
+        let payload = [&[1, 0, 0, 0, 1, 0, 0, 0, b'a', 2, 2, 0, 0, 0, 9, 8][..]].concat();
+        let frame = [&[kind::ENTRY, 16, 0, 0, 0][..], &payload].concat();
+        assert_eq!(message.encode(), frame);
+        let (head, tail) = message.encoded_parts();
+        assert_eq!((&head[..], tail), (&frame[..frame.len() - 2], &[9, 8][..]));
     }
 
     #[test]

@@ -42,6 +42,13 @@ mod tag {
 
 impl Entry {
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let tail = self.encode_head(out);
+        out.extend_from_slice(tail);
+    }
+
+    /// Encodes all but a `Data` entry's bytes into `out`, and gives those
+    /// bytes, which follow (empty for other entries).
+    pub(crate) fn encode_head(&self, out: &mut Vec<u8>) -> &[u8] {
         put_u32(out, self.tree);
         put_bytes(out, &self.path);
         match &self.content {
@@ -55,7 +62,8 @@ impl Entry {
             }
             EntryContent::Data(bytes) => {
                 out.push(tag::DATA);
-                put_bytes(out, bytes);
+                put_u32(out, bytes.len() as u32);
+                return bytes;
             }
             EntryContent::Symlink(target) => {
                 out.push(tag::SYMLINK);
@@ -63,6 +71,7 @@ impl Entry {
             }
             EntryContent::Missing => out.push(tag::MISSING),
         }
+        &[]
     }
 
     pub(crate) fn decode(reader: &mut Reader<'_>) -> Result<Entry, DecodeError> {

@@ -176,7 +176,7 @@ impl InputPlan {
             let mut bytes = 0;
             for message in TreeMessages::new(&tree.entries) {
                 let message = message?;
-                hasher.update(message.encode());
+                digest_message(&mut hasher, &message);
                 if let HostMessage::Entry(Entry {
                     path,
                     content: EntryContent::Data(data),
@@ -358,6 +358,13 @@ fn plan(host: &Path) -> Result<Vec<Planned>, DataError> {
     Ok(entries)
 }
 
+/// Adds `message`, as encoded, to `hasher`, its data not copied to do so.
+fn digest_message(hasher: &mut Sha256, message: &HostMessage) {
+    let (head, data) = message.encoded_parts();
+    hasher.update(head);
+    hasher.update(data);
+}
+
 /// The SHA-256 of `messages` as encoded, and how many content bytes they
 /// carry.
 fn digest(
@@ -368,7 +375,7 @@ fn digest(
     for message in messages {
         let message = message?;
         bytes += content_len(&message);
-        hasher.update(message.encode());
+        digest_message(&mut hasher, &message);
     }
     Ok(DataDigest {
         sha256: provm_trace::hex(&hasher.finalize()),
@@ -502,7 +509,7 @@ impl Iterator for Checked<'_> {
         }
         match self.messages.next() {
             Some(Ok(mut message)) => {
-                self.hasher.update(message.encode());
+                digest_message(&mut self.hasher, &message);
                 if let HostMessage::Entry(entry) = &mut message {
                     entry.tree = self.index;
                 }
