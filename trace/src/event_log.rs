@@ -189,12 +189,15 @@ pub fn chunk_frame(section: &Section, expected: u32) -> Result<&[u8], FormatErro
 }
 
 /// The event log of a trace file, decoded a chunk at a time. Every section
-/// is verified as it is read.
+/// is verified as it is read, up to the outcome, which ends the log: what
+/// follows it (an input disk of a GiB, say) is not read.
 pub struct EventStream {
     reader: TraceReader<BufReader<File>>,
     decoder: Decoder,
     next_chunk: u32,
     buffered: VecDeque<Event>,
+    /// The outcome was reached: no more events.
+    ended: bool,
 }
 
 impl EventStream {
@@ -205,6 +208,7 @@ impl EventStream {
             decoder: Decoder::default(),
             next_chunk: 0,
             buffered: VecDeque::new(),
+            ended: false,
         })
     }
 
@@ -219,10 +223,14 @@ impl EventStream {
     }
 
     fn fill(&mut self) -> Result<(), FormatError> {
-        while self.buffered.is_empty() {
+        while self.buffered.is_empty() && !self.ended {
             let Some(header) = self.reader.next_header()? else {
                 return Ok(());
             };
+            if header.kind == SectionKind::Outcome {
+                self.ended = true;
+                return Ok(());
+            }
             // Other sections are verified and skipped by the next call.
             if header.kind != SectionKind::Events {
                 continue;
