@@ -8,8 +8,12 @@
 #   benches/inputs-bed.sh floor  SIZE...   what L1 itself takes (cat,
 #       sha256sum, zstd -1 and mkfs.ext4 -d of the input in /tmp)
 #   benches/inputs-bed.sh record SIZE...   provm record (sha256sum of the
-#       input in the guest), a run of the unchanged input, a replay from
-#       the trace alone; the input in /tmp, then on 9p
+#       input in the guest) PROVM_INPUT_RUNS times (default 5), each
+#       building the input disk anew, then a run of the unchanged input
+#       and a replay from the trace alone; the input on 9p (the host's
+#       folder), then in /tmp; prints a table of medians (min-max), with
+#       the same recording without input (PROVM_INPUT_FROM=9p: from the
+#       host's folder only)
 #   benches/inputs-bed.sh peer   SIZE...   the peer: QEMU (the bed's) with
 #       KVM inside L1, nested as provm is, booting provm's guest kernel
 #       with the same input disk on virtio-blk and a busybox init that
@@ -50,7 +54,7 @@ fi
 kernel="$("$repo/target/release/provm" kernel path)"
 cat >"$work/job.sh" <<JOB
 set -u
-W=$work P=$repo/target/release/provm IMAGE=$image KERNEL=$kernel MODE=$mode
+W=$work P=$repo/target/release/provm IMAGE=$image KERNEL=$kernel MODE=$mode RUNS=${PROVM_INPUT_RUNS:-5} FROM=${PROVM_INPUT_FROM:-both}
 Q=${PROVM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/provm}/svm-testbed/qemu
 JOB
 cat >>"$work/job.sh" <<'JOB'
@@ -60,6 +64,18 @@ mkdir -p /tmp/cache && cp -a "$PROVM_CACHE/kernels" /tmp/cache/ && export PROVM_
 head -c 100000 /dev/urandom >/tmp/warm.bin
 echo "== warm-up (boots the guest once)"; "$P" run --input /tmp/warm.bin:/w "$IMAGE" -- true
 rm -rf /tmp/cache/inputs
+# The times below less this one are the input's: a recording of the same
+# command with no input.
+if [ "$MODE" = record ]; then
+  : >/tmp/times
+  for run in $(seq "$RUNS"); do
+    start=$(date +%s.%N)
+    "$P" record --force "$IMAGE" -o /tmp/r.provm -- sh -c 'sha256sum /dev/null'
+    echo "$(date +%s.%N) - $start" | bc >>/tmp/times
+  done
+  sort -n /tmp/times | awk '{ t[NR] = $1 } END { printf "TABLE | no input | %.1f s (%.1f-%.1f) |\n", t[int((NR + 1) / 2)], t[1], t[NR] }'
+  rm -f /tmp/r.provm
+fi
 peer() {  # DISK: QEMU with KVM, provm's kernel, DISK on virtio-blk
   LD_LIBRARY_PATH=$Q/usr/lib/x86_64-linux-gnu:$Q/lib/x86_64-linux-gnu timeout 900 \
     $Q/usr/bin/qemu-system-x86_64 -L $Q/usr/share/qemu -L $Q/usr/share/seabios \
@@ -82,11 +98,23 @@ for dir in "$@"; do
       step mkfs.ext4 -q -F -d /tmp/in /tmp/in.ext4 $(( $(stat -c %s /tmp/in/x.bin) / 1024 * 5 / 4 + 16384 ))k
       rm -f /tmp/in.ext4 ;;
     record)
-      for where in /tmp/in "$src"; do
-        step "$P" record --force --input "$where:/data" "$IMAGE" -o /tmp/r.provm -- sh -c 'sha256sum /data/*'
+      wheres=("$src" /tmp/in); [ "$FROM" = 9p ] && wheres=("$src")
+      for where in "${wheres[@]}"; do
+        : >/tmp/times
+        for run in $(seq "$RUNS"); do
+          rm -rf /tmp/cache/inputs /tmp/cache/input-identities /tmp/r.provm
+          # Read from the host each time, not from what L1 kept of it.
+          sync; echo 3 >/proc/sys/vm/drop_caches
+          start=$(date +%s.%N)
+          "$P" record --input "$where:/data" "$IMAGE" -o /tmp/r.provm -- sh -c 'sha256sum /data/*'
+          echo "$(date +%s.%N) - $start" | bc >>/tmp/times
+        done
+        echo "== record $(basename "$src") from $where: $(sort -n /tmp/times | tr '\n' ' ')s; trace $(stat -c %s /tmp/r.provm) bytes"
         step "$P" run --input "$where:/data" "$IMAGE" -- true
         rm -rf /tmp/cache/inputs
         step "$P" replay /tmp/r.provm
+        sort -n /tmp/times | awk -v what="$(basename "$src") from $where" \
+          '{ t[NR] = $1 } END { printf "TABLE | %s | %.1f s (%.1f-%.1f) |\n", what, t[int((NR + 1) / 2)], t[1], t[NR] }'
         rm -rf /tmp/cache/inputs /tmp/cache/input-identities /tmp/r.provm
       done ;;
     peer)

@@ -68,8 +68,10 @@ pub const RETIRED_FORMATS: &[(u16, &str)] = &[
 const HEADER_LEN: usize = 16;
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;
-/// Payloads are verified and copied in pieces of this size.
-const COPY_BUFFER: usize = 64 * 1024;
+/// Payloads are verified and copied in pieces of this size: large, as
+/// every read costs more under emulation (the test beds read 1 GiB input
+/// disks).
+const COPY_BUFFER: usize = 1 << 20;
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

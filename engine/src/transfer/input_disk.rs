@@ -13,10 +13,9 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io;
+use std::io::{self, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::symlink;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -31,6 +30,9 @@ use crate::image::flatten::{Kind, Node, Tree};
 use crate::image::{ext4, ContainerError};
 use crate::kernel::cache_dir;
 use crate::notice;
+
+/// How much of the disk is written at a time.
+const WRITE_SIZE: usize = 4 << 20;
 
 /// The zstd level the trace's copy is compressed at: fast, as the image
 /// is mostly the user's data, often compressed already.
@@ -141,6 +143,18 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
         .map(|(position, (index, path))| ((*index, path.as_slice()), position))
         .collect();
     let mut written = vec![0u64; placed.len()];
+    // Writes that follow one another go out as one: under emulation each
+    // write costs more than its copy.
+    let mut out = io::BufWriter::with_capacity(WRITE_SIZE, &disk);
+    let mut next_at = None;
+    let mut write_at = |bytes: &[u8], at: u64| -> io::Result<()> {
+        if next_at != Some(at) {
+            out.seek(io::SeekFrom::Start(at))?;
+        }
+        out.write_all(bytes)?;
+        next_at = Some(at + bytes.len() as u64);
+        Ok(())
+    };
     plan.digest_into(|index, path, data| {
         let position = files[&(index, path)];
         let offset = &mut written[position];
@@ -151,20 +165,22 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
                 .find_map(|extent| extent.locate(*offset))
                 .ok_or(io::ErrorKind::WriteZero)?;
             let len = data.len().min(room as usize);
-            disk.write_all_at(&data[..len], at)?;
+            write_at(&data[..len], at)?;
             data = &data[len..];
             *offset += len as u64;
         }
+        // The rest of the file's last block: zeros, whatever the disk held.
+        let len = placed[position].1;
+        if *offset == len {
+            let tail = len.next_multiple_of(ext4::BLOCK) - len;
+            if let Some((at, _)) = extents[position].iter().find_map(|e| e.locate(len)) {
+                write_at(&vec![0; tail as usize], at)?;
+            }
+        }
         Ok(())
     })?;
-    // The rest of each file's last block: zeros, whatever the disk held.
-    for ((_, len), file) in placed.iter().zip(&extents) {
-        let tail = len.next_multiple_of(ext4::BLOCK) - len;
-        if let Some((at, _)) = file.iter().find_map(|extent| extent.locate(*len)) {
-            disk.write_all_at(&vec![0; tail as usize], at)
-                .map_err(failed)?;
-        }
-    }
+    out.flush().map_err(failed)?;
+    drop(out);
     // A file that shrank since its survey.
     for (((_, len), written), (index, _)) in placed.iter().zip(&written).zip(&owners) {
         if len != written {
@@ -315,11 +331,17 @@ pub fn of_trace(trace: &Trace) -> Result<Option<InputDisk>, DataError> {
     }
     let failed = |error: io::Error| DataError::InputDisk(format!("{}: {error}", path.display()));
     fs::create_dir_all(dir()).map_err(failed)?;
-    let mut out = HashingWriter::new(tempfile::NamedTempFile::new_in(dir()).map_err(failed)?);
+    let file = tempfile::NamedTempFile::new_in(dir()).map_err(failed)?;
+    // The decoder's writes are of 128 KiB: gathered, as the disk's making
+    // does.
+    let mut out = HashingWriter::new(io::BufWriter::with_capacity(WRITE_SIZE, file));
     trace
         .extract_input_disk(&mut out)
         .map_err(|error| DataError::InputDisk(error.to_string()))?;
     let (file, extracted) = out.into_parts();
+    let file = file
+        .into_inner()
+        .map_err(|error| failed(error.into_error()))?;
     if extracted.sha256 != digest.sha256 {
         return Err(DataError::InputDisk(
             "the trace's input disk does not have the digest its manifest records: the trace is corrupt".into(),
