@@ -12,6 +12,8 @@
 
 use std::io::{self, Read, Write};
 
+use provm_trace::format::read_full;
+
 /// How much is judged at a time.
 const STRETCH: usize = 1 << 20;
 /// The sample: this many pieces of this size, spread over the stretch.
@@ -100,20 +102,6 @@ fn write_raw_frame(out: &mut Vec<u8>, data: &[u8]) {
         out.extend_from_slice(&header.to_le_bytes()[..3]);
         out.extend_from_slice(block);
     }
-}
-
-/// Reads until `buffer` is full or `from` ends.
-fn read_full(from: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match from.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(len) => filled += len,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(filled)
 }
 
 #[cfg(test)]

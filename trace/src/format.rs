@@ -499,7 +499,7 @@ pub fn check_readable(version: u16, path: &Path) -> Result<(), FormatError> {
 }
 
 /// Reads until `buf` is full or the input ends; returns how much was read.
-fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+pub fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match input.read(&mut buf[filled..]) {

@@ -6,13 +6,14 @@
 //! (`input_disk`) instead.
 
 use std::fs::{self, File};
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use provm_guest_agent::tree::DATA_CHUNK;
 use provm_guest_agent::{Entry, EntryContent, HostMessage};
+use provm_trace::format::read_full;
 use provm_trace::manifest::{DataDigest, InputRecord};
 use sha2::{Digest, Sha256};
 
@@ -426,6 +427,8 @@ impl<'a> TreeMessages<'a> {
     fn next_chunk(&mut self) -> Option<Result<HostMessage, DataError>> {
         let (file, path, source) = self.open.as_mut()?;
         let mut chunk = vec![0; DATA_CHUNK];
+        // Filled whole: chunks fall at the same places whatever sizes the
+        // reads return.
         let read = read_full(file, &mut chunk).map_err(|source_error| DataError::InputUnreadable {
             path: source.to_path_buf(),
             source: source_error,
@@ -479,21 +482,6 @@ impl Iterator for TreeMessages<'_> {
             }
         }))
     }
-}
-
-/// Reads until `buffer` is full or the file ends: chunks then fall at the
-/// same places whatever sizes the reads return.
-fn read_full(file: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match file.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(len) => filled += len,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(filled)
 }
 
 /// A tree's messages as sent, digested on the way (as tree 0, as the
