@@ -108,7 +108,7 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
 /// `io::copy` with 1 MiB reads: far fewer system calls than its 8 KiB
 /// ones, which count under emulation (the test beds read 1 GiB input
 /// disks).
-pub fn copy_in_large_reads(from: &mut impl io::Read, to: &mut impl io::Write) -> io::Result<()> {
+fn copy_in_large_reads(from: &mut impl io::Read, to: &mut impl io::Write) -> io::Result<()> {
     let mut buffer = vec![0; 1 << 20];
     loop {
         match from.read(&mut buffer) {
