@@ -1,6 +1,6 @@
-//! zstd for data that may not compress: the input disk and an embedded
-//! image hold the user's data, often compressed already (archives, images,
-//! HDF5 with its filters) or random. Trying to compress such bytes costs as
+//! zstd for data that may not compress: the input disk holds the user's
+//! data, often compressed already (archives, images, HDF5 with its
+//! filters) or random. Trying to compress such bytes costs as
 //! much as compressing: 1 GiB of random bytes took 20 s at `zstd -1` and
 //! at `--fast=20` alike on the SVM test bed, against 2 s to copy it. So
 //! each MiB is judged by a sample first, and a MiB whose sample does not

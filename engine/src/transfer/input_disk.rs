@@ -179,8 +179,8 @@ pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
         }
         Ok(())
     })?;
-    out.flush().map_err(failed)?;
-    drop(out);
+    out.into_inner()
+        .map_err(|error| failed(error.into_error()))?;
     // A file that shrank since its survey.
     for (((_, len), written), (index, _)) in placed.iter().zip(&written).zip(&owners) {
         if len != written {

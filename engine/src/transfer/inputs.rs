@@ -394,7 +394,7 @@ fn content_len(message: &HostMessage) -> u64 {
     }
 }
 
-/// Input files are read this much at a time, then cut into messages:
+/// Input files are read up to this much at a time, then cut into messages:
 /// each read costs more than the copy under emulation (the SVM test bed
 /// verified a trace in 34 s in reads of 64 KiB, 13 s in reads of 1 MiB).
 const READ_SIZE: usize = 4 << 20;
@@ -464,11 +464,17 @@ impl Iterator for TreeMessages<'_> {
                 self.entry(path, EntryContent::Symlink(target.clone()))
             }
             Planned::File {
-                path, mode, source, ..
+                path,
+                mode,
+                source,
+                len,
             } => {
                 match File::open(source) {
                     Ok(file) => {
-                        let file = BufReader::with_capacity(READ_SIZE, file);
+                        // No larger than the file: a folder of small files
+                        // allocates no 4 MiB per file.
+                        let capacity = (*len as usize).clamp(DATA_CHUNK, READ_SIZE);
+                        let file = BufReader::with_capacity(capacity, file);
                         self.open = Some((file, path, source))
                     }
                     Err(error) => {
