@@ -26,6 +26,7 @@ mod ro_crate;
 mod smp;
 mod smp_workloads;
 mod state_check;
+mod test_beds;
 mod vector_state;
 
 // Shared with the benches, which build on the same helpers.
