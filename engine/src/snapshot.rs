@@ -14,14 +14,27 @@ pub fn encode(snapshot: &VmSnapshot) -> Vec<u8> {
 /// a field it does not know (the snapshot of another build of provm)
 /// rather than restore without it.
 pub fn decode(bytes: &[u8], memory_mib: u64, machine: u32) -> Result<VmSnapshot, SnapshotError> {
-    let decoded = snapshot::decode::<VmState>(bytes, memory_mib).map_err(|error| match error {
-        SnapshotError::State(source) => SnapshotError::MachineState { machine, source },
-        other => other,
-    })?;
+    let decoded =
+        snapshot::decode::<VmState>(bytes, memory_mib).map_err(|e| of_machine(e, machine))?;
     Ok(VmSnapshot {
         state: decoded.state,
         memory: MemoryImage { runs: decoded.runs },
     })
+}
+
+/// The vCPU that runs first from a snapshot (`VmState::running_vcpu`): the
+/// one a trace's event log runs on until its first switch.
+pub fn first_vcpu(bytes: &[u8], machine: u32) -> Result<usize, SnapshotError> {
+    let state = snapshot::decode_state::<VmState>(bytes).map_err(|e| of_machine(e, machine))?;
+    Ok(state.running_vcpu())
+}
+
+/// A state that does not parse names the machine version it was read as.
+fn of_machine(error: SnapshotError, machine: u32) -> SnapshotError {
+    match error {
+        SnapshotError::State(source) => SnapshotError::MachineState { machine, source },
+        other => other,
+    }
 }
 
 #[cfg(test)]

@@ -207,7 +207,7 @@ fn vmm_events(run: &Run) -> Result<VmmEvents, ExportError> {
     let mut agent_input = FrameReader::default();
     let (mut start_ns, mut now_ns, mut job_wall_ns) = (None, 0, None);
     let mut counters = Counters::default();
-    let mut vcpus = VcpuStretches::default();
+    let mut vcpus = VcpuStretches::starting_on(run.first_vcpu()?);
     let mut exits: BTreeMap<u64, BTreeMap<&'static str, u64>> = BTreeMap::new();
     while let Some(event) = log.next_event()? {
         let device = match &event {
@@ -329,13 +329,14 @@ fn job_clock(input: &mut FrameReader) -> Option<u64> {
     None
 }
 
-/// Which vCPU ran when, from the log's switches: vCPU 0 runs until the
-/// first (as in `provm query`'s `cpu` column). A stretch's times are the
+/// Which vCPU ran when, from the log's switches: the vCPU the snapshot
+/// was taken on runs until the first (as in `provm query`'s `cpu` column). A stretch's times are the
 /// clock readings last logged before its switches, so stretches with no
 /// reading between them have no length; a log without switches (one vCPU)
 /// gives no tracks.
-#[derive(Default)]
 struct VcpuStretches {
+    /// The vCPU that runs until the first switch.
+    first: u8,
     /// The running vCPU and when it started, after the first switch.
     running: Option<(u8, u64)>,
     /// (vCPU, start, end) in nanoseconds of guest time.
@@ -343,9 +344,17 @@ struct VcpuStretches {
 }
 
 impl VcpuStretches {
+    fn starting_on(first: u8) -> Self {
+        VcpuStretches {
+            first,
+            running: None,
+            stretches: Vec::new(),
+        }
+    }
+
     /// A switch to `to` at `now_ns`; `start_ns` is the log's first reading.
     fn switch(&mut self, to: u8, start_ns: u64, now_ns: u64) {
-        let (from, since) = self.running.unwrap_or((0, start_ns));
+        let (from, since) = self.running.unwrap_or((self.first, start_ns));
         if from != to {
             self.stretches.push((from, since, now_ns));
             self.running = Some((to, now_ns));
@@ -497,7 +506,7 @@ mod tests {
             end_ns: 3 * BUCKET_NS + 7,
             job_wall_ns: None,
             counters: Vec::new(),
-            vcpus: VcpuStretches::default(),
+            vcpus: VcpuStretches::starting_on(0),
             exits: BTreeMap::from([
                 (0, BTreeMap::from([("pic", 1)])),
                 (2, BTreeMap::from([("pic", 3)])),
@@ -520,7 +529,7 @@ mod tests {
 
     #[test]
     fn each_vcpu_is_a_thread_of_the_stretches_it_ran() {
-        let mut vcpus = VcpuStretches::default();
+        let mut vcpus = VcpuStretches::starting_on(0);
         vcpus.switch(1, 10, 50);
         vcpus.switch(1, 10, 60);
         vcpus.switch(0, 10, 70);
@@ -555,9 +564,19 @@ mod tests {
             .collect();
         assert_eq!(names, ["vCPU 0", "vCPU 1"]);
         assert!(
-            VcpuStretches::default().finish(90).events().is_empty(),
+            VcpuStretches::starting_on(0).finish(90).events().is_empty(),
             "one vCPU: no tracks"
         );
+    }
+
+    /// A booted guest's snapshot may have been taken on vCPU 1: its log's
+    /// first switch, to vCPU 0, ends vCPU 1's first stretch.
+    #[test]
+    fn the_first_stretch_is_the_snapshots_vcpus() {
+        let mut vcpus = VcpuStretches::starting_on(1);
+        vcpus.switch(0, 10, 50);
+        let stretches = vcpus.finish(90).stretches;
+        assert_eq!(stretches, [(1, 10, 50), (0, 50, 90)]);
     }
 
     #[test]

@@ -33,6 +33,20 @@ impl Run {
         })
     }
 
+    /// The vCPU the event log runs on until its first switch: the one the
+    /// recording's snapshot was taken on, not always vCPU 0.
+    pub fn first_vcpu(&self) -> Result<u8, QueryError> {
+        let machine = self.trace.manifest.machine_version;
+        let cpu =
+            provm_engine::snapshot::first_vcpu(&self.trace.snapshot, machine).map_err(|error| {
+                QueryError::Export {
+                    path: self.trace.path.clone(),
+                    message: format!("its snapshot cannot be read: {error}"),
+                }
+            })?;
+        Ok(cpu as u8)
+    }
+
     /// The trace's exit timing, if it has a timing section (not with
     /// `--no-timing`, nor from an older provm). Read when asked, not at
     /// open: a query that does not read it must not fail on it.

@@ -65,8 +65,8 @@ fn fill(run: &Run, rows: &mut Rows<'_>) -> Result<(), QueryError> {
     let mut idx = 0i64;
     let mut exit: Option<i64> = None;
     let mut guest_ns: Option<i64> = None;
-    // vCPU 0 runs until the log's first switch.
-    let mut cpu = 0u8;
+    // The snapshot's vCPU runs until the log's first switch.
+    let mut cpu = run.first_vcpu()?;
     while let Some(event) = log.next_event()? {
         if event.is_exit() {
             exit = Some(exit.map_or(0, |n| n + 1));

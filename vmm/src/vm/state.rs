@@ -66,6 +66,13 @@ impl VmState {
     pub fn vcpu_count(&self) -> usize {
         self.cpus.as_ref().map_or(1, |cpus| cpus.vcpus.len() + 1)
     }
+
+    /// The vCPU that runs first when the snapshot is restored: the one the
+    /// snapshot was taken on, which a booted guest's need not be vCPU 0 (its
+    /// agent reported ready on whichever ran).
+    pub fn running_vcpu(&self) -> usize {
+        self.cpus.as_ref().map_or(0, |cpus| cpus.scheduler.current)
+    }
 }
 
 impl VmState {
