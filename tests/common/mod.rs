@@ -110,6 +110,42 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     provm(&args)
 }
 
+/// `provm ARGS`, interrupted (SIGINT, as Ctrl-C) once it has written a line
+/// containing `line_part` to stderr, however long the host takes to get
+/// there; a run that ends without writing one is not interrupted.
+pub fn provm_interrupted_at(args: &[&str], line_part: &str) -> Finished {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reading_stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut stderr = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains(line_part) && !stderr.contains(line_part) {
+            // SAFETY: kill(2) on the child's PID, which it keeps until it
+            // is waited for below.
+            assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        }
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    let status = child.wait().unwrap();
+    Finished {
+        status: status.code().unwrap_or(-1),
+        stdout: reading_stdout.join().unwrap(),
+        stderr,
+    }
+}
+
 /// Runs `true` in `image`, which boots and snapshots it the first time, so
 /// that a time limit set after falls on the command, and returns a
 /// `--timeout` for a command that should be stopped by one: `floor`
