@@ -5,7 +5,8 @@
 //! guests (`session`, from the booted guest's cached snapshot:
 //! `fast_start`, `snapshot`), and drives them: `run`, `record` (a run with
 //! every input logged into a trace) and `replay` (the trace re-executed,
-//! every output checked). It has no command line and prints nothing: what
+//! every output checked), and `recover` makes a trace of what a killed
+//! recording left. It has no command line and prints nothing: what
 //! the user should hear goes out as `tracing` events under the target
 //! [`NOTICE`], and errors are typed. What watches a run from above (exit
 //! timing, provenance capture) plugs in as an [`observer::Observer`], so
@@ -30,6 +31,7 @@ pub mod net;
 pub mod observer;
 pub mod pinning;
 pub mod record;
+pub mod recover;
 pub mod replay;
 pub mod run;
 pub mod seen_images;

@@ -22,11 +22,10 @@ pub fn decode(bytes: &[u8], memory_mib: u64, machine: u32) -> Result<VmSnapshot,
     })
 }
 
-/// The vCPU that runs first from a snapshot (`VmState::running_vcpu`): the
-/// one a trace's event log runs on until its first switch.
-pub fn first_vcpu(bytes: &[u8], machine: u32) -> Result<usize, SnapshotError> {
-    let state = snapshot::decode_state::<VmState>(bytes).map_err(|e| of_machine(e, machine))?;
-    Ok(state.running_vcpu())
+/// The state alone, its memory left compressed: what a reader of a trace
+/// needs of its snapshot (which vCPU runs first, the clock's reading).
+pub fn state(bytes: &[u8], machine: u32) -> Result<VmState, SnapshotError> {
+    snapshot::decode_state::<VmState>(bytes).map_err(|e| of_machine(e, machine))
 }
 
 /// A state that does not parse names the machine version it was read as.

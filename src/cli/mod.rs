@@ -11,7 +11,10 @@ mod replay;
 mod reports;
 pub mod status;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use provm_trace::reader::Trace;
 
 use args::{Command, KernelAction};
 
@@ -36,8 +39,47 @@ pub fn dispatch(command: Command, verbose: bool) -> Result<ExitCode, Box<dyn std
         Command::Query(args) => reports::query(args),
         Command::Export { what } => export::export(what),
         Command::Blame(args) => reports::blame(args),
+        Command::Recover {
+            partial,
+            output,
+            force,
+        } => recover(&partial, output, force),
         Command::Kernel { action } => kernel(action),
     }
+}
+
+fn recover(
+    partial: &Path,
+    output: Option<PathBuf>,
+    force: bool,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let output = match output {
+        Some(output) => output,
+        None => provm_engine::recover::default_output(partial).ok_or_else(|| {
+            format!(
+                "{}: not named as a recording's unfinished file (.NAME.XXXXXX.partial); give the trace to write with -o",
+                partial.display()
+            )
+        })?,
+    };
+    provm::output::refuse_existing(force, [Some(output.as_path())])?;
+    let recovered = provm_engine::recover::recover(partial, &output)?;
+    // The trace is read back whole before the file it came from goes.
+    Trace::open(&recovered.trace)?;
+    std::fs::remove_file(partial)?;
+    let how = match recovered.finished {
+        true => "the run had finished; its trace was being completed",
+        false => "cut short where the recording was killed",
+    };
+    eprintln!(
+        "provm: recovered {}: {} events, {how}",
+        recovered.trace.display(),
+        recovered.events
+    );
+    if let Some(torn) = recovered.torn {
+        eprintln!("provm: what followed them was torn and is left out: {torn}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn kernel(action: KernelAction) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -37,14 +37,14 @@ impl Run {
     /// recording's snapshot was taken on, not always vCPU 0.
     pub fn first_vcpu(&self) -> Result<u8, QueryError> {
         let machine = self.trace.manifest.machine_version;
-        let cpu =
-            provm_engine::snapshot::first_vcpu(&self.trace.snapshot, machine).map_err(|error| {
+        let state =
+            provm_engine::snapshot::state(&self.trace.snapshot, machine).map_err(|error| {
                 QueryError::Export {
                     path: self.trace.path.clone(),
                     message: format!("its snapshot cannot be read: {error}"),
                 }
             })?;
-        Ok(cpu as u8)
+        Ok(state.running_vcpu() as u8)
     }
 
     /// The trace's exit timing, if it has a timing section (not with

@@ -110,10 +110,10 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     provm(&args)
 }
 
-/// `provm ARGS`, interrupted (SIGINT, as Ctrl-C) once it has written a line
+/// `provm ARGS`, sent `signal` (SIGINT: Ctrl-C) once it has written a line
 /// containing `line_part` to stderr, however long the host takes to get
-/// there; a run that ends without writing one is not interrupted.
-pub fn provm_interrupted_at(args: &[&str], line_part: &str) -> Finished {
+/// there; a run that ends without writing one is not signalled.
+pub fn provm_signalled_at(args: &[&str], signal: i32, line_part: &str) -> Finished {
     use std::io::{BufRead, BufReader, Read};
     let mut child = Command::new(env!("CARGO_BIN_EXE_provm"))
         .args(args)
@@ -133,7 +133,7 @@ pub fn provm_interrupted_at(args: &[&str], line_part: &str) -> Finished {
         if line.contains(line_part) && !stderr.contains(line_part) {
             // SAFETY: kill(2) on the child's PID, which it keeps until it
             // is waited for below.
-            assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+            assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
         }
         stderr.push_str(&line);
         stderr.push('\n');

@@ -299,7 +299,7 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
     let _guest = one_guest_at_a_time();
     let trace = trace_path("spin");
     let warning = "guest user code has computed for ";
-    let spun = common::provm_interrupted_at(
+    let spun = common::provm_signalled_at(
         &[
             "record",
             "-o",
@@ -315,6 +315,7 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
             "-c",
             "echo spinning; while :; do :; done",
         ],
+        libc::SIGINT,
         warning,
     );
     assert_eq!(spun.status, PROVM_FAILED, "{}", spun.stderr);
@@ -342,6 +343,95 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
         replayed
             .stdout
             .starts_with("replay matched up to where the recording was cut short"),
+        "{}",
+        replayed.stdout
+    );
+}
+
+/// A recording killed with SIGKILL (a container engine's time limit, a
+/// lost node) finishes nothing: its unfinished file is all it leaves, and
+/// `provm recover` makes of it a trace cut short that replays to its last
+/// event chunk written whole.
+#[test]
+fn a_killed_recording_is_recovered_and_replays_to_where_it_was_killed() {
+    let _guest = one_guest_at_a_time();
+    let dir = common::scratch(module_path!()).join("killed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("run.provm");
+    // Every byte to the serial port is a logged exit: 100 lines are about
+    // 30,000 events, a chunk and more.
+    let killed = common::provm_signalled_at(
+        &[
+            "record",
+            "-o",
+            path(&trace),
+            "--timeout",
+            "600",
+            path(&images().tiny_qcow2),
+            "--",
+            "/bin/sh",
+            "-c",
+            "i=0; while :; do i=$((i+1)); echo \"line $i to the serial port\" >/dev/ttyS0; \
+             [ $((i % 100)) = 0 ] && echo \"$i lines\" >&2; done",
+        ],
+        libc::SIGKILL,
+        "200 lines",
+    );
+    assert_eq!(killed.status, -1, "killed by a signal: {}", killed.stderr);
+    assert!(!trace.exists());
+    let partials: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".partial"))
+        .collect();
+    let [partial] = partials.as_slice() else {
+        panic!("one unfinished file: {partials:?}")
+    };
+    let unfinished = provm(&["replay", path(partial)]);
+    assert!(
+        unfinished.stderr.contains("`provm recover`"),
+        "{}",
+        unfinished.stderr
+    );
+    // Never over an existing trace without --force.
+    fs::write(&trace, "mine").unwrap();
+    let refused = provm(&["recover", path(partial)]);
+    assert_ne!(refused.status, 0);
+    assert_eq!(fs::read(&trace).unwrap(), b"mine");
+    fs::remove_file(&trace).unwrap();
+
+    let recovered = provm(&["recover", path(partial)]);
+    assert_eq!(recovered.status, 0, "{}", recovered.stderr);
+    assert!(
+        recovered
+            .stderr
+            .contains("cut short where the recording was killed"),
+        "{}",
+        recovered.stderr
+    );
+    assert!(
+        !partial.exists(),
+        "the unfinished file stays once recovered"
+    );
+    let inspected = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspected.stdout.contains("INCOMPLETE"),
+        "{}",
+        inspected.stdout
+    );
+    let replayed = provm(&["replay", path(&trace)]);
+    assert_eq!(
+        replayed.status, REPLAY_CUT_SHORT,
+        "{}{}",
+        replayed.stdout, replayed.stderr
+    );
+    // Every event the recovered log kept was replayed.
+    let events = Trace::open(&trace).unwrap().outcome.events;
+    assert!(events > 0);
+    assert!(
+        replayed.stdout.starts_with(&format!(
+            "replay matched up to where the recording was cut short: {events} events"
+        )),
         "{}",
         replayed.stdout
     );

@@ -237,6 +237,9 @@ impl SectionWriter {
         })
     }
 
+    /// Writes a section, all of it handed to the file system before this
+    /// returns: a writer killed later (SIGKILL) leaves every section it
+    /// wrote whole in the `.partial` file, for `provm recover`.
     pub fn section(&mut self, kind: SectionKind, payload: &[u8]) -> Result<(), FormatError> {
         let length = (payload.len() as u64).to_le_bytes();
         let digest = section_digest(kind.tag(), length, payload);
@@ -245,6 +248,7 @@ impl SectionWriter {
             .and_then(|()| out.write_all(&length))
             .and_then(|()| out.write_all(&digest))
             .and_then(|()| out.write_all(payload))
+            .and_then(|()| out.flush())
             .map_err(FormatError::Write)
     }
 

@@ -118,7 +118,7 @@ impl Trace {
             }
         }
         let outcome = outcome.ok_or_else(|| {
-            structure(path, "no outcome section: the recording process was killed before it could finish the trace")
+            structure(path, "no outcome section: the recording process was killed before it could finish the trace; `provm recover` makes a trace of what it wrote")
         })?;
         if let Some(promised) = outcome.sections_after.as_ref() {
             if *promised != after_outcome {

@@ -81,6 +81,23 @@ pub enum Command {
     /// cost (RUN: a trace, or `provm run --timing FILE`); with two runs,
     /// their differences; with --what-if, a replay under a changed cost.
     Blame(BlameArgs),
+    /// Make a trace of what a killed recording left (SIGKILL, a lost node,
+    /// an engine's time limit): its unfinished file, `.NAME.XXXXXX.partial`
+    /// beside the trace it was writing, kept up to its last event chunk
+    /// written whole. The trace is cut short, as a timed-out recording's
+    /// is, and replays to there. The unfinished file is removed once the
+    /// trace verifies.
+    Recover {
+        /// The unfinished file.
+        partial: PathBuf,
+        /// The trace to write (default: NAME, the one the recording was
+        /// writing).
+        #[arg(short, long, value_name = "TRACE")]
+        output: Option<PathBuf>,
+        /// Overwrite TRACE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Build or locate the guest kernel.
     Kernel {
         #[command(subcommand)]
