@@ -24,7 +24,7 @@ pub struct Cli {
     /// Accepted for runc's sake; a VM has no host cgroup to place.
     #[arg(long = "systemd-cgroup", global = true)]
     pub systemd_cgroup: bool,
-    /// Log the engine's debug messages too.
+    /// Show warnings on standard error when there is no --log.
     #[arg(long, global = true)]
     pub debug: bool,
     #[command(subcommand)]

@@ -12,11 +12,17 @@ use crate::cli::LogFormat;
 pub struct Log {
     file: Option<PathBuf>,
     format: LogFormat,
+    debug: bool,
 }
 
 impl Log {
-    pub fn new(file: Option<PathBuf>, format: LogFormat) -> Log {
-        Log { file, format }
+    /// With `debug`, warnings go to standard error when there is no log.
+    pub fn new(file: Option<PathBuf>, format: LogFormat, debug: bool) -> Log {
+        Log {
+            file,
+            format,
+            debug,
+        }
     }
 
     /// An error: on standard error and in the log.
@@ -25,12 +31,14 @@ impl Log {
         self.write("error", message);
     }
 
-    /// A warning: in the log, or on standard error without one (during
-    /// `create`, standard error is the container's).
+    /// A warning: in the log; on standard error only with `--debug` and no
+    /// log, as a container engine shows what `create` writes there as the
+    /// container's own output.
     pub fn warn(&self, message: &str) {
         match self.file {
             Some(_) => self.write("warning", message),
-            None => eprintln!("provm-runtime: warning: {message}"),
+            None if self.debug => eprintln!("provm-runtime: warning: {message}"),
+            None => {}
         }
     }
 
@@ -91,7 +99,7 @@ mod tests {
     fn errors_reach_the_log_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.json");
-        let log = Log::new(Some(path.clone()), LogFormat::Json);
+        let log = Log::new(Some(path.clone()), LogFormat::Json, false);
         log.error("first");
         log.warn("second");
         let text = std::fs::read_to_string(path).unwrap();

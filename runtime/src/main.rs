@@ -28,7 +28,7 @@ use state::Containers;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let log = log::Log::new(cli.log.clone(), cli.log_format);
+    let log = log::Log::new(cli.log.clone(), cli.log_format, cli.debug);
     match execute(&cli, &log) {
         Ok(status) => ExitCode::from(status.clamp(0, 255) as u8),
         Err(message) => {

@@ -5,12 +5,19 @@
 //! layer's digest names the disk in provm's cache, and the same flattening
 //! and ext4 builder make it. The same tree always gives the same disk, and
 //! shares its booted guest's snapshot; the directory is only read.
+//!
+//! Directories and symbolic links get provm's fixed time instead of
+//! theirs: an engine adds an entry or two to the root it unpacks for each
+//! container (Podman its /etc/mtab link), which changes the times of the
+//! directories holding them, and would make every container's root a new
+//! disk that boots anew. A file's time is kept.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use super::ext4::FIXED_TIME;
 use super::{make_disk, ContainerError, DISK_FORMAT};
 use crate::digest::HashingWriter;
 use crate::kernel::cache_dir;
@@ -66,7 +73,18 @@ fn write_layer(dir: &Path, file: &File) -> io::Result<String> {
     builder.follow_symlinks(false);
     builder.mode(tar::HeaderMode::Complete);
     for relative in sorted_entries(dir)? {
-        builder.append_path_with_name(dir.join(&relative), &relative)?;
+        let path = dir.join(&relative);
+        let meta = fs::symlink_metadata(&path)?;
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+        header.set_mtime(FIXED_TIME);
+        if meta.is_dir() {
+            builder.append_data(&mut header, &relative, io::empty())?;
+        } else if meta.file_type().is_symlink() {
+            builder.append_link(&mut header, &relative, fs::read_link(&path)?)?;
+        } else {
+            builder.append_path_with_name(&path, &relative)?;
+        }
     }
     let (mut writer, digested) = builder.into_inner()?.into_parts();
     writer.flush()?;
@@ -122,6 +140,15 @@ mod tests {
         let again = resolve_in(&root, &cache).unwrap();
         assert_eq!(again.digest, first.digest);
         assert_eq!(again.disk, first.disk);
+        // A directory's time is not the disk's.
+        fs::write(root.join("etc/added-by-an-engine"), b"").unwrap();
+        fs::remove_file(root.join("etc/added-by-an-engine")).unwrap();
+        let day_one = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400);
+        File::open(root.join("etc"))
+            .unwrap()
+            .set_modified(day_one)
+            .unwrap();
+        assert_eq!(resolve_in(&root, &cache).unwrap().digest, first.digest);
         fs::write(root.join("etc/deep/file"), b"two\n").unwrap();
         let changed = resolve_in(&root, &cache).unwrap();
         assert_ne!(changed.digest, first.digest);

@@ -93,11 +93,14 @@ fn user_and_annotations_are_read() {
     assert!(!plan.recorded());
 }
 
+/// A change made to the Podman-like config.json.
+type Edit = dyn Fn(&mut serde_json::Value);
+
 /// Each refusal names the field (or file) that caused it.
 #[test]
 fn what_a_vm_cannot_honour_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    let cases: Vec<(Box<Edit>, &str)> = vec![
         (
             Box::new(|c| c["mounts"][0]["options"] = serde_json::json!(["rbind"])),
             "mounts[0] (/data)",
