@@ -3,8 +3,9 @@
 //! up to the VM: no guest boots here. `create` checks that the guest
 //! kernel is built (`provm kernel build`), as the end-to-end tests need.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 struct Runtime {
@@ -22,8 +23,14 @@ impl Runtime {
         self.dir.path().join("log.json")
     }
 
+    /// Runs the runtime with `args`. Its output goes through files, not
+    /// pipes: the container's process that `create` starts keeps
+    /// `create`'s standard streams (they are the container's), and would
+    /// hold a pipe open until it ends.
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_provm-runtime"))
+        let streams = tempfile::tempdir_in(self.dir.path()).unwrap();
+        let (out, err) = (streams.path().join("out"), streams.path().join("err"));
+        let status = Command::new(env!("CARGO_BIN_EXE_provm-runtime"))
             .arg("--root")
             .arg(self.dir.path().join("state"))
             .arg("--log")
@@ -31,8 +38,16 @@ impl Runtime {
             .arg("--log-format=json")
             .args(args)
             .env("PROVM_RUNTIME_TRACES", self.dir.path().join("traces"))
-            .output()
-            .unwrap()
+            .stdin(Stdio::null())
+            .stdout(File::create(&out).unwrap())
+            .stderr(File::create(&err).unwrap())
+            .status()
+            .unwrap();
+        Output {
+            status,
+            stdout: std::fs::read(out).unwrap(),
+            stderr: std::fs::read(err).unwrap(),
+        }
     }
 
     /// Runs `args`, which must fail as runc fails, with `expected` in
