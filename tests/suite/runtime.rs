@@ -18,7 +18,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replay_matches, images, one_guest_at_a_time, path, provm, scratch, REPLAY_CUT_SHORT,
+    assert_replay_cut_short, assert_replay_matches, images, one_guest_at_a_time, path, provm,
+    scratch,
 };
 
 const IMAGE: &str = "localhost/provm-busybox:test";
@@ -170,7 +171,6 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
     std::fs::write(volume.join("data.txt"), "from the host\n").unwrap();
     let mount = format!("{}:/data:ro", volume.display());
     let script = "cat; echo $GREETING; pwd; cat /data/data.txt; id -u; exit 3";
-    let started = Instant::now();
     let (output, id) = podman.run(
         &[
             "-i",
@@ -188,7 +188,6 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
         ],
         b"piped in\n",
     );
-    eprintln!("podman run: {:.1} s", started.elapsed().as_secs_f64());
     assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
     assert_eq!(
         text(&output.stdout),
@@ -259,18 +258,5 @@ fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
         "SIGTERM ends the container with 128+15"
     );
     podman.output(&["rm", &id]);
-    let trace = podman.trace(&id);
-    let replayed = provm(&["replay", path(&trace)]);
-    assert_eq!(
-        replayed.status, REPLAY_CUT_SHORT,
-        "{}{}",
-        replayed.stdout, replayed.stderr
-    );
-    assert!(
-        replayed
-            .stdout
-            .starts_with("replay matched up to where the recording was cut short"),
-        "{}",
-        replayed.stdout
-    );
+    assert_replay_cut_short(&podman.trace(&id));
 }
