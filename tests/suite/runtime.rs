@@ -69,7 +69,7 @@ fn podman() -> &'static Podman {
         let tar = podman.dir.join("busybox.tar");
         let packed = Command::new("tar")
             .arg("-C")
-            .arg(&images().root)
+            .arg(root_with_users(&podman.dir))
             .arg("-cf")
             .arg(&tar)
             .arg(".")
@@ -91,6 +91,43 @@ fn podman() -> &'static Podman {
         );
         podman
     })
+}
+
+/// The tests' busybox root with an /etc/passwd and /etc/group that name
+/// the user `--user` gives: in a root without them, Podman writes its own
+/// into each container's root, which then makes a disk of its own and
+/// boots anew. Fixed times, so that every test run's image is the same
+/// and shares one disk and its booted guest.
+fn root_with_users(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&images().root)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let etc = root.join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let files = [
+        (
+            "passwd",
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:100::/tmp:/bin/sh\n",
+        ),
+        ("group", "root:x:0:\nusers:x:100:\n"),
+    ];
+    let fixed = std::time::UNIX_EPOCH + Duration::from_secs(946_684_800);
+    for (name, content) in files {
+        let path = etc.join(name);
+        std::fs::write(&path, content).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(fixed)
+            .unwrap();
+    }
+    root
 }
 
 impl Podman {
