@@ -223,6 +223,7 @@ pub fn run(
     if detach {
         return Ok(0);
     }
+    signals::forward_to(child.id() as i32)?;
     let status = child
         .wait()
         .map_err(|error| format!("cannot wait for the container's process: {error}"))?;

@@ -8,6 +8,8 @@ use libc::c_int;
 
 /// The signal that ended the recording; 0: none.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// The container's process that `run` waits for; 0: none yet.
+static WAITED_FOR: AtomicI32 = AtomicI32::new(0);
 
 /// What `kill` sends and `podman stop` sends first: each ends a recording
 /// with its trace finished (SIGKILL cannot be caught: it leaves the
@@ -74,11 +76,32 @@ extern "C" fn on_ending_signal(signal: c_int, _: *mut libc::siginfo_t, _: *mut l
 /// (the guest stops at its next exit and the trace is finished) instead
 /// of this process.
 pub fn end_recording_on_kill() -> Result<(), String> {
+    on_ending_signals(on_ending_signal)
+}
+
+/// `handler` for each of the signals that end a recording.
+fn on_ending_signals(handler: vmm_sys_util::signal::SignalHandler) -> Result<(), String> {
     for &signal in ENDING {
-        vmm_sys_util::signal::register_signal_handler(signal, on_ending_signal)
+        vmm_sys_util::signal::register_signal_handler(signal, handler)
             .map_err(|error| format!("cannot handle signal {signal}: {error}"))?;
     }
     Ok(())
+}
+
+extern "C" fn forward(signal: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let pid = WAITED_FOR.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe and touches no memory of ours.
+        unsafe { libc::kill(pid, signal) };
+    }
+}
+
+/// From now on, the signals `kill` sends to `run` go on to the
+/// container's process `pid`, as they would to runc's: a workload
+/// manager that signals `run` (Slurm's) ends the recording cleanly.
+pub fn forward_to(pid: i32) -> Result<(), String> {
+    WAITED_FOR.store(pid, Ordering::Relaxed);
+    on_ending_signals(forward)
 }
 
 /// The signal that ended the recording, if one did.
