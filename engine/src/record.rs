@@ -368,8 +368,16 @@ fn lossy(args: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+/// Ends the recording under way as Ctrl-C does: the guest stops at its
+/// next exit and the trace is finished, marked cut short. One atomic
+/// store, so a signal handler may call it (provm-runtime's, for the
+/// signals `kill` sends a container).
+pub fn interrupt() {
     INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    interrupt();
 }
 
 fn install_interrupt_handler() {

@@ -281,7 +281,7 @@ impl Seam for Recorder {
 
     fn stop_reason(&self) -> Option<String> {
         if self.interrupted.load(Ordering::Relaxed) {
-            return Some("interrupted (Ctrl-C)".into());
+            return Some("interrupted (Ctrl-C, or a signal that ends the recording)".into());
         }
         self.log.lock().unwrap().error.clone()
     }

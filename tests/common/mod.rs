@@ -278,6 +278,28 @@ pub fn assert_replay_matches(trace: &Path) -> String {
     replay.stdout
 }
 
+/// Replays `trace`, a recording cut short, asserts it matched up to where
+/// it was cut (status 3), and returns what replay printed.
+pub fn assert_replay_cut_short(trace: &Path) -> String {
+    let replay = provm(&["replay", path(trace)]);
+    assert_eq!(
+        replay.status,
+        REPLAY_CUT_SHORT,
+        "{}: {}{}",
+        trace.display(),
+        replay.stdout,
+        replay.stderr
+    );
+    assert!(
+        replay
+            .stdout
+            .starts_with("replay matched up to where the recording was cut short"),
+        "{}",
+        replay.stdout
+    );
+    replay.stdout
+}
+
 /// The Debian 12 image with python3 that scripts/debian-image builds (once,
 /// cached like the demo's).
 pub fn debian_image() -> &'static Path {

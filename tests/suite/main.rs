@@ -23,6 +23,7 @@ mod query;
 mod record_replay;
 mod reproducibility;
 mod ro_crate;
+mod runtime;
 mod smp;
 mod smp_workloads;
 mod state_check;

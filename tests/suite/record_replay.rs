@@ -324,7 +324,7 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
     for part in [
         warning,
         " s without a VM exit",
-        "interrupted (Ctrl-C)",
+        "interrupted (Ctrl-C",
         "marked incomplete",
     ] {
         assert!(spun.stderr.contains(part), "{part}: {}", spun.stderr);

@@ -13,6 +13,7 @@ pub(crate) mod ext4;
 pub(crate) mod flatten;
 pub mod layout;
 pub mod reference;
+pub mod root_dir;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -161,11 +162,26 @@ fn resolve_in(reference: &ImageRef, cache: &Path) -> Result<Resolved, ContainerE
 /// Flattens `image` into a disk at `disk`, written whole or not at all.
 fn build_disk(image: &Image, name: &str, disk: &Path) -> Result<(), ContainerError> {
     image.verify_layers(name)?;
+    make_disk(name, image.layer_count(), disk, |tree| {
+        for index in 0..image.layer_count() {
+            tree.apply(index + 1, image.layer(index)?)?;
+        }
+        Ok(())
+    })
+}
+
+/// Makes the disk at `disk` of the tree `layers` layers build (`apply`
+/// applies them), written whole or not at all.
+fn make_disk(
+    name: &str,
+    layers: usize,
+    disk: &Path,
+    apply: impl FnOnce(&mut flatten::Tree) -> Result<(), ContainerError>,
+) -> Result<(), ContainerError> {
     let started = Instant::now();
     notice!(
-        "making a disk of {name} ({} layer{}), once: it is kept in provm's cache",
-        image.layer_count(),
-        if image.layer_count() == 1 { "" } else { "s" }
+        "making a disk of {name} ({layers} layer{}), once: it is kept in provm's cache",
+        if layers == 1 { "" } else { "s" }
     );
     let dir = disk.parent().expect("the cache file is in a directory");
     let write_error = |source| ContainerError::Write {
@@ -180,9 +196,7 @@ fn build_disk(image: &Image, name: &str, disk: &Path) -> Result<(), ContainerErr
     let staging = scratch.path().join("root");
     std::fs::create_dir(&staging).map_err(write_error)?;
     let mut tree = flatten::Tree::new(&staging);
-    for index in 0..image.layer_count() {
-        tree.apply(index + 1, image.layer(index)?)?;
-    }
+    apply(&mut tree)?;
     let built = scratch.path().join("disk.ext4");
     ext4::build(&tree, scratch.path(), &built, ext4::FREE_BYTES)?;
     std::fs::File::open(&built)

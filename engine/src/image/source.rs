@@ -31,6 +31,10 @@ pub enum DigestKind {
     /// A docker archive has no manifest: docker names its images by ID,
     /// the digest of their configuration.
     ImageId,
+    /// A root directory a container engine unpacked (an OCI runtime
+    /// bundle's) has neither: the digest of its tree, as `root_dir` reads
+    /// it into a layer.
+    RootDirectory,
 }
 
 impl std::fmt::Display for DigestKind {
@@ -38,6 +42,7 @@ impl std::fmt::Display for DigestKind {
         f.write_str(match self {
             DigestKind::Manifest => "manifest",
             DigestKind::ImageId => "image ID",
+            DigestKind::RootDirectory => "root directory",
         })
     }
 }

@@ -1,0 +1,181 @@
+//! A root file system given as a directory (an OCI runtime bundle's
+//! `root.path`, which a container engine has already unpacked) made into
+//! a disk the way a container image is: the directory is read into one
+//! tar layer, in sorted order, with each entry's owner, mode and time; the
+//! layer's digest names the disk in provm's cache, and the same flattening
+//! and ext4 builder make it. The same tree always gives the same disk, and
+//! shares its booted guest's snapshot; the directory is only read.
+//!
+//! Directories and symbolic links get provm's fixed time instead of
+//! theirs: an engine adds an entry or two to the root it unpacks for each
+//! container (Podman its /etc/mtab link), which changes the times of the
+//! directories holding them, and would make every container's root a new
+//! disk that boots anew. A file's time is kept.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use super::ext4::FIXED_TIME;
+use super::{make_disk, ContainerError, DISK_FORMAT};
+use crate::digest::HashingWriter;
+use crate::kernel::cache_dir;
+
+/// A root directory as a disk: the disk, and `sha256:` of the directory's
+/// layer (what names its content).
+#[derive(Clone, Debug)]
+pub struct RootDisk {
+    pub disk: PathBuf,
+    pub digest: String,
+}
+
+/// The disk of the root directory `dir`, made unless provm's cache has it.
+pub fn resolve(dir: &Path) -> Result<RootDisk, ContainerError> {
+    resolve_in(dir, &cache_dir().join("container-disks"))
+}
+
+fn resolve_in(dir: &Path, cache: &Path) -> Result<RootDisk, ContainerError> {
+    let write_error = |source| ContainerError::Write {
+        path: cache.to_owned(),
+        source,
+    };
+    if !dir.is_dir() {
+        return Err(ContainerError::NotADirectory {
+            image: dir.display().to_string(),
+        });
+    }
+    fs::create_dir_all(cache).map_err(write_error)?;
+    let layer = tempfile::Builder::new()
+        .prefix(".root-layer-")
+        .tempfile_in(cache)
+        .map_err(write_error)?;
+    let sha256 = write_layer(dir, layer.as_file()).map_err(|source| ContainerError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let disk = cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"));
+    if !disk.exists() {
+        make_disk(&dir.display().to_string(), 1, &disk, |tree| {
+            let layer = File::open(layer.path()).map_err(write_error)?;
+            tree.apply(1, io::BufReader::new(layer))
+        })?;
+    }
+    Ok(RootDisk {
+        disk,
+        digest: format!("sha256:{sha256}"),
+    })
+}
+
+/// Writes the tree under `dir` as a tar to `file`; returns its SHA-256.
+fn write_layer(dir: &Path, file: &File) -> io::Result<String> {
+    let mut builder = tar::Builder::new(HashingWriter::new(BufWriter::new(file)));
+    builder.follow_symlinks(false);
+    builder.mode(tar::HeaderMode::Complete);
+    for relative in sorted_entries(dir)? {
+        let path = dir.join(&relative);
+        let meta = fs::symlink_metadata(&path)?;
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+        header.set_mtime(FIXED_TIME);
+        if meta.is_dir() {
+            builder.append_data(&mut header, &relative, io::empty())?;
+        } else if meta.file_type().is_symlink() {
+            builder.append_link(&mut header, &relative, fs::read_link(&path)?)?;
+        } else {
+            builder.append_path_with_name(&path, &relative)?;
+        }
+    }
+    let (mut writer, digested) = builder.into_inner()?.into_parts();
+    writer.flush()?;
+    Ok(digested.sha256)
+}
+
+/// Every entry under `dir`, relative to it, each directory before what it
+/// holds and names sorted, so that the layer's bytes depend on the tree
+/// only. Sockets are left out: they have no content, and a tar has no
+/// place for them.
+fn sorted_entries(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut pending = vec![PathBuf::new()];
+    while let Some(relative) = pending.pop() {
+        let mut names: Vec<_> = fs::read_dir(dir.join(&relative))?
+            .map(|entry| entry.map(|entry| (entry.file_name(), entry.file_type())))
+            .collect::<io::Result<_>>()?;
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut directories = Vec::new();
+        for (name, kind) in names {
+            let kind = kind?;
+            if kind.is_socket() {
+                continue;
+            }
+            let path = relative.join(name);
+            found.push(path.clone());
+            if kind.is_dir() {
+                directories.push(path);
+            }
+        }
+        // Popped in name order.
+        pending.extend(directories.into_iter().rev());
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same tree makes the same disk, found in the cache the second
+    /// time; a changed file makes another.
+    #[test]
+    fn a_root_directory_is_made_into_a_disk_named_by_its_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        fs::create_dir_all(root.join("etc/deep")).unwrap();
+        fs::write(root.join("etc/deep/file"), b"one\n").unwrap();
+        std::os::unix::fs::symlink("deep/file", root.join("etc/link")).unwrap();
+        let cache = dir.path().join("cache");
+        let first = resolve_in(&root, &cache).unwrap();
+        assert!(first.disk.exists());
+        let again = resolve_in(&root, &cache).unwrap();
+        assert_eq!(again.digest, first.digest);
+        assert_eq!(again.disk, first.disk);
+        // A directory's time is not the disk's.
+        fs::write(root.join("etc/added-by-an-engine"), b"").unwrap();
+        fs::remove_file(root.join("etc/added-by-an-engine")).unwrap();
+        let day_one = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400);
+        File::open(root.join("etc"))
+            .unwrap()
+            .set_modified(day_one)
+            .unwrap();
+        assert_eq!(resolve_in(&root, &cache).unwrap().digest, first.digest);
+        fs::write(root.join("etc/deep/file"), b"two\n").unwrap();
+        let changed = resolve_in(&root, &cache).unwrap();
+        assert_ne!(changed.digest, first.digest);
+        let listing = std::process::Command::new("debugfs")
+            .arg("-R")
+            .arg("cat /etc/deep/file")
+            .arg(&changed.disk)
+            .output()
+            .unwrap();
+        assert_eq!(listing.stdout, b"two\n");
+        // No layer left behind in the cache.
+        let left: Vec<_> = fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().starts_with(".root-layer-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn entries_are_listed_parents_first_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for path in ["b/z", "b/a", "a", "c"] {
+            fs::create_dir_all(dir.path().join(path)).unwrap();
+        }
+        let entries = sorted_entries(dir.path()).unwrap();
+        let names: Vec<_> = entries.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(names, ["a", "b", "c", "b/a", "b/z"]);
+    }
+}

@@ -1,0 +1,119 @@
+//! The container's process (`init`, started by `create`): it waits for
+//! `start`, runs the command in provm's VM, recorded unless the bundle
+//! says not, with its own standard streams as the command's, and exits
+//! with the command's status (128 + N when signal N stopped it).
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind, ImageRef};
+use provm_engine::record::{self, RecordError, RecordOptions};
+use provm_engine::run::{self, RunOptions};
+use provm_engine::transfer::Input;
+
+use crate::fifo;
+use crate::signals;
+use crate::state::{Container, Containers, FIFO};
+
+/// The status of a container whose command could not be run (runc's
+/// `create` fails instead; here the VM starts after `start`).
+pub const FAILED: i32 = 125;
+/// How long a container may run: the engine needs a limit, and a
+/// container has none of its own.
+const TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// As `provm record`'s default: a guest spinning this long with no exit
+/// while a tick waits is stopped.
+const EXITLESS_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs the container `id`; returns its exit status.
+pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
+    let container = containers.container(id)?;
+    fifo::wait_for_start(&containers.dir(id).join(FIFO))
+        .map_err(|error| format!("waiting for start: {error}"))?;
+    let options = run_options(&container, stdin(&container)?);
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    let status = match &container.trace {
+        None => run::run(&options, &mut [], &mut stdout, &mut stderr)
+            .map(|ran| ran.outcome.shell_status())
+            .map_err(|error| error.to_string()),
+        Some(trace) => recorded(options, trace.clone(), &mut stdout, &mut stderr),
+    };
+    stdout.flush().ok();
+    status
+}
+
+fn recorded(
+    options: RunOptions,
+    trace: PathBuf,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<i32, String> {
+    signals::end_recording_on_kill()?;
+    let options = RecordOptions {
+        run: options,
+        output: trace,
+        embed_image: false,
+        exitless_limit: Some(EXITLESS_LIMIT),
+        chaos: None,
+    };
+    match record::record(&options, &mut [], stdout, stderr) {
+        Ok(recorded) => Ok(recorded.outcome.shell_status()),
+        // Stopped by `kill`: the trace holds the run up to there.
+        Err(RecordError::CutShort { .. }) if signals::received().is_some() => {
+            Ok(128 + signals::received().unwrap_or_default())
+        }
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// The command's standard input: the process's, read to its end (the
+/// engine sends it whole), unless it is a terminal, which is left alone.
+fn stdin(container: &Container) -> Result<Option<Vec<u8>>, String> {
+    let stdin = std::io::stdin();
+    if container.plan.terminal || stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    stdin
+        .lock()
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("cannot read the container's standard input: {error}"))?;
+    Ok((!bytes.is_empty()).then_some(bytes))
+}
+
+fn run_options(container: &Container, stdin: Option<Vec<u8>>) -> RunOptions {
+    let plan = &container.plan;
+    let command = plan.args.iter().map(OsString::from).collect();
+    let defaults = RunOptions::new(container.disk.clone(), command);
+    RunOptions {
+        env: plan.env.clone(),
+        cwd: plan.cwd.clone(),
+        user: plan.user.clone(),
+        inputs: plan
+            .inputs
+            .iter()
+            .map(|(host, guest)| Input {
+                host: host.clone(),
+                guest: guest.clone(),
+            })
+            .collect(),
+        stdin,
+        cpus: plan.cpus.unwrap_or(defaults.cpus),
+        memory_mib: plan.memory_mib.unwrap_or(defaults.memory_mib),
+        // Side by side where nothing is recorded, as `provm run` does.
+        parallel: container.trace.is_none(),
+        timeout: TIMEOUT,
+        container: Some(ImageOrigin {
+            reference: ImageRef::Disk(PathBuf::from(&container.image_name)),
+            digest: container.image_digest.clone(),
+            digest_kind: match container.digest_of_root {
+                true => DigestKind::RootDirectory,
+                false => DigestKind::Manifest,
+            },
+            config: ContainerConfig::default(),
+        }),
+        ..defaults
+    }
+}

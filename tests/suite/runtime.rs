@@ -1,0 +1,299 @@
+//! provm-runtime under the real Podman (Debian 12's 4.3.1, with conmon):
+//! a container's standard input and output, its exit status, `-e`, `-w`,
+//! a read-only volume, a terminal (`-t`), recording turned off by an
+//! annotation, and `podman stop`; each recorded container leaves a trace
+//! that `provm replay` re-executes with no container engine. The image is
+//! the tests' busybox root, imported (no registry is reachable); Podman
+//! keeps its store in a scratch folder, and runs with cgroupfs and the
+//! rlimits this host allows (see docs/runtime.md). Podman unpacks the
+//! same image into the same tree, so every container shares one disk and
+//! its booted guest's snapshot.
+
+use crate::common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{
+    assert_replay_cut_short, assert_replay_matches, images, one_guest_at_a_time, path, provm,
+    scratch,
+};
+
+const IMAGE: &str = "localhost/provm-busybox:test";
+
+/// Podman with a store, a configuration and a traces folder of its own.
+struct Podman {
+    dir: PathBuf,
+    traces: PathBuf,
+    runtime: PathBuf,
+}
+
+fn podman() -> &'static Podman {
+    static PODMAN: OnceLock<Podman> = OnceLock::new();
+    PODMAN.get_or_init(|| {
+        // Built beside provm by the workspace's build (scripts/test's).
+        let runtime = Path::new(env!("CARGO_BIN_EXE_provm")).with_file_name("provm-runtime");
+        assert!(
+            runtime.exists(),
+            "{} is missing: build it with `cargo build --release -p provm-runtime`",
+            runtime.display()
+        );
+        let dir = scratch(module_path!()).join("podman");
+        let traces = dir.join("traces");
+        std::fs::create_dir_all(&traces).unwrap();
+        // conmon, which starts the runtime, passes on only the environment
+        // the configuration names.
+        let mut environment = vec![
+            format!("PATH={}", std::env::var("PATH").unwrap()),
+            format!("PROVM_RUNTIME_TRACES={}", traces.display()),
+        ];
+        for variable in ["HOME", "PROVM_CACHE", "XDG_CACHE_HOME"] {
+            if let Ok(value) = std::env::var(variable) {
+                environment.push(format!("{variable}={value}"));
+            }
+        }
+        let quoted: Vec<String> = environment.iter().map(|e| format!("{e:?}")).collect();
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!("[engine]\nconmon_env_vars = [{}]\n", quoted.join(", ")),
+        )
+        .unwrap();
+        let podman = Podman {
+            dir,
+            traces,
+            runtime,
+        };
+        let tar = podman.dir.join("busybox.tar");
+        let packed = Command::new("tar")
+            .arg("-C")
+            .arg(root_with_users(&podman.dir))
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(packed.success());
+        let imported = podman
+            .command()
+            .args(["import"])
+            .arg(&tar)
+            .arg(IMAGE)
+            .output();
+        let imported =
+            imported.unwrap_or_else(|e| panic!("podman: {e} (run scripts/install-deps)"));
+        assert!(
+            imported.status.success(),
+            "{}",
+            String::from_utf8_lossy(&imported.stderr)
+        );
+        podman
+    })
+}
+
+/// The tests' busybox root with an /etc/passwd and /etc/group that name
+/// the user `--user` gives: in a root without them, Podman writes its own
+/// into each container's root, which then makes a disk of its own and
+/// boots anew. Fixed times, so that every test run's image is the same
+/// and shares one disk and its booted guest.
+fn root_with_users(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&images().root)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let etc = root.join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let files = [
+        (
+            "passwd",
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:100::/tmp:/bin/sh\n",
+        ),
+        ("group", "root:x:0:\nusers:x:100:\n"),
+    ];
+    let fixed = std::time::UNIX_EPOCH + Duration::from_secs(946_684_800);
+    for (name, content) in files {
+        let path = etc.join(name);
+        std::fs::write(&path, content).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(fixed)
+            .unwrap();
+    }
+    root
+}
+
+impl Podman {
+    fn command(&self) -> Command {
+        let mut command = Command::new("podman");
+        command
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--cgroup-manager=cgroupfs")
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"));
+        command
+    }
+
+    /// `podman run` of `args` (options, then the image and command) with
+    /// provm-runtime, `stdin` written to it; its output and the id of the
+    /// container it ran.
+    fn run(&self, args: &[&str], stdin: &[u8]) -> (Output, String) {
+        let cidfile = self.dir.join(format!("cid-{}", unique()));
+        let mut child = self
+            .command()
+            .arg("run")
+            .arg("--runtime")
+            .arg(&self.runtime)
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(["--network", "none", "--cidfile"])
+            .arg(&cidfile)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let id = std::fs::read_to_string(&cidfile).unwrap_or_default();
+        (output, id.trim().to_owned())
+    }
+
+    fn trace(&self, id: &str) -> PathBuf {
+        self.traces.join(format!("{id}.provm"))
+    }
+
+    fn output(&self, args: &[&str]) -> String {
+        let output = self.command().args(args).output().unwrap();
+        assert!(
+            output.status.success(),
+            "podman {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replays() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let volume = podman.dir.join("volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::write(volume.join("data.txt"), "from the host\n").unwrap();
+    let mount = format!("{}:/data:ro", volume.display());
+    let script = "cat; echo $GREETING; pwd; cat /data/data.txt; id -u; exit 3";
+    let (output, id) = podman.run(
+        &[
+            "-i",
+            "--rm",
+            "-e",
+            "GREETING=hello",
+            "-w",
+            "/tmp",
+            "-v",
+            &mount,
+            IMAGE,
+            "sh",
+            "-c",
+            script,
+        ],
+        b"piped in\n",
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "piped in\nhello\n/tmp\nfrom the host\n0\n"
+    );
+    let trace = podman.trace(&id);
+    assert!(trace.exists(), "no trace {}", trace.display());
+    let replayed = assert_replay_matches(&trace);
+    assert!(replayed.contains("the exit status"), "{replayed}");
+    // The trace names the command and the root it ran on.
+    let inspected = provm(&["inspect", path(&trace)]);
+    assert_eq!(inspected.status, 0, "{}", inspected.stderr);
+    assert!(inspected.stdout.contains(&id), "{}", inspected.stdout);
+    assert!(
+        inspected.stdout.contains("root directory sha256:"),
+        "{}",
+        inspected.stdout
+    );
+}
+
+#[test]
+fn a_terminal_and_a_user_and_recording_turned_off() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let (output, id) = podman.run(
+        &[
+            "-t",
+            "--rm",
+            "--user",
+            "1000:100",
+            "--annotation",
+            "run.provm.record=false",
+            IMAGE,
+            "sh",
+            "-c",
+            "echo uid $(id -u):$(id -g)",
+        ],
+        b"",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    // Through the terminal, whose line discipline ends lines with CR LF.
+    assert_eq!(text(&output.stdout), "uid 1000:100\r\n");
+    assert!(!podman.trace(&id).exists());
+}
+
+#[test]
+fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let (output, id) = podman.run(
+        &["-d", IMAGE, "sh", "-c", "echo started; exec sleep 600"],
+        b"",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !podman.output(&["logs", &id]).contains("started") {
+        assert!(
+            Instant::now() < deadline,
+            "the container never started its command"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    podman.output(&["stop", "-t", "60", &id]);
+    let status = podman.output(&["inspect", "--format", "{{.State.ExitCode}}", &id]);
+    assert_eq!(
+        status.trim(),
+        "143",
+        "SIGTERM ends the container with 128+15"
+    );
+    podman.output(&["rm", &id]);
+    assert_replay_cut_short(&podman.trace(&id));
+}
