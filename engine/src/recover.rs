@@ -15,6 +15,7 @@ use provm_trace::event_log::{EventLogWriter, EventStream};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionKind, TraceReader};
 use provm_trace::manifest::{Manifest, Outcome};
+use provm_trace::reader::Trace;
 use provm_trace::snapshot::SnapshotError;
 use provm_trace::writer::{Ending, Leading, TraceWriter};
 
@@ -37,6 +38,11 @@ pub enum RecoverError {
     NoStart(PathBuf, String),
     #[error("{0}: the booted guest's snapshot in it cannot be read: {1}")]
     Snapshot(PathBuf, SnapshotError),
+    #[error("cannot remove {path} once recovered: {source}")]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The trace `partial` would have become: `.NAME.XXXXXX.partial` -> NAME,
@@ -48,8 +54,42 @@ pub fn default_output(partial: &Path) -> Option<PathBuf> {
     (!trace.is_empty()).then(|| partial.with_file_name(trace))
 }
 
-/// Writes the trace at `out` from the unfinished `partial`.
+/// The unfinished files a recording of `trace` left beside it, newest
+/// first.
+pub fn partials_of(trace: &Path) -> Vec<PathBuf> {
+    let dir = match trace.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut partials: Vec<(SystemTime, PathBuf)> = entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| default_output(path).as_deref() == Some(trace))
+        .map(|path| {
+            let modified = std::fs::metadata(&path).and_then(|m| m.modified());
+            (modified.unwrap_or(SystemTime::UNIX_EPOCH), path)
+        })
+        .collect();
+    partials.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    partials.into_iter().map(|(_, path)| path).collect()
+}
+
+/// Writes the trace at `out` from the unfinished `partial`, reads it back
+/// whole, and only then removes `partial`.
 pub fn recover(partial: &Path, out: &Path) -> Result<Recovered, RecoverError> {
+    let recovered = write_recovered(partial, out)?;
+    Trace::open(&recovered.trace)?;
+    std::fs::remove_file(partial).map_err(|source| RecoverError::Remove {
+        path: partial.into(),
+        source,
+    })?;
+    Ok(recovered)
+}
+
+fn write_recovered(partial: &Path, out: &Path) -> Result<Recovered, RecoverError> {
     let no_start = |error: FormatError| RecoverError::NoStart(partial.into(), error.to_string());
     let manifest = manifest(partial).map_err(no_start)?;
     let leading = Leading::of_trace(partial, manifest).map_err(no_start)?;

@@ -170,7 +170,7 @@ pub fn kill(containers: &Containers, id: &str, signal: &str) -> Result<(), Strin
 }
 
 /// `delete`: forgets a stopped container; `--force` kills it first.
-pub fn delete(containers: &Containers, id: &str, force: bool) -> Result<(), String> {
+pub fn delete(containers: &Containers, id: &str, force: bool, log: &Log) -> Result<(), String> {
     if force && !containers.dir(id).exists() {
         return Ok(());
     }
@@ -189,7 +189,32 @@ pub fn delete(containers: &Containers, id: &str, force: bool) -> Result<(), Stri
         // Stopped, or created only halfway: nothing runs.
         _ => {}
     }
+    if let Some(trace) = containers.container(id)?.trace {
+        recover_killed_recording(&trace, log);
+    }
     containers.remove(id)
+}
+
+/// A container process killed outright (`delete --force`, an engine's or
+/// Slurm's SIGKILL) left its recording unfinished: its trace is made of
+/// what it wrote, cut short there (`provm recover`'s work).
+fn recover_killed_recording(trace: &Path, log: &Log) {
+    if trace.exists() {
+        return;
+    }
+    let Some(partial) = provm_engine::recover::partials_of(trace).into_iter().next() else {
+        return;
+    };
+    match provm_engine::recover::recover(&partial, trace) {
+        Ok(recovered) => log.warn(&format!(
+            "the container's recording was killed; {} holds its first {} events, cut short",
+            recovered.trace.display(),
+            recovered.events
+        )),
+        Err(error) => log.warn(&format!(
+            "the container's recording was killed and cannot be recovered: {error}"
+        )),
+    }
 }
 
 fn wait_until_stopped(containers: &Containers, id: &str, process: &Process) -> Result<(), String> {
@@ -217,7 +242,7 @@ pub fn run(
 ) -> Result<i32, String> {
     let mut child = create(globals, args, log, containers)?;
     if let Err(error) = start(containers, &args.id) {
-        delete(containers, &args.id, true).ok();
+        delete(containers, &args.id, true, log).ok();
         return Err(error);
     }
     if detach {

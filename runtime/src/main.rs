@@ -57,7 +57,7 @@ fn execute(cli: &Cli, log: &log::Log) -> Result<i32, String> {
             Ok(0)
         }
         Command::Kill { id, signal, .. } => commands::kill(&containers, id, signal).map(|()| 0),
-        Command::Delete { id, force } => commands::delete(&containers, id, *force).map(|()| 0),
+        Command::Delete { id, force } => commands::delete(&containers, id, *force, log).map(|()| 0),
         Command::Run { create, detach } => {
             commands::run(&globals, create, *detach, log, &containers)
         }

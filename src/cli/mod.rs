@@ -14,8 +14,6 @@ pub mod status;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use provm_trace::reader::Trace;
-
 use args::{Command, KernelAction};
 
 /// Runs `command`: its exit code, or what failed.
@@ -64,9 +62,6 @@ fn recover(
     };
     provm::output::refuse_existing(force, [Some(output.as_path())])?;
     let recovered = provm_engine::recover::recover(partial, &output)?;
-    // The trace is read back whole before the file it came from goes.
-    Trace::open(&recovered.trace)?;
-    std::fs::remove_file(partial)?;
     let how = match recovered.finished {
         true => "the run had finished; its trace was being completed",
         false => "cut short where the recording was killed",

@@ -297,3 +297,39 @@ fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
     podman.output(&["rm", &id]);
     assert_replay_cut_short(&podman.trace(&id));
 }
+
+/// `podman rm --force --time 0` kills the container's process outright
+/// (SIGKILL), as an engine's time limit or a lost node does: its recording
+/// cannot finish, and the runtime's `delete` makes its trace of what it
+/// had written (`provm recover`'s work), which replays to there.
+#[test]
+fn a_container_killed_outright_leaves_a_trace_that_replays_to_there() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    // Every byte to the serial port is a logged exit: 100 lines fill more
+    // than one of the log's chunks.
+    let script = "i=0; while :; do i=$((i+1)); echo \"line $i to the serial port\" >/dev/ttyS0; \
+                  [ $((i % 100)) = 0 ] && echo \"$i lines\"; done";
+    let (output, id) = podman.run(&["-d", IMAGE, "sh", "-c", script], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !podman.output(&["logs", &id]).contains("200 lines") {
+        assert!(
+            Instant::now() < deadline,
+            "the container never wrote 200 lines"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    podman.output(&["rm", "--force", "--time", "0", &id]);
+    let trace = podman.trace(&id);
+    let inspected = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspected
+            .stdout
+            .contains("the recording process was killed"),
+        "{}{}",
+        inspected.stdout,
+        inspected.stderr
+    );
+    assert_replay_cut_short(&trace);
+}
