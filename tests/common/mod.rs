@@ -110,6 +110,14 @@ pub fn record_shell(image: &Path, trace: &Path, extra: &[&str], script: &str) ->
     provm(&args)
 }
 
+/// A shell script that writes lines to the serial port for ever, every
+/// byte a logged exit (100 lines: about 30,000 events, more than a chunk
+/// of the log), and says "N lines" on stderr at every hundredth: a
+/// recording to kill once it has written chunks.
+pub const SERIAL_LINES_FOR_EVER: &str =
+    "i=0; while :; do i=$((i+1)); echo \"line $i to the serial port\" >/dev/ttyS0; \
+     [ $((i % 100)) = 0 ] && echo \"$i lines\" >&2; done";
+
 /// `provm ARGS`, sent `signal` (SIGINT: Ctrl-C) once it has written a line
 /// containing `line_part` to stderr, however long the host takes to get
 /// there; a run that ends without writing one is not signalled.

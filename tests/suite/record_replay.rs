@@ -358,8 +358,6 @@ fn a_killed_recording_is_recovered_and_replays_to_where_it_was_killed() {
     let dir = common::scratch(module_path!()).join("killed");
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("run.provm");
-    // Every byte to the serial port is a logged exit: 100 lines are about
-    // 30,000 events, a chunk and more.
     let killed = common::provm_signalled_at(
         &[
             "record",
@@ -371,8 +369,7 @@ fn a_killed_recording_is_recovered_and_replays_to_where_it_was_killed() {
             "--",
             "/bin/sh",
             "-c",
-            "i=0; while :; do i=$((i+1)); echo \"line $i to the serial port\" >/dev/ttyS0; \
-             [ $((i % 100)) = 0 ] && echo \"$i lines\" >&2; done",
+            common::SERIAL_LINES_FOR_EVER,
         ],
         libc::SIGKILL,
         "200 lines",

@@ -188,6 +188,26 @@ impl Podman {
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
+
+    /// Waits until the container `id`'s output (either stream) holds
+    /// `text`, for a few minutes at most.
+    fn wait_for_log(&self, id: &str, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let logs = self.command().args(["logs", id]).output().unwrap();
+            if [&logs.stdout, &logs.stderr]
+                .iter()
+                .any(|stream| String::from_utf8_lossy(stream).contains(text))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the container never wrote {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 fn unique() -> u64 {
@@ -279,14 +299,7 @@ fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
         b"",
     );
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !podman.output(&["logs", &id]).contains("started") {
-        assert!(
-            Instant::now() < deadline,
-            "the container never started its command"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    podman.wait_for_log(&id, "started");
     podman.output(&["stop", "-t", "60", &id]);
     let status = podman.output(&["inspect", "--format", "{{.State.ExitCode}}", &id]);
     assert_eq!(
@@ -306,20 +319,12 @@ fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
 fn a_container_killed_outright_leaves_a_trace_that_replays_to_there() {
     let _guest = one_guest_at_a_time();
     let podman = podman();
-    // Every byte to the serial port is a logged exit: 100 lines fill more
-    // than one of the log's chunks.
-    let script = "i=0; while :; do i=$((i+1)); echo \"line $i to the serial port\" >/dev/ttyS0; \
-                  [ $((i % 100)) = 0 ] && echo \"$i lines\"; done";
-    let (output, id) = podman.run(&["-d", IMAGE, "sh", "-c", script], b"");
+    let (output, id) = podman.run(
+        &["-d", IMAGE, "sh", "-c", common::SERIAL_LINES_FOR_EVER],
+        b"",
+    );
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !podman.output(&["logs", &id]).contains("200 lines") {
-        assert!(
-            Instant::now() < deadline,
-            "the container never wrote 200 lines"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    podman.wait_for_log(&id, "200 lines");
     podman.output(&["rm", "--force", "--time", "0", &id]);
     let trace = podman.trace(&id);
     let inspected = provm(&["inspect", path(&trace)]);
