@@ -410,6 +410,18 @@ fn a_killed_recording_is_recovered_and_replays_to_where_it_was_killed() {
         !partial.exists(),
         "the unfinished file stays once recovered"
     );
+    // A file not named as an unfinished one needs -o, and is left as it is.
+    let finished = fs::read(&trace).unwrap();
+    let not_partial = provm(&["recover", path(&trace)]);
+    assert_ne!(not_partial.status, 0);
+    assert!(
+        not_partial
+            .stderr
+            .contains("give the trace to write with -o"),
+        "{}",
+        not_partial.stderr
+    );
+    assert_eq!(fs::read(&trace).unwrap(), finished);
     let inspected = provm(&["inspect", path(&trace)]);
     assert!(
         inspected.stdout.contains("INCOMPLETE"),
