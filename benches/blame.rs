@@ -44,6 +44,7 @@ fn record(run: &RunOptions, output: &Path, timing: bool) -> Duration {
         embed_image: false,
         exitless_limit: None,
         chaos: None,
+        preempt: None,
     };
     let mut timing = TimingOptions {
         capture: timing,

@@ -110,6 +110,7 @@ fn record_and_replay(dir: &Path, input: Option<(u64, u64, u8)>) -> (Duration, Du
         embed_image: false,
         exitless_limit: None,
         chaos: None,
+        preempt: None,
     };
     let _ = std::fs::remove_file(&record.output);
     let start = Instant::now();

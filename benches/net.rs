@@ -36,6 +36,7 @@ fn main() {
         embed_image: false,
         exitless_limit: None,
         chaos: None,
+        preempt: None,
     };
     let timed = |recording: bool| {
         let start = Instant::now();

@@ -49,6 +49,9 @@ pub struct RecordOptions {
     pub exitless_limit: Option<Duration>,
     /// Draw the vCPU schedule from this seed (`--chaos`).
     pub chaos: Option<u64>,
+    /// Preempt guest code that computes this long without an exit
+    /// (`--preempt`; see `provm_vmm::preemption`).
+    pub preempt: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -153,9 +156,12 @@ pub fn record(
                 run::pinned_clock(pinning, start_ns),
                 &INTERRUPTED,
             )
-            .delivering(delivery),
+            .delivering(delivery)
+            .preempting(options.preempt),
             None => {
-                let recorder = Recorder::new(trace, start_ns, &INTERRUPTED).delivering(delivery);
+                let recorder = Recorder::new(trace, start_ns, &INTERRUPTED)
+                    .delivering(delivery)
+                    .preempting(options.preempt);
                 match options.run.net {
                     true => recorder.with_network(crate::net::nat(options.run.dns)),
                     false => recorder,

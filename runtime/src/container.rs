@@ -57,6 +57,7 @@ fn recorded(
         embed_image: false,
         exitless_limit: Some(EXITLESS_LIMIT),
         chaos: None,
+        preempt: None,
     };
     match record::record(&options, &mut [], stdout, stderr) {
         Ok(recorded) => Ok(recorded.outcome.shell_status()),

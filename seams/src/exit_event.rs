@@ -26,5 +26,10 @@ pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
         Exit::Halt => Event::Halt { at },
         Exit::InterruptWindow => Event::InterruptWindow { at },
         Exit::MsrRead { index } => Event::MsrRead { index, at },
+        Exit::Preempted(instance) => Event::Preempted {
+            at,
+            pages: instance.pages.clone(),
+            instance: instance.digest,
+        },
     }
 }

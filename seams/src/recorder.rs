@@ -35,6 +35,9 @@ pub struct Recorder {
     logging_ns: AtomicU64,
     /// Where interrupts are delivered (`delivering`).
     delivery: Delivery,
+    /// After how long without an exit the guest is preempted, if it is
+    /// (`preempting`).
+    preemption_quantum: Option<Duration>,
     /// When the guest last exited (host time), and the longest stretch
     /// between two exits so far (`longest_exitless`).
     exits: Mutex<(Instant, Duration)>,
@@ -124,6 +127,7 @@ impl Recorder {
             interrupted,
             logging_ns: AtomicU64::new(0),
             delivery: Delivery::Doorbell,
+            preemption_quantum: None,
             exits: Mutex::new((Instant::now(), Duration::ZERO)),
             memory_check_events: state_check::interval().filter(|_| traced),
             final_check: Mutex::new(None),
@@ -175,6 +179,14 @@ impl Recorder {
         self
     }
 
+    /// Preempts guest code that has computed for `quantum` without an exit
+    /// while a tick or another vCPU waits (`provm_vmm::preemption`); with
+    /// `None`, never.
+    pub fn preempting(mut self, quantum: Option<Duration>) -> Self {
+        self.preemption_quantum = quantum;
+        self
+    }
+
     fn log(&self, event: Event) {
         self.timed(|log| log.append(&event));
     }
@@ -215,6 +227,10 @@ impl Clock for Recorder {
 impl Seam for Recorder {
     fn delivery(&self) -> Delivery {
         self.delivery
+    }
+
+    fn preemption_quantum(&self) -> Option<Duration> {
+        self.preemption_quantum
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

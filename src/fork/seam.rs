@@ -12,7 +12,7 @@ use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
 use provm_vmm::clock::{Clock, PinnedClock, PINNED_EXIT_STEP_NS};
-use provm_vmm::seam::{Delivery, Exit, Place, Seam};
+use provm_vmm::seam::{Delivery, Exit, LoggedStop, Place, Seam};
 use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 /// Why the VM stops once, right after the fork point: the host may have
@@ -252,10 +252,10 @@ impl Seam for ForkSeam {
         }
     }
 
-    fn logged_window(&self) -> Option<Place> {
+    fn logged_stop(&self) -> Option<LoggedStop> {
         match self.recorder() {
             Some(_) => None,
-            None => self.replayer.logged_window(),
+            None => self.replayer.logged_stop(),
         }
     }
 

@@ -154,6 +154,31 @@ pub fn provm_signalled_at(args: &[&str], signal: i32, line_part: &str) -> Finish
     }
 }
 
+/// `provm record` of `command` in the tiny image into `trace`, with
+/// `options` and an exitless limit of 3 s, interrupted (SIGINT: Ctrl-C)
+/// once its stderr says `warning`, the exitless warning or a part of it
+/// (`--timeout 600` only as a backstop, should it never come).
+pub fn record_until_warned(
+    trace: &Path,
+    options: &[&str],
+    command: &[&str],
+    warning: &str,
+) -> Finished {
+    let mut args = vec![
+        "record",
+        "-o",
+        path(trace),
+        "--exitless-limit",
+        "3",
+        "--timeout",
+        "600",
+    ];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--"]);
+    args.extend_from_slice(command);
+    provm_signalled_at(&args, libc::SIGINT, warning)
+}
+
 /// Runs `true` in `image`, which boots and snapshots it the first time, so
 /// that a time limit set after falls on the command, and returns a
 /// `--timeout` for a command that should be stopped by one: `floor`
@@ -577,7 +602,7 @@ pub fn test_program(name: &str) -> PathBuf {
 }
 
 /// The C programs the test images carry in /bin, from tests/data/NAME.c.
-const TEST_PROGRAMS: [&str; 12] = [
+const TEST_PROGRAMS: [&str; 13] = [
     "vector_copy",
     "ymm_hold",
     "ymm_signal",
@@ -590,6 +615,7 @@ const TEST_PROGRAMS: [&str; 12] = [
     "disk_write",
     "free_large",
     "race_counter",
+    "spin_flag",
 ];
 
 fn test_program_source(program: &str) -> PathBuf {

@@ -115,6 +115,11 @@ fn sample_events() -> Vec<Event> {
         Event::NetReceived(vec![0x52; 60]),
         Event::net_sent(b"a frame"),
         Event::Switch(1),
+        Event::Preempted {
+            at: place(0x40_2000),
+            pages: vec![(0x1234, 2), (0x2000, 1)],
+            instance: 0x0f1e_2d3c_4b5a_6978,
+        },
     ]
 }
 
@@ -148,8 +153,8 @@ fn the_event_encoding_is_its_formats() {
 }
 
 /// The event logs of format 5 still decode, as today's events without
-/// state checks, network frames and vCPU switches, which that format did
-/// not have.
+/// state checks, network frames, vCPU switches and preemptions, which that
+/// format did not have.
 #[test]
 fn the_event_logs_of_format_5_still_decode() {
     let events = sample_events_of_an_older_format(|event| {
@@ -159,6 +164,7 @@ fn the_event_logs_of_format_5_still_decode() {
                 | Event::NetReceived(_)
                 | Event::NetSent { .. }
                 | Event::Switch(_)
+                | Event::Preempted { .. }
         )
     });
     assert_eq!(
@@ -168,13 +174,16 @@ fn the_event_logs_of_format_5_still_decode() {
 }
 
 /// The event logs of format 6 still decode, as today's events without
-/// network frames and vCPU switches.
+/// network frames, vCPU switches and preemptions.
 #[test]
 fn the_event_logs_of_format_6_still_decode() {
     let events = sample_events_of_an_older_format(|event| {
         matches!(
             event,
-            Event::NetReceived(_) | Event::NetSent { .. } | Event::Switch(_)
+            Event::NetReceived(_)
+                | Event::NetSent { .. }
+                | Event::Switch(_)
+                | Event::Preempted { .. }
         )
     });
     assert_eq!(
@@ -183,12 +192,16 @@ fn the_event_logs_of_format_6_still_decode() {
     );
 }
 
-/// The event logs of formats 7 and 8 still decode, as today's events
-/// without vCPU switches.
+/// The event logs of formats 7 to 11 still decode, as today's events
+/// without the kinds each lacked: vCPU switches (to 8) and preemptions.
 #[test]
-fn the_event_logs_of_formats_7_and_8_still_decode() {
-    let events = sample_events_of_an_older_format(|event| matches!(event, Event::Switch(_)));
-    for version in [7, 8] {
+fn the_event_logs_of_formats_7_to_11_still_decode() {
+    for version in 7..=11 {
+        let events = sample_events_of_an_older_format(|event| match event {
+            Event::Switch(_) => version <= 8,
+            Event::Preempted { .. } => true,
+            _ => false,
+        });
         assert_eq!(
             Decoder::default()
                 .decode_all(&older_event_log(version))

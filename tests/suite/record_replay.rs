@@ -299,23 +299,10 @@ fn a_computing_guest_is_warned_about_and_its_cut_trace_replays_to_the_stop() {
     let _guest = one_guest_at_a_time();
     let trace = trace_path("spin");
     let warning = "guest user code has computed for ";
-    let spun = common::provm_signalled_at(
-        &[
-            "record",
-            "-o",
-            path(&trace),
-            "--exitless-limit",
-            "3",
-            // Only a backstop, should the warning never come.
-            "--timeout",
-            "600",
-            path(&images().tiny_qcow2),
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo spinning; while :; do :; done",
-        ],
-        libc::SIGINT,
+    let spun = common::record_until_warned(
+        &trace,
+        &[],
+        &["/bin/sh", "-c", "echo spinning; while :; do :; done"],
         warning,
     );
     assert_eq!(spun.status, PROVM_FAILED, "{}", spun.stderr);

@@ -99,6 +99,18 @@ pub enum Event {
     /// serialised schedule, at the exit just before; see
     /// `provm_vmm::scheduler`).
     Switch(u8),
+    /// The recorder preempted the guest where it had computed for a
+    /// quantum without an exit, to deliver what waited (a kick; see
+    /// `provm_vmm::preemption`). The guest stood `at`; `instance` digests
+    /// the rest of its state there: its system and vector registers and
+    /// the bytes of `pages`, every guest page written since the last
+    /// preemption, as runs of page numbers (first, count). A replay runs
+    /// the guest to the place and takes the stop whose state digests so.
+    Preempted {
+        at: Place,
+        pages: Vec<(u64, u64)>,
+        instance: u64,
+    },
 }
 
 impl Event {
@@ -133,7 +145,8 @@ impl Event {
             | Event::MmioWrite { at, .. }
             | Event::Halt { at }
             | Event::InterruptWindow { at }
-            | Event::MsrRead { at, .. } => Some(*at),
+            | Event::MsrRead { at, .. }
+            | Event::Preempted { at, .. } => Some(*at),
             _ => None,
         }
     }
@@ -158,6 +171,7 @@ impl Event {
             Event::NetReceived(_) => EventKind::NetReceived,
             Event::NetSent { .. } => EventKind::NetSent,
             Event::Switch(_) => EventKind::Switch,
+            Event::Preempted { .. } => EventKind::Preempted,
         }
     }
 }
@@ -204,6 +218,15 @@ impl fmt::Display for Event {
                 write!(f, "network frame sent, {len} bytes (digest {digest:016x})")
             }
             Event::Switch(cpu) => write!(f, "switch to vCPU {cpu}"),
+            Event::Preempted {
+                at,
+                pages,
+                instance,
+            } => write!(
+                f,
+                "preempted {at}, state {instance:016x} over {} written pages",
+                pages.iter().map(|(_, count)| count).sum::<u64>()
+            ),
         }
     }
 }
@@ -229,10 +252,11 @@ pub enum EventKind {
     NetReceived,
     NetSent,
     Switch,
+    Preempted,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 18] = [
+    const ALL: [EventKind; 19] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -251,10 +275,13 @@ impl EventKind {
         EventKind::NetReceived,
         EventKind::NetSent,
         EventKind::Switch,
+        EventKind::Preempted,
     ];
 
     pub fn is_exit(self) -> bool {
-        (self as u8) <= EventKind::InterruptWindow as u8 || self == EventKind::MsrRead
+        (self as u8) <= EventKind::InterruptWindow as u8
+            || self == EventKind::MsrRead
+            || self == EventKind::Preempted
     }
 
     pub fn name(self) -> &'static str {
@@ -277,6 +304,7 @@ impl EventKind {
             EventKind::NetReceived => "net frame received",
             EventKind::NetSent => "net frame sent",
             EventKind::Switch => "vCPU switch",
+            EventKind::Preempted => "preemption",
         }
     }
 
@@ -345,6 +373,19 @@ impl Encoder {
             Event::NetSent { len, digest } => {
                 put_varint(out, u64::from(*len));
                 out.extend_from_slice(&digest.to_le_bytes());
+            }
+            Event::Preempted {
+                pages, instance, ..
+            } => {
+                // Runs ascend: each as its gap from the last one's end.
+                put_varint(out, pages.len() as u64);
+                let mut end = 0;
+                for &(first, count) in pages {
+                    put_varint(out, first.wrapping_sub(end));
+                    put_varint(out, count);
+                    end = first.wrapping_add(count);
+                }
+                out.extend_from_slice(&instance.to_le_bytes());
             }
         }
     }
@@ -472,6 +513,11 @@ impl Decoder {
                     .map_err(|_| input.error("frame length out of range"))?,
                 digest: u64::from_le_bytes(input.array()?),
             },
+            EventKind::Preempted => Event::Preempted {
+                at: self.place(input)?,
+                pages: input.page_runs()?,
+                instance: u64::from_le_bytes(input.array()?),
+            },
         })
     }
 }
@@ -536,6 +582,29 @@ impl Input<'_> {
             }
         }
         Err(self.error("varint longer than 64 bits"))
+    }
+
+    /// Runs of page numbers as `Encoder` wrote them, ascending.
+    fn page_runs(&mut self) -> Result<Vec<(u64, u64)>, DecodeError> {
+        let runs = self.varint()?;
+        // Each run takes two bytes at least: a count past the chunk's end
+        // is malformed, not a reason to reserve memory.
+        if runs > (self.bytes.len() - self.at) as u64 / 2 {
+            return Err(self.error("more page runs than the chunk holds"));
+        }
+        let mut pages = Vec::with_capacity(runs as usize);
+        let mut end = 0u64;
+        for _ in 0..runs {
+            let first = end
+                .checked_add(self.varint()?)
+                .ok_or(self.error("page number past 2^64"))?;
+            let count = self.varint()?;
+            end = first
+                .checked_add(count)
+                .ok_or(self.error("page run past 2^64"))?;
+            pages.push((first, count));
+        }
+        Ok(pages)
     }
 
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
@@ -604,6 +673,11 @@ mod tests {
             },
             Event::NetReceived(vec![0xff; 42]),
             Event::net_sent(b"frame"),
+            Event::Preempted {
+                at: at(0x40_1234),
+                pages: vec![(0x100, 3), (0x104, 1), (0x7_ffff, 1)],
+                instance: 0xfeed_f00d,
+            },
         ]
     }
 
@@ -619,7 +693,7 @@ mod tests {
         let mut decoded = decoder.decode_all(&first).unwrap();
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
-        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 7);
+        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 8);
     }
 
     /// An exit at the same place as the last costs its tag, one byte of

@@ -51,10 +51,12 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// leaves out KVM's TSC frequency (`registers_leave_out_tsc_rate`), which
 /// differs between hosts; a format-10 replay would digest it and report
 /// registers differing on a host whose TSC runs at another rate.
+/// Version 12: the recorder may preempt the guest between exits, logged as
+/// a `Preempted` event, which an older provm cannot replay.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 11;
+pub const FORMAT_VERSION: u16 = 12;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;

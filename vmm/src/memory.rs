@@ -95,13 +95,23 @@ pub fn memory_mib(memory: &GuestMemory) -> u64 {
 
 /// Hands every region of `memory` to the VM `vm` as a memory slot.
 pub(crate) fn register(vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
+    register_with_flags(vm, memory, 0)
+}
+
+/// Like `register`, with the slots' `flags` (KVM_MEM_*); called again
+/// for the same memory, it changes only the flags.
+pub(crate) fn register_with_flags(
+    vm: &VmFd,
+    memory: &GuestMemory,
+    flags: u32,
+) -> Result<(), kvm_ioctls::Error> {
     for (slot, region) in memory.iter().enumerate() {
         let region_spec = kvm_userspace_memory_region {
             slot: slot as u32,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
-            flags: 0,
+            flags,
         };
         // SAFETY: the caller keeps `memory` mapped for the VM's whole life
         // (a Vm or CodeGuest owns both), and slots do not overlap.

@@ -47,6 +47,40 @@ pub enum Exit<'a> {
     MsrRead {
         index: u32,
     },
+    /// Not the guest's doing: the VMM preempted it between exits, after it
+    /// computed for a quantum without one (`crate::preemption`).
+    Preempted(&'a Instance),
+}
+
+/// Which instance of its place a preempted guest was at: the rest of its
+/// state, digested (`crate::preemption::digest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    /// The guest pages written since the last preemption, as runs of page
+    /// numbers (first, count): every page the guest can have changed
+    /// since its last exit is among them.
+    pub pages: Vec<(u64, u64)>,
+    /// Of the system and vector registers and of the pages' bytes.
+    pub digest: u64,
+}
+
+/// Where a replay must run the guest to, for an exit that KVM does not
+/// make again by itself: a breakpoint on the place's RIP, and the stop
+/// where the state is the logged one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoggedStop {
+    /// The interrupt-window exit of a `Delivery::WindowExit` recording.
+    Window(Place),
+    /// A preemption, at this instance of its place.
+    Preemption(Place, Instance),
+}
+
+impl LoggedStop {
+    pub fn place(&self) -> Place {
+        match self {
+            LoggedStop::Window(place) | LoggedStop::Preemption(place, _) => *place,
+        }
+    }
 }
 
 /// Where the VMM may deliver an interrupt: a timer tick falls due at any
@@ -89,10 +123,16 @@ pub trait Seam: Clock {
     /// deliver at exits, as the trace says (`Delivery`).
     fn delivery(&self) -> Delivery;
 
-    /// Where the next VM exit must be an interrupt window, if the seam
-    /// knows (a `LoggedWindow` replay whose log says so): the place the
-    /// recording's window exit had.
-    fn logged_window(&self) -> Option<Place> {
+    /// Where the guest must stop next, if the seam knows of an exit there
+    /// that KVM does not make by itself: a replay whose log's next exit is
+    /// a preemption, or an interrupt window of a `LoggedWindow` replay.
+    fn logged_stop(&self) -> Option<LoggedStop> {
+        None
+    }
+
+    /// After how long without an exit the recorder preempts the guest
+    /// (`crate::preemption`), if it does: only a recorder does.
+    fn preemption_quantum(&self) -> Option<std::time::Duration> {
         None
     }
 

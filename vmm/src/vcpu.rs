@@ -16,6 +16,7 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
+use crate::probes::breakpoint_step::RESUME_FLAG;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.
@@ -440,6 +441,43 @@ impl Vcpu {
         run.ready_for_interrupt_injection != 0 && run.if_flag != 0
     }
 
+    /// Where a kick left the vCPU, if an instruction breakpoint there can
+    /// stop a replay in the same state: not where RFLAGS.RF is set, as it
+    /// is after the guest returns from a fault (or an interrupt) to the
+    /// instruction it stands at, whose breakpoint then does not fire.
+    pub fn stoppable_place(&self) -> Result<Option<Place>, VcpuError> {
+        let regs = self.exit_registers()?;
+        Ok((regs.rflags & RESUME_FLAG == 0).then(|| place_of(&regs)))
+    }
+
+    /// The system registers, as they are now.
+    pub fn system_registers(&self) -> Result<kvm_sregs, VcpuError> {
+        self.fd.get_sregs().map_err(getting("sregs"))
+    }
+
+    /// The system and vector registers, as they are now.
+    pub fn system_and_vector_registers(&self) -> Result<(kvm_sregs, kvm_xsave), VcpuError> {
+        Ok((
+            self.system_registers()?,
+            self.fd.get_xsave().map_err(getting("XSAVE area"))?,
+        ))
+    }
+
+    /// Whether KVM is part-way through delivering an event (an exception,
+    /// an NMI or an interrupt it will inject at the next entry): a kick
+    /// between two of its steps is no place to deliver another.
+    pub fn delivering_an_event(&self) -> Result<bool, VcpuError> {
+        let events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(getting("pending events"))?;
+        Ok(events.exception.injected != 0
+            || events.exception.pending != 0
+            || events.interrupt.injected != 0
+            || events.nmi.injected != 0
+            || events.nmi.pending != 0)
+    }
+
     /// Whether the guest runs user code (CPL 3) now. An error is one: read
     /// as kernel mode it would have a computing process taken for a
     /// spinning kernel, and the guest stopped.
@@ -515,7 +553,7 @@ impl Vcpu {
 /// Where the guest was at a VM exit: its instruction pointer and a digest
 /// of its general registers (see `register_digest`). Two exits that
 /// look alike but come from different places or states are not the same.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Place {
     pub rip: u64,
     pub registers: u64,

@@ -43,14 +43,15 @@ use crate::disk::{Disk, InputMedium};
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug};
 use crate::host_core;
-use crate::logged_window::{WindowBreakpoint, WindowStop};
+use crate::logged_stop::{StopBreakpoint, StopKind};
 use crate::memory::{self, GuestMemory, MMIO_DEVICE_SIZE};
 use crate::mp_table;
 use crate::msr;
+use crate::preemption;
 use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
-use crate::seam::{Delivery, Exit, ObservedDisk, Seam};
+use crate::seam::{Delivery, Exit, Instance, LoggedStop, ObservedDisk, Seam};
 use crate::spin_watch::SpinWatch;
 use crate::state_digest;
 use crate::vcpu::{self, Kicker, Vcpu};
@@ -69,7 +70,7 @@ mod view;
 pub use error::VmError;
 use layout::{
     exit_device, BLOCK_IRQ, BLOCK_MMIO, CLOCK_MMIO, CONSOLE_IRQ, CONSOLE_MMIO, INPUT_DISK_IRQ,
-    INPUT_DISK_MMIO, NET_IRQ, NET_MMIO, PIT_IRQ,
+    INPUT_DISK_MMIO, KERNEL_SPACE, NET_IRQ, NET_MMIO, PIT_IRQ,
 };
 pub use layout::{mmio_device, port_device, EXIT_DEVICES};
 pub use state::{VmSnapshot, VmState};
@@ -150,6 +151,9 @@ enum ExitKind {
     Halt,
     InterruptWindow,
     MsrRead,
+    /// Not KVM's: the recorder's preemption (`preemption`), or a replay's
+    /// stop at the logged one.
+    Preempted(Instance),
     Shutdown,
     InternalError,
     FailEntry(u64),
@@ -176,7 +180,7 @@ impl ExitKind {
 
 pub struct Vm {
     kvm: Kvm,
-    _vm: VmFd,
+    vm_fd: VmFd,
     memory: GuestMemory,
     /// The running vCPU. Boxed: a parallel run's threads hold their
     /// vCPU's address while it moves between here and `cpus`.
@@ -231,12 +235,26 @@ pub struct Vm {
     /// kicked the vCPU out), so a step made with breakpoints is still
     /// under way: it goes on to the breakpoints it was armed with.
     step_kicked: bool,
-    /// The logged interrupt window a replay runs the guest to
-    /// (`Delivery::LoggedWindow`).
-    window: WindowBreakpoint,
-    /// The guest's debug registers before the window's breakpoint was
-    /// armed, for the stops it makes (see `Vm::window_stopped`).
-    window_debugregs: Option<kvm_bindings::kvm_debugregs>,
+    /// The logged stop a replay runs the guest to: a preemption, or an
+    /// interrupt window (`Delivery::LoggedWindow`).
+    logged_stop: StopBreakpoint,
+    /// The guest's debug registers before the logged stop's breakpoint
+    /// was armed, for the stops it makes (see `Vm::logged_stop_made`).
+    logged_stop_debugregs: Option<kvm_bindings::kvm_debugregs>,
+    /// Whether KVM logs the pages the guest writes, for the preemptions
+    /// of a recording (`preemption`).
+    logging_written_pages: bool,
+    /// The pages written since the last preemption, as gathered so far.
+    written: preemption::WrittenPages,
+    /// The states the kicks of this stretch found the guest in.
+    repeats: preemption::Repeats,
+    /// Whether this host's KVM stops guest user mode at a breakpoint, so
+    /// that a replay finds a preemption there (not PVM's: `guest_debug`).
+    user_mode_stops: bool,
+    /// The last exit was a preemption: the vCPU gives way to the others.
+    preempted: bool,
+    /// Where a replay takes its preemptions (moved only by a test).
+    late_passes: preemption::LatePasses,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -266,7 +284,7 @@ impl Vm {
         let mut vm = Self::build(kvm, config, &boot_cpuid, net)?;
         if smp {
             vm.cpus = Some(cpus::Cpus::create(
-                &vm.kvm, &vm._vm, &model, count, &vm.vcpu,
+                &vm.kvm, &vm.vm_fd, &model, count, &vm.vcpu,
             )?);
             mp_table::write(&vm.memory, count)
                 .map_err(|error| BootError::Memory(error.to_string()))?;
@@ -313,7 +331,7 @@ impl Vm {
         snapshot.memory.restore(&vm.memory)?;
         vm.vcpu.restore(&vm.kvm, &state.vcpu)?;
         if let Some(saved) = &state.cpus {
-            let mut cpus = cpus::Cpus::restore(&vm.kvm, &vm._vm, saved)?;
+            let mut cpus = cpus::Cpus::restore(&vm.kvm, &vm.vm_fd, saved)?;
             // Back to the vCPU that was running, with its saved quantum.
             let current = saved.scheduler.current;
             if current != 0 {
@@ -431,7 +449,7 @@ impl Vm {
         let timer_line = line(PIT_IRQ);
         Ok(Vm {
             kvm,
-            _vm: vm,
+            vm_fd: vm,
             memory,
             vcpu,
             kicker,
@@ -466,8 +484,14 @@ impl Vm {
             step_method,
             step_breakpoints: None,
             step_kicked: false,
-            window: WindowBreakpoint::default(),
-            window_debugregs: None,
+            logged_stop: StopBreakpoint::default(),
+            logged_stop_debugregs: None,
+            logging_written_pages: false,
+            written: preemption::WrittenPages::default(),
+            repeats: preemption::Repeats::default(),
+            user_mode_stops: Platform::detect() == Platform::Hardware,
+            preempted: false,
+            late_passes: preemption::LatePasses::from_environment(),
             _not_send: PhantomData,
         })
     }
@@ -517,6 +541,10 @@ impl Vm {
         if parallel {
             return parallel::run(self, deadline);
         }
+        if !self.logging_written_pages && self.seam.preemption_quantum().is_some() {
+            preemption::log_written_pages(&self.vm_fd, &self.memory).map_err(VmError::Kvm)?;
+            self.logging_written_pages = true;
+        }
         loop {
             if Instant::now() >= deadline {
                 return Err(VmError::Timeout { rip: self.rip() });
@@ -550,6 +578,7 @@ impl Vm {
                 self.deliver_interrupts()?;
             }
             let halted = match self.run_once()? {
+                Entry::Kicked if self.preempt_if_due()? => false,
                 Entry::Kicked => {
                     self.check_exitless()?;
                     continue;
@@ -603,6 +632,7 @@ impl Vm {
                 Reason::Exit
             }
             Some(SmpRequest::Relax) => Reason::Spin,
+            None if std::mem::take(&mut self.preempted) => Reason::Spin,
             None if halted => Reason::Halt {
                 for_good: !self.vcpu.interrupts_enabled(),
             },
@@ -702,23 +732,30 @@ impl Vm {
                 cpus.scheduler.woke(current);
             }
         }
+        let logged = self.seam.logged_stop();
+        if let Some(LoggedStop::Preemption(at, _)) = &logged {
+            if !self.user_mode_stops && at.rip < KERNEL_SPACE {
+                return Err(VmError::UserPreemptionUnreachable { rip: at.rip });
+            }
+        }
         match self.seam.delivery() {
             Delivery::Anywhere | Delivery::WindowExit => {
                 self.vcpu.request_interrupt_window(waiting);
             }
             Delivery::LoggedWindow => {
-                let logged = self.seam.logged_window();
                 // KVM's window too: where it lands on the logged place it
                 // is the exit, where it comes early the guest goes on to
-                // the breakpoint (see `logged_window`).
-                self.vcpu.request_interrupt_window(logged.is_some());
-                if self.window.aim(logged) && !self.stepping_over {
-                    tracing::debug!("logged window: running to {logged:x?}");
-                    self.keep_guest_debugregs(logged.is_some())?;
-                    self.apply_guest_debug(&self.guest_debug)?;
-                }
+                // the breakpoint (see `logged_stop`).
+                let window = matches!(logged, Some(LoggedStop::Window(_)));
+                self.vcpu.request_interrupt_window(window);
             }
             Delivery::Doorbell => self.mark_doorbell(waiting),
+        }
+        let aimed = logged.is_some();
+        if self.logged_stop.aim(logged) && !self.stepping_over {
+            tracing::debug!("logged stop: running to it: {aimed}");
+            self.keep_guest_debugregs(aimed)?;
+            self.apply_guest_debug(&self.guest_debug)?;
         }
         Ok(())
     }
@@ -752,6 +789,15 @@ impl Vm {
     fn run_once(&mut self) -> Result<Entry, VmError> {
         let kick_after = if self.seam.delivery().preemptive() {
             self.until_next_tick().unwrap_or(Duration::MAX)
+        } else if let Some(quantum) = self.seam.preemption_quantum() {
+            // When the quantum ends, and a quantum apart after: the kicks
+            // that look for a loop to preempt (`preempt_if_due`).
+            let past = self.last_exit.elapsed();
+            if past < quantum {
+                quantum - past
+            } else {
+                quantum
+            }
         } else {
             // Only to check the deadline and the seam: ticks wait for an exit.
             Duration::MAX
@@ -780,23 +826,28 @@ impl Vm {
             Ok(VcpuExit::Intr) => None,
             // Not an exit: the guest is where it would have been. But the
             // logged interrupt window a replay runs to stands for that exit.
-            Ok(VcpuExit::Debug(debug)) => match self.window_stop(&debug)? {
-                WindowStop::Reached => {
-                    self.window_stopped(true)?;
+            Ok(VcpuExit::Debug(debug)) => match self.logged_stop(&debug)? {
+                StopKind::Reached => {
+                    self.logged_stop_made(true)?;
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
                     self.stepping_over = false;
-                    self.window.aim(None);
+                    let reached = self.logged_stop.take();
                     self.apply_guest_debug(&self.guest_debug)?;
-                    Some(ExitKind::InterruptWindow)
+                    match reached {
+                        Some(LoggedStop::Preemption(_, instance)) => {
+                            Some(ExitKind::Preempted(instance))
+                        }
+                        _ => Some(ExitKind::InterruptWindow),
+                    }
                 }
-                WindowStop::Passing => {
-                    self.window_stopped(false)?;
+                StopKind::Passing => {
+                    self.logged_stop_made(false)?;
                     self.at_exit = false;
                     self.step_over_due = true;
                     return Ok(Entry::Kicked);
                 }
-                WindowStop::Other => return self.debug_stop(&debug),
+                StopKind::Other => return self.debug_stop(&debug),
             },
             Ok(exit) => Some(ExitKind::of(&exit)),
             Err(error) if error.errno() == libc::EINTR => None,
@@ -818,6 +869,7 @@ impl Vm {
         self.last_exit = Instant::now();
         self.exitless_warned = false;
         self.spin_watch.exited(self.last_exit);
+        self.repeats.exited();
         match exit {
             ExitKind::PortRead => self.port_read()?,
             ExitKind::PortWrite => self.port_write()?,
@@ -828,7 +880,7 @@ impl Vm {
                 return Ok(Entry::Exited { halted: true });
             }
             ExitKind::InterruptWindow => {
-                if self.window.opens_early(self.vcpu.place()?) {
+                if self.logged_stop.opens_early(self.vcpu.place()?) {
                     // Not the logged window: the guest goes on to it.
                     tracing::debug!("logged window: KVM's window opened before it");
                     self.vcpu.request_interrupt_window(false);
@@ -838,12 +890,64 @@ impl Vm {
                 self.report(Exit::InterruptWindow)?
             }
             ExitKind::MsrRead => self.msr_read()?,
+            ExitKind::Preempted(instance) => {
+                self.preempted = true;
+                self.report(Exit::Preempted(&instance))?
+            }
             ExitKind::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
             ExitKind::InternalError => return Err(self.internal_error()),
             ExitKind::FailEntry(reason) => return Err(VmError::FailEntry(reason)),
             ExitKind::Unexpected(exit) => return Err(VmError::UnexpectedExit(exit)),
         }
         Ok(Entry::Exited { halted: false })
+    }
+
+    /// At a kick of a recording: preempts the guest, as an exit of its own,
+    /// if it has computed for the seam's quantum without an exit while a
+    /// tick or another vCPU waits, goes round a loop it never leaves by
+    /// itself (a state seen at an earlier kick of this stretch), and
+    /// stands where a replay can find it again (see `preemption`).
+    /// Returns whether it did.
+    fn preempt_if_due(&mut self) -> Result<bool, VmError> {
+        let Some(quantum) = self.seam.preemption_quantum() else {
+            return Ok(false);
+        };
+        // A tick is scheduled, and after a quantum it is due; reading the
+        // clock here would be an input at no place a replay finds.
+        let waiting = self.cpus.is_some() || self.pit.lock().unwrap().next_deadline_ns().is_some();
+        if self.last_exit.elapsed() < quantum
+            || !waiting
+            || !self.vcpu.ready_for_interrupt()
+            || self.vcpu.delivering_an_event()?
+            || (!self.user_mode_stops && self.vcpu.in_user_mode()?)
+        {
+            return Ok(false);
+        }
+        let Some(place) = self.vcpu.stoppable_place()? else {
+            return Ok(false);
+        };
+        if !self.repeats.place_seen_before(place)
+            || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
+        {
+            return Ok(false);
+        }
+        self.written
+            .gather(&self.vm_fd, &self.memory)
+            .map_err(VmError::Kvm)?;
+        let pages = self.written.runs();
+        let digest = preemption::digest(&self.vcpu, &self.memory, &pages)?;
+        if !self.repeats.state_seen_before(place, digest) {
+            return Ok(false);
+        }
+        tracing::debug!(
+            "preempted at RIP {:#x}, in a loop, after {:?} without an exit",
+            place.rip,
+            self.last_exit.elapsed()
+        );
+        self.written.clear();
+        self.at_exit = true;
+        self.handle_exit(ExitKind::Preempted(Instance { pages, digest }))?;
+        Ok(true)
     }
 
     /// Stops a non-preemptive run whose guest kernel spins while a tick is
@@ -885,11 +989,16 @@ impl Vm {
             });
         }
         if !self.exitless_warned {
+            let remedy = if self.seam.preemption_quantum().is_none() {
+                "record with --preempt MS, which preempts it on SVM and VMX hosts, or use `provm run`"
+            } else {
+                "this host's KVM (PVM) stops guest user mode at no breakpoint, so --preempt \
+                 preempts only the guest kernel here: record on an SVM or VMX host"
+            };
             tracing::warn!(
                 "guest user code has computed for {} s without a VM exit (RIP {:#x}); while recording, \
                  other guest processes and timers wait until it makes a system call. \
-                 If it is waiting for one of them, it will wait for ever: stop it with Ctrl-C, \
-                 or use `provm run`, which preempts it",
+                 If it is waiting for one of them, it will wait for ever: stop it with Ctrl-C; {remedy}",
                 exitless.as_secs(),
                 regs.rip
             );

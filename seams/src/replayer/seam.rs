@@ -4,10 +4,10 @@
 use std::time::Instant;
 
 use provm_guest_agent::GuestMessage;
-use provm_trace::events::Event;
+use provm_trace::events::{self, Event};
 use provm_trace::page_digests::CheckPoint;
 use provm_vmm::clock::Clock;
-use provm_vmm::seam::{Delivery, Exit, Place, Seam};
+use provm_vmm::seam::{Delivery, Exit, Instance, LoggedStop, Place, Seam};
 use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 use super::{Replayer, State};
@@ -41,17 +41,28 @@ impl Seam for Replayer {
         self.delivery
     }
 
-    /// Only where the recording waited at window exits: its next event,
-    /// if that is one.
-    fn logged_window(&self) -> Option<Place> {
-        if self.delivery != Delivery::LoggedWindow {
-            return None;
-        }
+    /// The next event, if it is a preemption, or a window exit where the
+    /// recording waited at window exits.
+    fn logged_stop(&self) -> Option<LoggedStop> {
+        let place = |at: &events::Place| Place {
+            rip: at.rip,
+            registers: at.registers,
+        };
         match self.state.lock().unwrap().events.peek() {
-            Ok(Some(Event::InterruptWindow { at })) => Some(Place {
-                rip: at.rip,
-                registers: at.registers,
-            }),
+            Ok(Some(Event::Preempted {
+                at,
+                pages,
+                instance,
+            })) => Some(LoggedStop::Preemption(
+                place(at),
+                Instance {
+                    pages: pages.clone(),
+                    digest: *instance,
+                },
+            )),
+            Ok(Some(Event::InterruptWindow { at })) if self.delivery == Delivery::LoggedWindow => {
+                Some(LoggedStop::Window(place(at)))
+            }
             _ => None,
         }
     }

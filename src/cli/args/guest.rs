@@ -182,6 +182,15 @@ pub struct RecordArgs {
     /// once, about guest user code computing (a long computation is normal).
     #[arg(long, default_value_t = DEFAULT_EXITLESS_LIMIT, value_name = "SECONDS")]
     pub exitless_limit: u64,
+    /// Preempt guest code that goes round a loop it never leaves by itself
+    /// (a state it comes back to, with no exit on the way), once it has
+    /// run MS milliseconds without a VM exit while a timer or another vCPU
+    /// waits: a thread spinning on a flag another thread sets then ends.
+    /// The replay finds each preemption by its state, with a hardware
+    /// breakpoint. SVM and VMX hosts; on PVM only the guest kernel is
+    /// preempted (its user mode stops at no breakpoint).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub preempt: Option<u64>,
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     pub no_timing: bool,

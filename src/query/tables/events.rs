@@ -173,6 +173,14 @@ impl Fields {
                 data: Some(format!("{memory:016x}")),
                 ..Fields::default()
             },
+            // How many pages the instance covers, and its digest.
+            Event::Preempted {
+                pages, instance, ..
+            } => Fields {
+                len: Some(pages.iter().map(|(_, count)| *count as i64).sum()),
+                data: Some(format!("{instance:016x}")),
+                ..Fields::default()
+            },
             Event::NetSent { len, digest } => Fields {
                 len: Some(i64::from(*len)),
                 data: Some(format!("{digest:016x}")),

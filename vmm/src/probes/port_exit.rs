@@ -105,7 +105,7 @@ impl Vcpu {
     /// as are mapped, read through the guest's own translation
     /// (KVM_TRANSLATE, so any paging mode): one translation per page they
     /// lie on, at most two.
-    fn instruction_bytes(
+    pub(crate) fn instruction_bytes(
         &self,
         memory: &crate::memory::GuestMemory,
         sregs: &kvm_sregs,

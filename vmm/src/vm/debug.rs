@@ -6,7 +6,8 @@
 use kvm_bindings::kvm_debug_exit_arch;
 
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
-use crate::logged_window::{self, WindowStop};
+use crate::logged_stop::{self, StopKind};
+use crate::preemption;
 use crate::probes::breakpoint_step::{self, StepMethod, RESUME_FLAG};
 
 use super::layout::MSR_LSTAR;
@@ -14,15 +15,18 @@ use super::{Entry, Vm, VmError};
 
 impl Vm {
     /// What a debug stop was for the logged window a replay runs to.
-    pub(super) fn window_stop(&self, debug: &kvm_debug_exit_arch) -> Result<WindowStop, VmError> {
-        if !self.window.aimed() {
-            return Ok(WindowStop::Other);
+    pub(super) fn logged_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
+        if !self.logged_stop.aimed() {
+            return Ok(StopKind::Other);
         }
         let now = self.vcpu.place()?;
-        let stop = self.window.stop(debug.dr6, now);
-        if stop != WindowStop::Other {
-            tracing::debug!(
-                "logged window: {stop:?} at RIP {:#x}, registers {:016x}",
+        let mut stop = self.logged_stop.stop(debug.dr6, now);
+        if stop != StopKind::Other && self.logged_stop.preemption().is_some() {
+            stop = self.preemption_stop(stop == StopKind::Reached)?;
+        }
+        if stop != StopKind::Other {
+            tracing::trace!(
+                "logged stop: {stop:?} at RIP {:#x}, registers {:016x}",
                 now.rip,
                 now.registers
             );
@@ -30,11 +34,48 @@ impl Vm {
         Ok(stop)
     }
 
-    /// Reads the guest's DR6 before the window's breakpoint is armed
-    /// (`aimed`): one KVM_GET_DEBUGREGS per logged window aimed at, none
-    /// where no window is.
+    /// A stop at the RIP of the preemption the guest runs to: reached
+    /// where the registers (`registers_match`) and the rest of the state
+    /// are the logged instance's (`preemption`), or, in a test that moves
+    /// the preemption (`late_passes`), that many passes after it.
+    fn preemption_stop(&mut self, registers_match: bool) -> Result<StopKind, VmError> {
+        if let Some(left) = self.late_passes.passes_left {
+            self.late_passes.passes_left = left.checked_sub(1);
+            return Ok(if left == 0 {
+                StopKind::Reached
+            } else {
+                StopKind::Passing
+            });
+        }
+        let instance = self
+            .logged_stop
+            .preemption()
+            .expect("running to a preemption");
+        if !registers_match {
+            return Ok(StopKind::Passing);
+        }
+        let digest = preemption::digest(&self.vcpu, &self.memory, &instance.pages)?;
+        if digest != instance.digest {
+            tracing::trace!(
+                "preemption: the registers match, the state does not ({digest:016x}, logged {:016x})",
+                instance.digest
+            );
+            return Ok(StopKind::Passing);
+        }
+        match self.late_passes.moved_by {
+            0 => Ok(StopKind::Reached),
+            late => {
+                self.late_passes.passes_left = Some(late - 1);
+                Ok(StopKind::Passing)
+            }
+        }
+    }
+
+    /// Reads the guest's DR6 before the logged stop's breakpoint is armed
+    /// (`aimed`): one KVM_GET_DEBUGREGS per logged stop aimed at, none
+    /// where none is.
     pub(super) fn keep_guest_debugregs(&mut self, aimed: bool) -> Result<(), VmError> {
-        self.window_debugregs = if aimed {
+        self.logged_stop_debugregs = if aimed {
             Some(self.vcpu.fd.get_debug_regs().map_err(VmError::Kvm)?)
         } else {
             None
@@ -42,8 +83,8 @@ impl Vm {
         Ok(())
     }
 
-    /// After a stop made by the window's breakpoint or by the step over
-    /// it (`done`: the window is reached): clears the hit and single-step
+    /// After a stop made by the logged stop's breakpoint or by the step
+    /// over it (`done`: the logged stop is reached): clears the hit and single-step
     /// bits of DR6 that the guest did not have before the breakpoint was
     /// armed, where KVM shows them, so that a replay's state check
     /// compares the guest's registers and not provm's marks. Nothing else
@@ -54,20 +95,20 @@ impl Vm {
     /// the next entry loads DR6's reset value, VMX reports the exit
     /// qualification; so this reads, and writes only where a KVM does
     /// otherwise.
-    pub(super) fn window_stopped(&mut self, done: bool) -> Result<(), VmError> {
+    pub(super) fn logged_stop_made(&mut self, done: bool) -> Result<(), VmError> {
         let kept = if done {
-            self.window_debugregs.take()
+            self.logged_stop_debugregs.take()
         } else {
-            self.window_debugregs
+            self.logged_stop_debugregs
         };
         let Some(kept) = kept else {
             return Ok(());
         };
         let mut now = self.vcpu.fd.get_debug_regs().map_err(VmError::Kvm)?;
-        let marks = logged_window::dr6_marks(kept.dr6, now.dr6);
+        let marks = logged_stop::dr6_marks(kept.dr6, now.dr6);
         if marks != 0 {
             tracing::debug!(
-                "logged window: the stop set DR6 bits {marks:#x} (DR6 {:#x}, was {:#x}): cleared",
+                "logged stop: the stop set DR6 bits {marks:#x} (DR6 {:#x}, was {:#x}): cleared",
                 now.dr6,
                 kept.dr6
             );
@@ -109,9 +150,9 @@ impl Vm {
             (stop, _) => stop,
         };
         if std::mem::take(&mut self.stepping_over) {
-            // The step over the window's breakpoint is provm's own stop.
-            if self.window.aimed() {
-                self.window_stopped(false)?;
+            // The step over the logged stop's breakpoint is provm's own stop.
+            if self.logged_stop.aimed() {
+                self.logged_stop_made(false)?;
             }
             // Stepped past the breakpoint: put the breakpoints back.
             self.apply_guest_debug(&self.guest_debug)?;
@@ -193,11 +234,11 @@ impl Vm {
     /// Hands `debug` to KVM, with the breakpoint of the logged window the
     /// guest runs to, if any.
     pub(super) fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.apply_to_kvm(&self.window.added_to(debug)?)
+        self.apply_to_kvm(&self.logged_stop.added_to(debug)?)
     }
 
     pub(super) fn apply_without_window(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.window.left_out();
+        self.logged_stop.left_out();
         self.apply_to_kvm(debug)
     }
 

@@ -84,6 +84,8 @@ pub enum VmError {
     },
     #[error("stopped: {0}")]
     Stopped(String),
+    #[error("the recording preempted guest user code at RIP {rip:#x} (an SVM or VMX host, `record --preempt`), which a replay finds again with a hardware breakpoint, and this host's KVM (PVM) stops guest user mode at no breakpoint: replay the trace on an SVM or VMX host")]
+    UserPreemptionUnreachable { rip: u64 },
 
     #[error("cannot route the guest's reads of host-dependent MSRs to the VMM (KVM_CAP_X86_USER_SPACE_MSR / KVM_X86_SET_MSR_FILTER; Linux 5.10 or later): {0}")]
     MsrFilter(kvm_ioctls::Error),

@@ -1,5 +1,12 @@
-//! Replaying an interrupt-window exit where the recording had it, whatever
-//! this host's KVM would do (`Delivery::LoggedWindow`).
+//! Replaying an exit that KVM does not make again by itself where the
+//! recording had it (`LoggedStop`): a preemption, which the recorder made
+//! at an instruction of its choosing (`crate::preemption`), and an
+//! interrupt-window exit, whatever this host's KVM would do
+//! (`Delivery::LoggedWindow`). Both are found the same way: a hardware
+//! breakpoint on the logged RIP, and the stop there in the logged state.
+//! A preemption's state is more than its registers (a loop whose
+//! registers repeat at every pass changes memory): the run loop checks
+//! the rest (`Vm::preemption_reached`) where the registers match.
 //!
 //! A recording that waited at KVM's interrupt-window exits logged where
 //! each came: RIP and a digest of the registers. Where KVM places that exit
@@ -28,52 +35,70 @@
 use std::cell::Cell;
 
 use crate::guest_debug::{GuestDebug, GuestDebugError, HW_BREAKPOINTS};
-use crate::seam::Place;
+use crate::seam::{Instance, LoggedStop, Place};
 
 /// DR6's bits for DR0-DR3 and for a single step (BS).
 const DR6_HITS: u64 = 0xf;
 const DR6_SINGLE_STEP: u64 = 1 << 14;
 
-/// The logged window the guest runs to, if any, and which debug register
+/// The logged stop the guest runs to, if any, and which debug register
 /// its breakpoint took at the last KVM_SET_GUEST_DEBUG.
 #[derive(Default)]
-pub struct WindowBreakpoint {
-    place: Option<Place>,
+pub struct StopBreakpoint {
+    target: Option<LoggedStop>,
     slot: Cell<Option<usize>>,
 }
 
-/// What a debug stop was, for the logged window.
+/// What a debug stop was, for the logged stop.
 #[derive(Debug, PartialEq, Eq)]
-pub enum WindowStop {
-    /// The guest stands at the logged window: that is the exit.
+pub enum StopKind {
+    /// The guest stands at the logged place: that is the exit (for a
+    /// preemption, once its instance is checked too).
     Reached,
-    /// Only the window's breakpoint stopped it, in another state: step
-    /// over it and go on, unseen.
+    /// Only the stop's breakpoint stopped it, in another state: step over
+    /// it and go on, unseen.
     Passing,
-    /// Not the window's business (the debugger's stop).
+    /// Not the logged stop's business (the debugger's stop).
     Other,
 }
 
-impl WindowBreakpoint {
-    /// Runs the guest to `place` from now on (`None`: to no window).
+impl StopBreakpoint {
+    /// Runs the guest to `target` from now on (`None`: to no stop).
     /// Returns whether that changed, so the breakpoints must be applied
     /// again.
-    pub fn aim(&mut self, place: Option<Place>) -> bool {
-        let changed = self.place != place;
-        self.place = place;
+    pub fn aim(&mut self, target: Option<LoggedStop>) -> bool {
+        let changed = self.target != target;
+        self.target = target;
         changed
     }
 
-    /// Whether the guest runs to a logged window.
+    /// The logged stop the guest ran to, now reached: it runs to none.
+    pub fn take(&mut self) -> Option<LoggedStop> {
+        self.target.take()
+    }
+
+    /// Whether the guest runs to a logged stop.
     pub fn aimed(&self) -> bool {
-        self.place.is_some()
+        self.target.is_some()
+    }
+
+    /// The instance of a preemption the guest runs to.
+    pub fn preemption(&self) -> Option<&Instance> {
+        match &self.target {
+            Some(LoggedStop::Preemption(_, instance)) => Some(instance),
+            _ => None,
+        }
+    }
+
+    fn place(&self) -> Option<Place> {
+        self.target.as_ref().map(LoggedStop::place)
     }
 
     /// `debug` with the window's breakpoint after its own, if the guest
     /// runs to a window.
     pub fn added_to(&self, debug: &GuestDebug) -> Result<GuestDebug, GuestDebugError> {
         self.slot.set(None);
-        let Some(place) = self.place else {
+        let Some(place) = self.place() else {
             return Ok(debug.clone());
         };
         if debug.breakpoints.len() >= HW_BREAKPOINTS {
@@ -88,7 +113,7 @@ impl WindowBreakpoint {
     /// Whether KVM's window exit at `now` came before the logged place
     /// (this host's KVM opens it earlier than the recording's did).
     pub fn opens_early(&self, now: Place) -> bool {
-        self.place.is_some_and(|place| place != now)
+        self.place().is_some_and(|place| place != now)
     }
 
     /// The breakpoints applied last were without the window's.
@@ -98,21 +123,21 @@ impl WindowBreakpoint {
 
     /// What the debug stop with `dr6` at `now` (the guest's place there)
     /// was.
-    pub fn stop(&self, dr6: u64, now: Place) -> WindowStop {
-        let Some(place) = self.place else {
-            return WindowStop::Other;
+    pub fn stop(&self, dr6: u64, now: Place) -> StopKind {
+        let Some(place) = self.place() else {
+            return StopKind::Other;
         };
         if now == place {
-            return WindowStop::Reached;
+            return StopKind::Reached;
         }
         let ours_alone = self
             .slot
             .get()
             .is_some_and(|slot| dr6 & (DR6_HITS | DR6_SINGLE_STEP) == 1 << slot);
         if ours_alone && now.rip == place.rip {
-            WindowStop::Passing
+            StopKind::Passing
         } else {
-            WindowStop::Other
+            StopKind::Other
         }
     }
 }
@@ -142,10 +167,10 @@ mod tests {
 
     #[test]
     fn the_windows_breakpoint_follows_the_debuggers() {
-        let mut window = WindowBreakpoint::default();
+        let mut window = StopBreakpoint::default();
         assert_eq!(window.added_to(&debugger(2)).unwrap(), debugger(2));
-        assert!(window.aim(Some(WINDOW)));
-        assert!(!window.aim(Some(WINDOW)));
+        assert!(window.aim(Some(LoggedStop::Window(WINDOW))));
+        assert!(!window.aim(Some(LoggedStop::Window(WINDOW))));
         let applied = window.added_to(&debugger(2)).unwrap();
         assert_eq!(applied.breakpoints, [0x1000, 0x1001, WINDOW.rip]);
         assert!(matches!(
@@ -156,24 +181,24 @@ mod tests {
 
     #[test]
     fn a_stop_is_the_window_only_where_the_registers_match() {
-        let mut window = WindowBreakpoint::default();
-        window.aim(Some(WINDOW));
+        let mut window = StopBreakpoint::default();
+        window.aim(Some(LoggedStop::Window(WINDOW)));
         window.added_to(&debugger(1)).unwrap();
         let elsewhere = Place {
             registers: 0x5678,
             ..WINDOW
         };
         // Its breakpoint is DR1, after the debugger's DR0.
-        assert_eq!(window.stop(0b10, WINDOW), WindowStop::Reached);
-        assert_eq!(window.stop(0b10, elsewhere), WindowStop::Passing);
+        assert_eq!(window.stop(0b10, WINDOW), StopKind::Reached);
+        assert_eq!(window.stop(0b10, elsewhere), StopKind::Passing);
         // The debugger's own stop at that RIP, or a step onto it, is the
         // debugger's.
-        assert_eq!(window.stop(0b11, elsewhere), WindowStop::Other);
-        assert_eq!(window.stop(DR6_SINGLE_STEP, elsewhere), WindowStop::Other);
+        assert_eq!(window.stop(0b11, elsewhere), StopKind::Other);
+        assert_eq!(window.stop(DR6_SINGLE_STEP, elsewhere), StopKind::Other);
         // A step that lands on the window with its registers is the window.
-        assert_eq!(window.stop(DR6_SINGLE_STEP, WINDOW), WindowStop::Reached);
+        assert_eq!(window.stop(DR6_SINGLE_STEP, WINDOW), StopKind::Reached);
         window.aim(None);
-        assert_eq!(window.stop(0b10, WINDOW), WindowStop::Other);
+        assert_eq!(window.stop(0b10, WINDOW), StopKind::Other);
     }
 
     #[test]
@@ -190,13 +215,13 @@ mod tests {
 
     #[test]
     fn kvms_window_counts_only_on_the_logged_place() {
-        let mut window = WindowBreakpoint::default();
+        let mut window = StopBreakpoint::default();
         let early = Place {
             rip: WINDOW.rip - 6,
             ..WINDOW
         };
         assert!(!window.opens_early(early));
-        window.aim(Some(WINDOW));
+        window.aim(Some(LoggedStop::Window(WINDOW)));
         assert!(window.opens_early(early));
         assert!(!window.opens_early(WINDOW));
     }

@@ -1,0 +1,270 @@
+//! Preemption without an instruction counter. A recording delivers
+//! interrupts at VM exits only, where a replay finds them again, and guest
+//! code that computes without exits makes none: a thread spinning on a
+//! flag that another sets would spin for ever, and a vCPU computing in user
+//! space would hold the others. So the recorder preempts guest code that
+//! has computed for a quantum without an exit: at a kick (`vcpu::Kicker`)
+//! it logs the guest's state as an exit of its own (`Exit::Preempted`) and
+//! delivers what waited, as after any exit.
+//!
+//! A replay must stop the guest at the same instruction instance, and no
+//! counter says which pass through a loop that was: rr counts branches
+//! with the PMU, which many hosts (clouds, nested VMs) do not give a
+//! guest. The state says it instead. The place (RIP and general
+//! registers) is logged as every exit's; a loop whose registers repeat at
+//! every pass (one that counts in memory) differs only in memory, so the
+//! instance digests the rest: the system registers that tell processes
+//! apart (CR3, FS and GS bases), the vector registers, and the bytes of
+//! every page written since the last preemption, KVM's dirty log (a
+//! superset of what the guest wrote since its last exit: the pages it did
+//! not write are the same at every pass). Two passes with equal digests
+//! are the same machine state, which has the same future: a replay may
+//! take either. It runs the guest to the RIP with a hardware breakpoint and
+//! takes the first stop whose state digests so (`logged_stop`).
+//!
+//! Not everywhere: the guest must be able to take an interrupt there
+//! (interrupts on, no interrupt shadow, no event half-delivered), and a
+//! breakpoint must be able to stop it there: not where RFLAGS.RF is set
+//! (the instruction the guest returned to from a fault or an interrupt,
+//! whose breakpoint the CPU suppresses once; seen on the SVM test bed),
+//! nor in a repeated string instruction, which a breakpoint stops only
+//! before its first iteration. The next kick tries again. PVM stops no guest user
+//! code at a breakpoint (`guest_debug`), so a recording there preempts
+//! only its kernel.
+//!
+//! What is not digested: AVX-512's registers (their place in the XSAVE
+//! area is the host CPU's), and the x87 unit's last-instruction pointers,
+//! which AMD's FXSAVE leaves out. A pass that differs from the logged one
+//! there alone would be taken for it, and the replay would diverge at its
+//! next exit, saying so.
+
+use std::collections::HashSet;
+
+use iced_x86::{Decoder, DecoderOptions};
+use kvm_bindings::{kvm_xsave, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_ioctls::VmFd;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::memory::GuestMemory;
+use crate::seam::Place;
+use crate::vcpu::{Vcpu, VcpuError};
+
+const PAGE: u64 = 4096;
+
+/// Has KVM log the pages the guest writes, in every slot of `memory`
+/// (registered by `memory::register`), from now on.
+pub fn log_written_pages(vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
+    crate::memory::register_with_flags(vm, memory, KVM_MEM_LOG_DIRTY_PAGES)
+}
+
+/// The guest pages written since the last preemption: KVM's dirty log,
+/// gathered where a preemption is considered (KVM keeps the rest).
+#[derive(Default)]
+pub struct WrittenPages {
+    /// Per slot of `memory::register`'s: its first page number, and a bit
+    /// per page from there.
+    slots: Vec<(u64, Vec<u64>)>,
+}
+
+impl WrittenPages {
+    /// Adds the pages KVM logged as written since it was last asked.
+    pub fn gather(&mut self, vm: &VmFd, memory: &GuestMemory) -> Result<(), kvm_ioctls::Error> {
+        for (slot, region) in memory.iter().enumerate() {
+            let logged = vm.get_dirty_log(slot as u32, region.len() as usize)?;
+            if self.slots.len() <= slot {
+                self.slots
+                    .push((region.start_addr().0 / PAGE, vec![0; logged.len()]));
+            }
+            for (gathered, word) in self.slots[slot].1.iter_mut().zip(logged) {
+                *gathered |= word;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pages gathered, as ascending runs of page numbers (first, count).
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (first_page, bitmap) in &self.slots {
+            for (word_index, &word) in bitmap.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let page =
+                        first_page + word_index as u64 * 64 + u64::from(bits.trailing_zeros());
+                    bits &= bits - 1;
+                    match runs.last_mut() {
+                        Some((first, count)) if *first + *count == page => *count += 1,
+                        _ => runs.push((page, 1)),
+                    }
+                }
+            }
+        }
+        runs
+    }
+
+    /// A preemption was logged: the next one digests what is written after.
+    pub fn clear(&mut self) {
+        for (_, bitmap) in &mut self.slots {
+            bitmap.fill(0);
+        }
+    }
+}
+
+/// The states the kicks of one stretch without exits found the guest in.
+/// One seen twice is a loop that never ends by itself: the guest went from
+/// that state back to it, and with no input on the way an equal state has
+/// an equal future. Only there does the recorder preempt, so the replay's
+/// search ends at the loop's first pass in that state, however long the
+/// recording spun; a computation that ends by itself goes on to its next
+/// exit, as without `--preempt`.
+#[derive(Default)]
+pub struct Repeats {
+    /// The places seen: only a place seen before is digested.
+    places: HashSet<Place>,
+    states: HashSet<(Place, u64)>,
+}
+
+impl Repeats {
+    /// Notes `place`; whether it was seen before in this stretch.
+    pub fn place_seen_before(&mut self, place: Place) -> bool {
+        !self.places.insert(place)
+    }
+
+    /// Notes the state `digest` at `place`; whether it was seen before.
+    pub fn state_seen_before(&mut self, place: Place, digest: u64) -> bool {
+        !self.states.insert((place, digest))
+    }
+
+    /// The guest exited: a new stretch begins.
+    pub fn exited(&mut self) {
+        if !self.places.is_empty() {
+            *self = Repeats::default();
+        }
+    }
+}
+
+/// Whether the instruction the vCPU stands at has a REP prefix: a string
+/// instruction stopped part-way there is resumed without a breakpoint
+/// stop, so no replay would find the place (nor one that cannot be read).
+pub fn in_repeated_instruction(
+    vcpu: &Vcpu,
+    memory: &GuestMemory,
+    rip: u64,
+) -> Result<bool, VcpuError> {
+    let sregs = vcpu.system_registers()?;
+    let Some(code) = vcpu.instruction_bytes(memory, &sregs, rip) else {
+        return Ok(true);
+    };
+    let bitness = if sregs.cs.l == 1 { 64 } else { 32 };
+    let instruction = Decoder::new(bitness, &code, DecoderOptions::NONE).decode();
+    Ok(instruction.has_rep_prefix() || instruction.has_repne_prefix())
+}
+
+/// The digest of the vCPU's state beyond its place, with the bytes of
+/// `pages` (runs as `WrittenPages::runs` gives them): what tells one pass
+/// through a place from another.
+pub fn digest(vcpu: &Vcpu, memory: &GuestMemory, pages: &[(u64, u64)]) -> Result<u64, VcpuError> {
+    let mut hash = Xxh3::new();
+    let (sregs, xsave) = vcpu.system_and_vector_registers()?;
+    for word in [sregs.cr3, sregs.fs.base, sregs.gs.base] {
+        hash.update(&word.to_le_bytes());
+    }
+    for range in VECTOR_STATE {
+        hash.update(&xsave_bytes(&xsave)[range]);
+    }
+    let mut page = [0u8; PAGE as usize];
+    for &(first, count) in pages {
+        for number in first..first + count {
+            // A page the log names is in RAM: the log covers RAM's slots only.
+            if memory
+                .read_slice(&mut page, GuestAddress(number * PAGE))
+                .is_ok()
+            {
+                hash.update(&page);
+            }
+        }
+    }
+    Ok(hash.digest())
+}
+
+/// The bytes of KVM's XSAVE area (the standard, uncompacted form, in which
+/// KVM puts a component's initial state where the guest has it in use
+/// nowhere, so equal registers give equal bytes).
+fn xsave_bytes(xsave: &kvm_xsave) -> &[u8] {
+    // SAFETY: `region` is plain data, 4 KiB of u32; viewed as bytes.
+    unsafe {
+        std::slice::from_raw_parts(
+            xsave.region.as_ptr().cast::<u8>(),
+            std::mem::size_of_val(&xsave.region),
+        )
+    }
+}
+
+/// The parts of the XSAVE area digested: the x87 control, status and tag
+/// words, MXCSR, ST0-ST7 and XMM0-XMM15 (the legacy area, less the last
+/// instruction's pointers and opcode, which AMD does not save, and
+/// MXCSR_MASK, the host CPU's), and YMM0-YMM15's upper halves (AVX, at its
+/// architectural offset).
+const VECTOR_STATE: [std::ops::Range<usize>; 4] = [0..6, 24..28, 32..416, 576..832];
+
+/// For tests: set to N, a replay takes each preemption N passes through
+/// its place after the logged instance, whatever the state there, so that
+/// a test sees the divergence a misplaced preemption makes.
+const MOVED_BY: &str = "PROVM_TEST_PREEMPTION_PASSES_LATE";
+
+/// Where a replay takes its preemptions: at the logged instance, or (a
+/// test's) `moved_by` passes later.
+#[derive(Default)]
+pub struct LatePasses {
+    pub moved_by: u32,
+    /// Counting down from the logged instance to the stop taken.
+    pub passes_left: Option<u32>,
+}
+
+impl LatePasses {
+    pub fn from_environment() -> Self {
+        LatePasses {
+            moved_by: std::env::var(MOVED_BY)
+                .ok()
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0),
+            passes_left: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_pages_come_out_as_runs_across_words_and_slots() {
+        let mut written = WrittenPages {
+            slots: vec![(0, vec![0b1110, 1 << 63]), (0x100, vec![0, 1])],
+        };
+        assert_eq!(written.runs(), [(1, 3), (127, 1), (0x140, 1)]);
+        written.slots[1].1[0] = 1 << 63;
+        // Page 0x13f and 0x140 are neighbours across a word.
+        assert_eq!(written.runs(), [(1, 3), (127, 1), (0x13f, 2)]);
+        written.clear();
+        assert_eq!(written.runs(), []);
+    }
+
+    #[test]
+    fn only_a_state_seen_before_at_a_place_seen_before_is_a_loop() {
+        let at = |rip| Place { rip, registers: 7 };
+        let mut repeats = Repeats::default();
+        assert!(!repeats.place_seen_before(at(0x10)));
+        assert!(!repeats.place_seen_before(at(0x20)));
+        assert!(repeats.place_seen_before(at(0x10)));
+        // The first digest at a place is a first sight of that state.
+        assert!(!repeats.state_seen_before(at(0x10), 1));
+        // Memory moved on: another state, not a loop.
+        assert!(!repeats.state_seen_before(at(0x10), 2));
+        assert!(repeats.state_seen_before(at(0x10), 2));
+        repeats.exited();
+        assert!(!repeats.place_seen_before(at(0x10)));
+        assert!(!repeats.state_seen_before(at(0x10), 2));
+    }
+}
