@@ -111,6 +111,8 @@ impl WrittenPages {
     }
 }
 
+const MAX_PLACES: usize = 1 << 16;
+
 /// The states the kicks of one stretch without exits found the guest in.
 /// One seen twice is a loop that never ends by itself: the guest went from
 /// that state back to it, and with no input on the way an equal state has
@@ -126,8 +128,13 @@ pub struct Repeats {
 }
 
 impl Repeats {
-    /// Notes `place`; whether it was seen before in this stretch.
+    /// Notes `place`; whether it was seen before in this stretch. At most
+    /// `MAX_PLACES` are kept: a stretch with more starts again, so that
+    /// memory stays bounded in a computation of hours.
     pub fn place_seen_before(&mut self, place: Place) -> bool {
+        if self.places.len() >= MAX_PLACES {
+            *self = Repeats::default();
+        }
         !self.places.insert(place)
     }
 
