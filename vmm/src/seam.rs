@@ -48,12 +48,12 @@ pub enum Exit<'a> {
         index: u32,
     },
     /// Not the guest's doing: the VMM preempted it between exits, after it
-    /// computed for a quantum without one (`crate::preemption`).
+    /// computed for a quantum without one (`preemption.rs`).
     Preempted(&'a Instance),
 }
 
 /// Which instance of its place a preempted guest was at: the rest of its
-/// state, digested (`crate::preemption::digest`).
+/// state, digested (`preemption::digest`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instance {
     /// The guest pages written since the last preemption, as runs of page
@@ -131,7 +131,7 @@ pub trait Seam: Clock {
     }
 
     /// After how long without an exit the recorder preempts the guest
-    /// (`crate::preemption`), if it does: only a recorder does.
+    /// (`preemption.rs`), if it does: only a recorder does.
     fn preemption_quantum(&self) -> Option<std::time::Duration> {
         None
     }

@@ -16,7 +16,9 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
 use crate::boot::{EntryPoint, GDT, GDT_START};
-use crate::probes::breakpoint_step::RESUME_FLAG;
+
+/// RFLAGS.RF: the next instruction raises no instruction breakpoint.
+pub const RESUME_FLAG: u64 = 1 << 16;
 
 // kvm-ioctls has no wrapper for KVM_INTERRUPT, the injection ioctl for VMs
 // without an in-kernel irqchip.

@@ -27,7 +27,7 @@ use super::code_guest::{probe_once, CodeGuest};
 use crate::guest_debug::{GuestDebug, HW_BREAKPOINTS};
 use crate::memory::GuestMemory;
 use crate::paging;
-use crate::vcpu::VcpuError;
+use crate::vcpu::{VcpuError, RESUME_FLAG};
 
 /// How this host's KVM can single-step the guest unseen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +41,6 @@ pub enum StepMethod {
 
 /// RFLAGS.TF.
 const TRAP_FLAG: u64 = 1 << 8;
-/// RFLAGS.RF: the next instruction raises no instruction breakpoint.
-pub const RESUME_FLAG: u64 = 1 << 16;
 
 /// 32-bit code: `pushf; pop eax; out 0x80, al; hlt`.
 const PROBE_CODE: &[u8] = &[0x9c, 0x58, 0xe6, 0x80, 0xf4];

@@ -8,7 +8,8 @@ use kvm_bindings::kvm_debug_exit_arch;
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
 use crate::logged_stop::{self, StopKind};
 use crate::preemption;
-use crate::probes::breakpoint_step::{self, StepMethod, RESUME_FLAG};
+use crate::probes::breakpoint_step::{self, StepMethod};
+use crate::vcpu::RESUME_FLAG;
 
 use super::layout::MSR_LSTAR;
 use super::{Entry, Vm, VmError};
