@@ -49,7 +49,7 @@ impl ReplayOptions {
         ReplayOptions {
             trace,
             image: None,
-            timeout: Duration::from_secs(crate::run::DEFAULT_TIMEOUT_SECONDS),
+            timeout: Duration::from_secs(crate::start::DEFAULT_TIMEOUT_SECONDS),
             echo_console: false,
         }
     }
