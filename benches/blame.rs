@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use provm::blame::{compare, inject, TimingOptions, TimingReport};
 use provm_engine::record::RecordOptions;
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::Outcome;
 use provm_vmm::exit_timing::ExitDelay;
 

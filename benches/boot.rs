@@ -14,8 +14,8 @@ mod qemu;
 
 use std::time::{Duration, Instant};
 
-use provm_engine::run::RunOptions;
 use provm_engine::session::GuestSession;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::{GuestMessage, Outcome};
 use provm_vmm::seam::LiveSeam;
 
@@ -45,14 +45,14 @@ fn main() {
     let image = &common::images().tiny_qcow2;
     let options = RunOptions::new(image.clone(), Vec::new());
     let job = |script: &str| common::shell_job(&options, script);
-    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let prepared = provm_engine::start::prepare(&options).unwrap();
     let machine = qemu::Machine::new(&prepared.boot, prepared.memory_mib, image);
 
     let provm_round = || -> Round {
         let config = prepared
             .vm_config(
                 Arc::new(LiveSeam::starting_at(0)),
-                provm_engine::run::overlay_location(&options),
+                options.overlay_location(),
                 None,
             )
             .unwrap();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use provm_engine::record::RecordOptions;
 use provm_engine::replay::{ReplayOptions, ReplayReport};
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_engine::transfer::Input;
 use provm_guest_agent::Outcome;
 

@@ -13,7 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use provm_engine::record::RecordOptions;
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::Outcome;
 
 const RUNS: usize = 5;

@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use provm_engine::pinning::Pinning;
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::Outcome;
 
 const RUNS: usize = 5;

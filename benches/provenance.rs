@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use provm::provenance::{self, VmBoundary};
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::{Job, Outcome, ProvRecord};
 
 /// "Compile" 40 sources (sed), checksum each object (md5sum), link
@@ -41,7 +41,7 @@ fn main() {
             &format!("set -- {directory}; {BUILD}"),
         )
     };
-    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let prepared = provm_engine::start::prepare(&options).unwrap();
     let mut guest = common::start_guest(&options, &prepared);
     let mut timed = |job: Job| {
         let start = Instant::now();

@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::{GuestMessage, Job, Outcome};
 
 fn main() {
     let image = &common::images().tiny_qcow2;
     let options = RunOptions::new(image.clone(), Vec::new());
-    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let prepared = provm_engine::start::prepare(&options).unwrap();
     let machine = qemu::Machine::new(&prepared.boot, prepared.memory_mib, image);
     let provm = provm_binary();
     let dir = tempfile::tempdir().unwrap();

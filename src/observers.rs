@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use provm_engine::observer::Observer;
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 
 use crate::blame::{BlameError, TimingObserver, TimingOptions};
 use crate::provenance::{Provenance, ProvenanceCapture};

@@ -1,16 +1,18 @@
 //! provm's engine: everything between the VMM's seams and the features.
 //!
-//! It assembles the machine (`machine`, `run::prepare`: the image's root,
-//! the overlay, the kernel, the agent's initramfs, the CPU model), starts
-//! guests (`session`, from the booted guest's cached snapshot:
-//! `fast_start`, `snapshot`), and drives them: `run`, `record` (a run with
-//! every input logged into a trace) and `replay` (the trace re-executed,
-//! every output checked), and `recover` makes a trace of what a killed
-//! recording left. It has no command line and prints nothing: what
-//! the user should hear goes out as `tracing` events under the target
-//! [`NOTICE`], and errors are typed. What watches a run from above (exit
-//! timing, provenance capture) plugs in as an [`observer::Observer`], so
-//! the engine imports no analysis of its own.
+//! It assembles the machine (`machine`: the image's root, the overlay, the
+//! kernel, the agent's initramfs, the CPU model), starts guests along one
+//! path whatever their seam (`start`: the machine checked, the job, the
+//! booted guest's cached snapshot from `fast_start` and `snapshot`, the
+//! restore, the `session`, the job run and the power-off), and drives
+//! them: `run` (nothing logged), `record` (every input logged into a
+//! trace) and `replay` (the trace re-executed, every output checked), and
+//! `recover` makes a trace of what a killed recording left. It has no
+//! command line and prints nothing: what the user should hear goes out as
+//! `tracing` events under the target [`NOTICE`], and errors are typed.
+//! What watches a run from above (exit timing, provenance capture) plugs
+//! in as an [`observer::Observer`], so the engine imports no analysis of
+//! its own.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -37,6 +39,7 @@ pub mod run;
 pub mod seen_images;
 pub mod session;
 pub mod snapshot;
+pub mod start;
 pub mod transfer;
 pub mod utc;
 

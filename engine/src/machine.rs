@@ -1,6 +1,7 @@
-//! The machine a guest is restored into, the same for a run, a recording
-//! and a replay: a disk overlaying the base image, the RAM, the console,
-//! and the seam that drives it from the snapshot's virtual time on.
+//! The machine a guest is restored into, the same for a run, a recording,
+//! a replay, a fork and a debugger session: a disk over the base image,
+//! the RAM, the console, and the seam that drives it from the snapshot's
+//! virtual time on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use std::path::{Path, PathBuf};
 
 use provm_vmm::disk::image::{BaseImage, ImageError};
-use provm_vmm::disk::InputMedium;
+use provm_vmm::disk::{Disk, InputMedium};
 use provm_vmm::seam::Seam;
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmSnapshot};
 
@@ -18,8 +19,8 @@ pub struct Machine<'a> {
     pub base: &'a BaseImage,
     pub memory_mib: u64,
     pub echo_console: bool,
-    /// Where the overlay that takes the guest's writes goes.
-    pub overlay: OverlayLocation,
+    /// What takes the guest's writes.
+    pub disk: GuestDisk,
     /// See `VmConfig::exitless_limit`.
     pub exitless_limit: Option<Duration>,
     /// See `VmConfig::net`.
@@ -28,6 +29,15 @@ pub struct Machine<'a> {
     pub cpus: u8,
     /// The input disk's image (see `VmConfig::input_disk`).
     pub input_disk: Option<&'a Path>,
+}
+
+/// The guest's disk, /dev/vda: what takes its writes over the base image.
+pub enum GuestDisk {
+    /// A fresh overlay, there.
+    Overlay(OverlayLocation),
+    /// The caller's own disk over the image: the debugger's, which keeps a
+    /// journal of the writes so that it can rewind them.
+    Given(Box<dyn Disk>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,11 +49,14 @@ pub enum MachineError {
 }
 
 impl Machine<'_> {
-    /// The VM's configuration, with a fresh overlay and `seam`.
+    /// The VM's configuration, with its disk and `seam`.
     pub fn config(self, seam: Arc<dyn Seam>) -> Result<VmConfig, ImageError> {
         Ok(VmConfig {
             memory_mib: self.memory_mib,
-            disk: Box::new(overlay::create(self.base, self.overlay)?),
+            disk: match self.disk {
+                GuestDisk::Overlay(location) => Box::new(overlay::create(self.base, location)?),
+                GuestDisk::Given(disk) => disk,
+            },
             echo_console: self.echo_console,
             seam,
             exitless_limit: self.exitless_limit,
@@ -62,8 +75,18 @@ impl Machine<'_> {
         seam_at: impl FnOnce(u64) -> S,
     ) -> Result<(Vm, Arc<S>), MachineError> {
         let seam = Arc::new(seam_at(snapshot.state.clock_ns));
-        let config = self.config(seam.clone())?;
-        Ok((Vm::restore(config, snapshot)?, seam))
+        Ok((self.restore_with(snapshot, seam.clone())?, seam))
+    }
+
+    /// A VM restored from `snapshot`, driven by `seam`, which the caller
+    /// made for the snapshot's virtual time and keeps across restores (the
+    /// debugger's replayer, rewound with each).
+    pub fn restore_with(
+        self,
+        snapshot: VmSnapshot,
+        seam: Arc<dyn Seam>,
+    ) -> Result<Vm, MachineError> {
+        Ok(Vm::restore(self.config(seam)?, snapshot)?)
     }
 }
 
@@ -102,7 +125,7 @@ impl Prepared {
             base: &self.base,
             memory_mib: self.memory_mib,
             echo_console: self.echo_console,
-            overlay,
+            disk: GuestDisk::Overlay(overlay),
             exitless_limit,
             net: self.net,
             cpus: self.cpus,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_cpu_model::{self as cpu_model, Platform};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_seams::{delivery, Recorder};
+use provm_seams::delivery;
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
@@ -25,15 +25,15 @@ use provm_vmm::vm::VmSnapshot;
 use crate::cached_section;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
-use crate::fast_start::{self, Identity};
+use crate::fast_start::{BootedSnapshot, Identity};
 use crate::holes;
 use crate::host;
 use crate::kernel;
 use crate::machine::Prepared;
 use crate::observer::{self, Observer};
-use crate::run::{self, overlay_location, RunError, RunOptions};
 use crate::seen_images;
-use crate::session::{GuestSession, SessionError};
+use crate::session::SessionError;
+use crate::start::{self, Booted, Logging, Recording, RunError, RunOptions};
 use crate::transfer::{self, JobData};
 use crate::utc;
 
@@ -101,45 +101,25 @@ pub fn record(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<Recorded, RecordError> {
-    let start = Instant::now();
-    let deadline = start + options.run.timeout;
-    let mut prepared = run::prepare(&options.run)?;
-    let job = run::job(&options.run, &prepared.root_device)?;
-    let mut data = options.run.job_data().map_err(RunError::from)?;
-    prepared.input_disk = data.input_disk.as_ref().map(|disk| disk.path.clone());
-    let identity = Identity::of(&prepared).map_err(RunError::from)?;
-    let booted = fast_start::booted(&prepared, &identity, deadline).map_err(RunError::from)?;
-    let snapshot = booted.decode(prepared.memory_mib).map_err(RunError::from)?;
+    let deadline = Instant::now() + options.run.timeout;
+    let mut prepared = start::prepare(&options.run)?;
+    let (job, mut data) = start::job_with_data(&options.run, &mut prepared)?;
+    let Booted {
+        identity,
+        encoded,
+        snapshot,
+    } = Booted::of(&prepared, deadline)?;
 
     let trace_error = |source| RecordError::Trace {
         path: options.output.clone(),
         source,
     };
-    let profile_path = kernel::profile_path(&prepared.boot.kernel);
-    let kernel_profile =
-        std::fs::read(&profile_path).map_err(|_| RecordError::ProfileMissing(profile_path))?;
-    let delivery = delivery::for_recording();
-    let mut manifest = manifest(
-        options,
-        &prepared,
-        &identity,
-        &booted.sha256,
-        &snapshot,
-        &job,
-        &data,
-    );
-    manifest.interrupt_delivery = delivery::recorded(delivery);
-    manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
+    let leading = leading(
+        options, &prepared, &job, &data, &identity, &snapshot, encoded,
+    )?;
     if let Some(image) = identity.image.first() {
         seen_images::remember(&options.run.image, &image.sha256);
     }
-    let leading = Leading {
-        manifest,
-        kernel: embedded_kernel(&prepared.boot.kernel, &identity.kernel_sha256)?,
-        kernel_profile,
-        initramfs: compress(&prepared.boot.initramfs),
-        snapshot: booted.bytes,
-    };
     let trace = TraceWriter::create(&options.output, &leading)
         .map_err(trace_error)?
         .into_sections();
@@ -147,52 +127,24 @@ pub fn record(
     install_interrupt_handler();
     let recording_start = Instant::now();
     let guest_start_ns = snapshot.state.clock_ns;
-    let pinned = options.run.pinned.as_ref();
-    let (mut vm, recorder) = prepared
-        .machine(overlay_location(&options.run), options.exitless_limit)
-        .restore(snapshot, |start_ns| match pinned {
-            Some(pinning) => Recorder::pinned(
-                Some(trace),
-                run::pinned_clock(pinning, start_ns),
-                &INTERRUPTED,
-            )
-            .delivering(delivery)
-            .preempting(options.preempt),
-            None => {
-                let recorder = Recorder::new(trace, start_ns, &INTERRUPTED)
-                    .delivering(delivery)
-                    .preempting(options.preempt);
-                match options.run.net {
-                    true => recorder.with_network(crate::net::nat(options.run.dns)),
-                    false => recorder,
-                }
-            }
-        })
-        .map_err(RunError::from)?;
-    if let Some(seed) = options.chaos {
-        vm.chaos(seed);
-    }
-    run::attach(observers, &mut vm, &prepared)?;
-    let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
-    if let Some(pinning) = pinned {
-        session.pin_wall_clock(pinning.epoch_ns);
-    }
-    let command = run::run_job(
-        &mut session,
-        job,
-        &mut data,
+    let recording = Recording {
+        trace,
+        interrupted: &INTERRUPTED,
+        exitless_limit: options.exitless_limit,
+        chaos: options.chaos,
+        preempt: options.preempt,
+    };
+    let ended = start::start(
+        &options.run,
         &prepared,
+        snapshot,
+        deadline,
+        Logging::Trace(recording),
         observers,
-        (stdout, stderr),
-    );
-    let ended = command.as_ref().ok().copied();
-    let result = command.and_then(|outcome| {
-        session.power_off()?;
-        Ok(outcome)
-    });
-    let console_tail = session.console_tail();
-    drop(session);
+    )?
+    .run_job(job, &mut data, &prepared, observers, (stdout, stderr));
 
+    let recorder = ended.recorder.expect("a recording's seam is its recorder");
     let (trace, totals) = recorder.finish().map_err(trace_error)?;
     let trace = trace.expect("a recording's log goes to its trace");
     let mut after = Vec::new();
@@ -216,6 +168,7 @@ pub fn record(
             chain::embed(&identity.image, EMBED_LEVEL)?,
         ));
     }
+    let result = ended.outcome;
     let ending = Ending {
         complete: result.is_ok(),
         ended: match &result {
@@ -234,7 +187,7 @@ pub fn record(
             &totals,
             guest_start_ns,
             recording_start.elapsed().as_secs_f64(),
-            console_tail,
+            ended.console_tail,
         )
     };
     let path = TraceWriter::finish(trace, outcome, &after).map_err(trace_error)?;
@@ -250,9 +203,43 @@ pub fn record(
         Err(error) => Err(RecordError::CutShort {
             error: Box::new(error),
             trace: path,
-            command: ended,
+            command: ended.command,
         }),
     }
+}
+
+/// The trace's leading sections: the manifest, and the kernel, its
+/// profile, the initramfs and the booted snapshot it starts from.
+fn leading(
+    options: &RecordOptions,
+    prepared: &Prepared,
+    job: &Job,
+    data: &JobData,
+    identity: &Identity,
+    snapshot: &VmSnapshot,
+    encoded: BootedSnapshot,
+) -> Result<Leading, RecordError> {
+    let profile_path = kernel::profile_path(&prepared.boot.kernel);
+    let kernel_profile =
+        std::fs::read(&profile_path).map_err(|_| RecordError::ProfileMissing(profile_path))?;
+    let mut manifest = manifest(
+        options,
+        prepared,
+        identity,
+        &encoded.sha256,
+        snapshot,
+        job,
+        data,
+    );
+    manifest.interrupt_delivery = delivery::recorded(delivery::for_recording());
+    manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
+    Ok(Leading {
+        manifest,
+        kernel: embedded_kernel(&prepared.boot.kernel, &identity.kernel_sha256)?,
+        kernel_profile,
+        initramfs: compress(&prepared.boot.initramfs),
+        snapshot: encoded.bytes,
+    })
 }
 
 /// What the trace says about the run before it starts.

@@ -26,7 +26,7 @@ use crate::explain::{self, Explanation};
 use crate::holes::{self, Hole};
 use crate::host;
 use crate::image::ImageRef;
-use crate::machine::{Machine, MachineError};
+use crate::machine::{GuestDisk, Machine, MachineError};
 use crate::notice;
 use crate::observer::{self, GuestKernel, Observer, ObserverError};
 use crate::seen_images;
@@ -49,7 +49,7 @@ impl ReplayOptions {
         ReplayOptions {
             trace,
             image: None,
-            timeout: Duration::from_secs(crate::run::DEFAULT_TIMEOUT_SECONDS),
+            timeout: Duration::from_secs(crate::start::DEFAULT_TIMEOUT_SECONDS),
             echo_console: false,
         }
     }
@@ -365,7 +365,7 @@ impl Opened {
             base: &self.base,
             memory_mib: self.trace.manifest.memory_mib,
             echo_console,
-            overlay: OverlayLocation::temporary(),
+            disk: GuestDisk::Overlay(OverlayLocation::temporary()),
             exitless_limit: None,
             // A restored VM has the network card and vCPUs its snapshot has.
             net: false,

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind, ImageRef};
 use provm_engine::record::{self, RecordError, RecordOptions};
-use provm_engine::run::{self, RunOptions};
+use provm_engine::run;
+use provm_engine::start::RunOptions;
 use provm_engine::transfer::Input;
 
 use crate::fifo;

@@ -10,7 +10,7 @@ use provm::repro::{ChaosOptions, ReproOptions, Verdict};
 use provm_engine::host_paths::HostPaths;
 use provm_engine::image;
 use provm_engine::record::RecordOptions;
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 
 use super::args::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs};
 

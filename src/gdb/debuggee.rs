@@ -18,12 +18,12 @@ use provm_analysis::KernelInfo;
 use provm_seams::{Checkpoint, Position, ReplayEnd, Replayer, Stopped};
 use provm_vmm::guest_debug::{DebugStop, GuestDebug, HW_BREAKPOINTS};
 use provm_vmm::paging::Unmapped;
-use provm_vmm::vm::{GuestView, Vm, VmConfig, VmError};
+use provm_vmm::vm::{GuestView, Vm, VmError, VmSnapshot};
 
 use super::disk_journal::{DiskJournal, Mark};
 use super::snapshots::Snapshots;
 use provm_engine::disk::overlay::{self, OverlayLocation};
-use provm_engine::machine;
+use provm_engine::machine::{GuestDisk, Machine, MachineError};
 use provm_engine::replay::{Opened, ReplayError, ReplayOptions, ReplayReport};
 use provm_engine::snapshot;
 
@@ -107,6 +107,17 @@ pub enum DebugError {
     },
 }
 
+/// A VM the trace's machine could not restore is the debugger failing (a
+/// time-travel snapshot it took); an image it could not open, the replay.
+impl From<MachineError> for DebugError {
+    fn from(error: MachineError) -> Self {
+        match error {
+            MachineError::Vm(error) => DebugError::Vm(error),
+            MachineError::Image(error) => DebugError::Replay(ReplayError::Image(error)),
+        }
+    }
+}
+
 /// One time-travel snapshot.
 struct Saved {
     replay: Checkpoint,
@@ -186,8 +197,7 @@ impl Debuggee {
             disk: disk.mark(),
             mid_run: false,
         };
-        let config = vm_config(&opened, &options, &disk, &replayer)?;
-        let vm = Vm::restore(config, start)?;
+        let vm = restored_vm(&opened, &options, &disk, &replayer, start)?;
         Ok(Debuggee {
             snapshots: Snapshots::new(every, limit, 0, first),
             opened,
@@ -615,8 +625,7 @@ impl Debuggee {
         self.replayer
             .rewind(&saved.replay, self.opened.trace.events()?)?;
         let event = saved.replay.position().events;
-        let config = vm_config(&self.opened, &self.options, &self.disk, &self.replayer)?;
-        self.vm = Vm::restore(config, vm)?;
+        self.vm = restored_vm(&self.opened, &self.options, &self.disk, &self.replayer, vm)?;
         if saved.mid_run {
             self.vm.resume_as_saved();
         }
@@ -633,23 +642,18 @@ impl Debuggee {
     }
 }
 
-/// The machine of a replay, on the journaled disk.
-fn vm_config(
+/// The replay's VM restored from `snapshot` into the trace's machine,
+/// on the journaled disk, driven by the replayer (rewound to match).
+fn restored_vm(
     opened: &Opened,
     options: &ReplayOptions,
     disk: &DiskJournal,
     replayer: &Arc<Replayer>,
-) -> Result<VmConfig, DebugError> {
-    Ok(VmConfig {
-        memory_mib: opened.trace.manifest.memory_mib,
-        disk: disk.disk(),
-        echo_console: options.echo_console,
-        seam: replayer.clone(),
-        exitless_limit: None,
-        net: false,
-        // A restored machine has its snapshot's vCPUs.
-        cpus: 1,
-        input_disk: machine::input_medium(opened.input_disk.as_ref().map(|d| d.path.as_path()))
-            .map_err(ReplayError::from)?,
-    })
+    snapshot: VmSnapshot,
+) -> Result<Vm, DebugError> {
+    let machine = Machine {
+        disk: GuestDisk::Given(disk.disk()),
+        ..opened.machine(options.echo_console)
+    };
+    Ok(machine.restore_with(snapshot, replayer.clone())?)
 }

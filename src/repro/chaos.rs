@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use provm_engine::record::{self, RecordError, RecordOptions};
-use provm_engine::run::RunOptions;
+use provm_engine::start::RunOptions;
 
 use super::{Observed, ReproError};
 use crate::provenance::ProvenanceCapture;

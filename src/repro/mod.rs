@@ -25,7 +25,8 @@ pub use verdict::{Cause, Verdict};
 
 use provm_engine::machine::Prepared;
 use provm_engine::pinning::{Pinning, DEFAULT_EPOCH_NS};
-use provm_engine::run::{self, RunError, RunOptions};
+use provm_engine::run;
+use provm_engine::start::{self, RunError, RunOptions};
 
 use crate::provenance::ProvenanceCapture;
 
@@ -92,7 +93,7 @@ pub enum ReproError {
 
 /// Runs the comparison; `progress` gets a line per run.
 pub fn repro(options: &ReproOptions, progress: &mut dyn Write) -> Result<Verdict, ReproError> {
-    let mut prepared = run::prepare(&options.run)?;
+    let mut prepared = start::prepare(&options.run)?;
     let dir = tempfile::tempdir().map_err(ReproError::TempDir)?;
     let mut runner = Runner {
         options,

@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
 use provm_engine::machine::Prepared;
-use provm_engine::run::RunOptions;
 use provm_engine::session::GuestSession;
+use provm_engine::start::{Booted, Logging, RunOptions};
 use provm_guest_agent::Job;
 
 pub const MARKER: &str = "provm test image";
@@ -25,7 +25,7 @@ pub fn shell_job(options: &RunOptions, script: &str) -> Job {
         command: vec!["/bin/sh".into(), "-c".into(), script.into()],
         ..options.clone()
     };
-    provm_engine::run::job(&options, "/dev/vda").unwrap()
+    provm_engine::start::job(&options, "/dev/vda").unwrap()
 }
 
 /// provm's own failures exit with this status (see src/cli/status.rs).
@@ -196,9 +196,17 @@ pub fn warm_then_time_limit(image: &Path, floor: u64) -> String {
 /// from the booted guest's snapshot with nothing observing it.
 pub fn start_guest(options: &RunOptions, prepared: &Prepared) -> GuestSession {
     let deadline = std::time::Instant::now() + options.timeout;
-    provm_engine::run::start(options, prepared, deadline, &mut [])
-        .unwrap()
-        .session
+    let booted = Booted::of(prepared, deadline).unwrap();
+    provm_engine::start::start(
+        options,
+        prepared,
+        booted.snapshot,
+        deadline,
+        Logging::Off,
+        &mut [],
+    )
+    .unwrap()
+    .session
 }
 
 /// A port nothing listens on now.

@@ -11,8 +11,8 @@ use common::{
     digest, images, one_guest_at_a_time, path, provm, provm_with_env, shell_job, MARKER,
     PROVM_FAILED,
 };
-use provm_engine::run::RunOptions;
 use provm_engine::session::{GuestError, GuestSession, SessionError};
+use provm_engine::start::RunOptions;
 use provm_guest_agent::Outcome;
 
 fn options(image: &Path) -> RunOptions {
@@ -47,7 +47,7 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
         keep_overlay: Some(overlay.clone()),
         ..options(&images.tiny_qcow2)
     };
-    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let prepared = provm_engine::start::prepare(&options).unwrap();
     let mut guest = common::start_guest(&options, &prepared);
 
     let (outcome, stdout, stderr) = sh(&mut guest, &options, "echo hi; exit 3").unwrap();
@@ -76,7 +76,7 @@ fn one_guest_runs_many_commands_and_never_writes_the_image() {
 
     let (outcome, _, _) = sh(&mut guest, &options, "exec /no/such/program").unwrap();
     assert_eq!(outcome.shell_status(), 127);
-    let not_found = provm_engine::run::job(
+    let not_found = provm_engine::start::job(
         &RunOptions {
             command: vec!["no-such-program".into()],
             ..options.clone()

@@ -174,6 +174,90 @@ fn the_engine_has_no_command_line_code() {
     }
 }
 
+/// What a row of docs/ARCHITECTURE.md's table names as modules: each code
+/// span that is a file (`vm.rs`) or a folder (`transfer/`), and each part
+/// of a path (`observer::Observer` names `observer.rs` or `observer/`).
+fn modules_named(row: &str) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for span in row.split('`').skip(1).step_by(2) {
+        named.insert(span.to_owned());
+        for part in span.split("::") {
+            named.insert(format!("{part}.rs"));
+            named.insert(format!("{part}/"));
+        }
+    }
+    named
+}
+
+/// The modules of the crate in `src`, tests left out, each as its path
+/// under `src` and the name the architecture gives it: a file's name, or
+/// for a folder's `mod.rs` the folder's with a slash.
+fn modules(src: &Path) -> Vec<(String, String)> {
+    let sources = sources(src);
+    let test_files = test_module_files(&sources);
+    let mut found: Vec<(String, String)> = sources
+        .iter()
+        .map(|(path, _)| path)
+        .filter(|path| !test_files.iter().any(|test| path.starts_with(test)))
+        .filter(|path| path.parent() != Some(src) || !path.ends_with("lib.rs"))
+        .map(|path| {
+            let relative = path.strip_prefix(src).unwrap().display().to_string();
+            let file = path.file_name().unwrap().to_string_lossy();
+            let name = match file.as_ref() {
+                "mod.rs" => format!(
+                    "{}/",
+                    path.parent()
+                        .unwrap()
+                        .file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                ),
+                _ => file.into_owned(),
+            };
+            (relative, name)
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// A newcomer finds every module of the engine and the VMM in
+/// docs/ARCHITECTURE.md, in its crate's row.
+#[test]
+fn the_architecture_names_every_module_of_the_engine_and_the_vmm() {
+    let architecture = std::fs::read_to_string(folder("docs/ARCHITECTURE.md")).unwrap();
+    let mut unnamed = Vec::new();
+    for (name, crate_folder) in [("provm-engine", "engine/src"), ("provm-vmm", "vmm/src")] {
+        let row = architecture
+            .lines()
+            .find(|line| line.starts_with("| ") && line.contains(&format!("`{name}`")))
+            .unwrap_or_else(|| panic!("docs/ARCHITECTURE.md has no row for {name}"));
+        let named = modules_named(row);
+        let modules = modules(&folder(crate_folder));
+        assert!(modules.len() > 20, "{crate_folder}: {modules:?}");
+        unnamed.extend(
+            modules
+                .into_iter()
+                .filter(|(_, module)| !named.contains(module))
+                .map(|(path, module)| format!("{crate_folder}/{path} (as `{module}`)")),
+        );
+    }
+    assert!(
+        unnamed.is_empty(),
+        "docs/ARCHITECTURE.md does not name these modules in their crate's row:\n  {}",
+        unnamed.join("\n  ")
+    );
+}
+
+#[test]
+fn a_row_names_files_folders_and_the_parts_of_paths() {
+    let named = modules_named("| the machine (`machine.rs`), `transfer/`, `observer::Observer` |");
+    for module in ["machine.rs", "transfer/", "observer.rs", "observer/"] {
+        assert!(named.contains(module), "{module}: {named:?}");
+    }
+    assert!(!named.contains("the.rs"), "{named:?}");
+}
+
 /// `text` without the items under `#[cfg(test)]`: a test module's block,
 /// or a one-line item (`mod tests;`). What comes after a test block is read.
 fn without_tests(text: &str) -> String {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{images, one_guest_at_a_time, path, record_shell, shell_job};
 use provm::provenance::{self, Direction, Format, Provenance, Relation, VmBoundary};
 use provm_engine::replay::ReplayOptions;
-use provm_engine::run::RunOptions;
 use provm_engine::session::GuestSession;
+use provm_engine::start::RunOptions;
 use provm_guest_agent::Outcome;
 
 use common::PROVM_FAILED;
@@ -87,7 +87,7 @@ fn captured_jobs_have_exact_provenance() {
         timeout: Duration::from_secs(600),
         ..RunOptions::new(images().tiny_qcow2.clone(), Vec::new())
     };
-    let prepared = provm_engine::run::prepare(&options).unwrap();
+    let prepared = provm_engine::start::prepare(&options).unwrap();
     let mut guest = common::start_guest(&options, &prepared);
 
     let pipeline = captured(&mut guest, &options, PIPELINE);

@@ -1,6 +1,9 @@
-//! provm's virtual machine monitor: one vCPU on KVM, PVH boot of an ELF
-//! vmlinux, a userspace PIC and PIT so that every interrupt is injected by the
-//! VMM at a VM exit, and the few devices a command-running guest needs.
+//! provm's virtual machine monitor: 1 to `mp_table::MAX_CPUS` vCPUs on KVM,
+//! PVH boot of an ELF vmlinux, a userspace PIC and PIT (and, for more than
+//! one vCPU, an xAPIC each) so that every interrupt is injected by the VMM
+//! at a VM exit, and the few devices a command-running guest needs. The
+//! vCPUs run one at a time, switched at VM exits (`scheduler`), except in
+//! a run that nothing records (`Vm::run_vcpus_in_parallel`).
 //!
 //! The VMM knows nothing of recording; it exposes every boundary event through
 //! one seam (see `seam.rs`).

@@ -1,5 +1,8 @@
-//! The single vCPU: its CPU model, its PVH entry state, interrupt injection
-//! and the kick that forces it out of KVM_RUN when a timer tick is due.
+//! One vCPU, whichever of the guest's it is: its CPU model, its entry state
+//! (PVH for the boot vCPU, 64-bit mode for the others), its saved state,
+//! interrupt injection and the kick that forces it out of KVM_RUN when a
+//! timer tick is due. The VM holds the running one; the others wait in
+//! `vm/cpus.rs`.
 
 use std::sync::Once;
 use std::time::Duration;

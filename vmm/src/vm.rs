@@ -9,7 +9,8 @@
 //! it: `layout` (where the devices sit, and their names), `exits` (the
 //! device accesses), `debug` (breakpoints and steps), `state` (what a
 //! snapshot saves), `view` (what an observer reads), `cpus` (the vCPUs
-//! beyond the running one) and `error`.
+//! beyond the running one), `parallel` (the vCPUs side by side, where
+//! nothing is recorded) and `error`.
 
 use std::fs::File;
 use std::marker::PhantomData;

@@ -66,7 +66,7 @@ pub struct RunArgs {
 pub struct GuestArgs {
     /// Guest memory in MiB (each 128 MiB adds seconds of boot where guest
     /// ring 0 is emulated).
-    #[arg(long, default_value_t = provm_engine::run::DEFAULT_MEMORY_MIB)]
+    #[arg(long, default_value_t = provm_engine::start::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
     /// The guest's vCPUs, 1 to 64. More than one boots the SMP kernel
     /// variant (`provm kernel build --smp`). A recording runs them one at
@@ -76,7 +76,7 @@ pub struct GuestArgs {
           value_parser = clap::value_parser!(u8).range(1..=i64::from(provm_vmm::mp_table::MAX_CPUS)))]
     pub cpus: u8,
     /// Give up (and stop the guest) after this many seconds.
-    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::start::DEFAULT_TIMEOUT_SECONDS)]
     pub timeout: u64,
     /// Set an environment variable for CMD (repeatable); added to a minimal
     /// default environment (PATH, HOME, LANG).

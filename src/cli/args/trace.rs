@@ -28,7 +28,7 @@ pub struct TraceArgs {
     #[arg(long, value_parser = parse_image)]
     pub image: Option<ImageRef>,
     /// Give up replaying after this many seconds.
-    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::start::DEFAULT_TIMEOUT_SECONDS)]
     pub timeout: u64,
 }
 
@@ -141,7 +141,7 @@ pub struct BlameArgs {
     #[arg(long, value_name = "CHANGE", value_parser = provm::blame::inject::parse_what_if, conflicts_with = "format")]
     pub what_if: Option<ExitDelay>,
     /// With --what-if: give up a replay after this many seconds.
-    #[arg(long, default_value_t = provm_engine::run::DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = provm_engine::start::DEFAULT_TIMEOUT_SECONDS)]
     pub timeout: u64,
     /// Overwrite --svg if it exists.
     #[arg(long)]

@@ -1,0 +1,114 @@
+//! What a run asks for (`provm run`, `provm record`, a container's
+//! `start`): the image and the command, the machine, the data in and out.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use provm_cpu_model::Baseline;
+
+use crate::disk::overlay::OverlayLocation;
+use crate::host_paths::HostPaths;
+use crate::image::Container;
+use crate::pinning::Pinning;
+use crate::transfer::{DataError, Input, JobData, Output};
+
+pub const DEFAULT_MEMORY_MIB: u64 = 128;
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3600;
+
+#[derive(Clone)]
+pub struct RunOptions {
+    /// The disk the guest boots (for a container image, the disk made of
+    /// it: see `crate::image`).
+    pub image: PathBuf,
+    /// The container image `image` was made of, if it was.
+    pub container: Option<Container>,
+    pub command: Vec<OsString>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    /// Who the command runs as, `USER[:GROUP]` (a container image's
+    /// `User`); `None`: root.
+    pub user: Option<String>,
+    pub root: Option<String>,
+    pub keep_overlay: Option<PathBuf>,
+    pub memory_mib: u64,
+    pub timeout: Duration,
+    pub kernel: Option<PathBuf>,
+    pub echo_console: bool,
+    /// Logical time and seeded entropy instead of the host's (`--pinned`).
+    pub pinned: Option<Pinning>,
+    /// The guest's CPU model (`provm record --cpu`).
+    pub cpu: Baseline,
+    /// How the trace and the provenance name the host's files.
+    pub host_paths: HostPaths,
+    /// The host's files and folders the command gets (`--input`).
+    pub inputs: Vec<Input>,
+    /// The command's standard input; `None`: /dev/null.
+    pub stdin: Option<Vec<u8>>,
+    /// What comes back to the host after the command (`--output`).
+    pub outputs: Vec<Output>,
+    /// Replace outputs that exist on the host.
+    pub force_outputs: bool,
+    /// A network card behind provm's NAT (`--net`); none by default.
+    pub net: bool,
+    /// Where the guest's resolver forwards (`--dns`); by default the
+    /// host's resolver.
+    pub dns: Option<std::net::SocketAddr>,
+    /// The guest's vCPUs (`--cpus`, 1 to `MAX_CPUS`).
+    pub cpus: u8,
+    /// Whether they run side by side where nothing is recorded (`run`
+    /// without `--serial` or `--pinned`); one at a time otherwise.
+    pub parallel: bool,
+}
+
+impl RunOptions {
+    /// Options with provm's defaults: `/` as the working directory, the
+    /// built kernel, the default environment.
+    pub fn new(image: PathBuf, command: Vec<OsString>) -> Self {
+        RunOptions {
+            image,
+            container: None,
+            command,
+            env: Vec::new(),
+            cwd: "/".into(),
+            user: None,
+            root: None,
+            keep_overlay: None,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
+            kernel: None,
+            echo_console: false,
+            pinned: None,
+            cpu: Baseline::Host,
+            host_paths: HostPaths::default(),
+            inputs: Vec::new(),
+            stdin: None,
+            outputs: Vec::new(),
+            force_outputs: false,
+            net: false,
+            dns: None,
+            cpus: 1,
+            parallel: false,
+        }
+    }
+
+    /// The job's data, checked: nothing has been written yet.
+    pub fn job_data(&self) -> Result<JobData, DataError> {
+        JobData::prepare(
+            &self.inputs,
+            self.stdin.clone(),
+            &self.outputs,
+            self.force_outputs,
+            self.memory_mib,
+        )
+    }
+
+    /// Where the run's overlay goes: kept where the user asked, else a
+    /// temporary file removed with the VM.
+    pub fn overlay_location(&self) -> OverlayLocation {
+        match &self.keep_overlay {
+            Some(path) => OverlayLocation::Keep(path.clone()),
+            None => OverlayLocation::temporary(),
+        }
+    }
+}
