@@ -338,6 +338,16 @@ fn bad_input_gets_a_clear_error() {
         unknown_cpu.stderr
     );
 
+    // A quantum of 0 ms would preempt at every kick: a usage error.
+    let no_quantum = provm(&["record", "--preempt", "0", tiny, "--", "true"]);
+    assert_eq!(no_quantum.status, 2, "{}", no_quantum.stderr);
+    assert!(
+        no_quantum.stderr.contains("--preempt <MS>")
+            && no_quantum.stderr.contains("0 is not in 1.."),
+        "{}",
+        no_quantum.stderr
+    );
+
     let empty = dir.join("empty.img");
     std::fs::write(&empty, b"").unwrap();
     expect_error(&["run", path(&empty), "--", "true"], "empty");

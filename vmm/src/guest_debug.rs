@@ -42,7 +42,7 @@ pub struct GuestDebug {
 pub enum GuestDebugError {
     #[error("the CPU has {HW_BREAKPOINTS} hardware breakpoints; {0} were asked for")]
     TooManyBreakpoints(usize),
-    #[error("this replay runs the guest to the interrupt windows its recording logged, with one of the CPU's {HW_BREAKPOINTS} hardware breakpoints: the debugger may use {} at most", HW_BREAKPOINTS - 1)]
+    #[error("this replay runs the guest to the interrupt windows and preemptions its recording logged, with one of the CPU's {HW_BREAKPOINTS} hardware breakpoints: the debugger may use {} at most", HW_BREAKPOINTS - 1)]
     WindowBreakpoint,
     #[error("KVM_SET_GUEST_DEBUG failed: {0}")]
     Set(kvm_ioctls::Error),

@@ -6,7 +6,7 @@
 //! breakpoint on the logged RIP, and the stop there in the logged state.
 //! A preemption's state is more than its registers (a loop whose
 //! registers repeat at every pass changes memory): the run loop checks
-//! the rest (`Vm::preemption_reached`) where the registers match.
+//! the rest (`Vm::preemption_stop`) where the registers match.
 //!
 //! A recording that waited at KVM's interrupt-window exits logged where
 //! each came: RIP and a digest of the registers. Where KVM places that exit
@@ -94,8 +94,8 @@ impl StopBreakpoint {
         self.target.as_ref().map(LoggedStop::place)
     }
 
-    /// `debug` with the window's breakpoint after its own, if the guest
-    /// runs to a window.
+    /// `debug` with the logged stop's breakpoint after its own, if the
+    /// guest runs to one.
     pub fn added_to(&self, debug: &GuestDebug) -> Result<GuestDebug, GuestDebugError> {
         self.slot.set(None);
         let Some(place) = self.place() else {
@@ -116,7 +116,7 @@ impl StopBreakpoint {
         self.place().is_some_and(|place| place != now)
     }
 
-    /// The breakpoints applied last were without the window's.
+    /// The breakpoints applied last were without the logged stop's.
     pub fn left_out(&self) {
         self.slot.set(None);
     }

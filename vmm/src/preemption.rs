@@ -215,32 +215,6 @@ fn xsave_bytes(xsave: &kvm_xsave) -> &[u8] {
 /// architectural offset).
 const VECTOR_STATE: [std::ops::Range<usize>; 4] = [0..6, 24..28, 32..416, 576..832];
 
-/// For tests: set to N, a replay takes each preemption N passes through
-/// its place after the logged instance, whatever the state there, so that
-/// a test sees the divergence a misplaced preemption makes.
-const MOVED_BY: &str = "PROVM_TEST_PREEMPTION_PASSES_LATE";
-
-/// Where a replay takes its preemptions: at the logged instance, or (a
-/// test's) `moved_by` passes later.
-#[derive(Default)]
-pub struct LatePasses {
-    pub moved_by: u32,
-    /// Counting down from the logged instance to the stop taken.
-    pub passes_left: Option<u32>,
-}
-
-impl LatePasses {
-    pub fn from_environment() -> Self {
-        LatePasses {
-            moved_by: std::env::var(MOVED_BY)
-                .ok()
-                .and_then(|value| value.parse().ok())
-                .unwrap_or(0),
-            passes_left: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,8 +254,6 @@ pub struct Vm {
     user_mode_stops: bool,
     /// The last exit was a preemption: the vCPU gives way to the others.
     preempted: bool,
-    /// Where a replay takes its preemptions (moved only by a test).
-    late_passes: preemption::LatePasses,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -492,7 +490,6 @@ impl Vm {
             repeats: preemption::Repeats::default(),
             user_mode_stops: Platform::detect() == Platform::Hardware,
             preempted: false,
-            late_passes: preemption::LatePasses::from_environment(),
             _not_send: PhantomData,
         })
     }

@@ -15,8 +15,8 @@ use super::layout::MSR_LSTAR;
 use super::{Entry, Vm, VmError};
 
 impl Vm {
-    /// What a debug stop was for the logged window a replay runs to.
-    pub(super) fn logged_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
+    /// What a debug stop was for the logged stop a replay runs to.
+    pub(super) fn logged_stop(&self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
         if !self.logged_stop.aimed() {
             return Ok(StopKind::Other);
         }
@@ -37,17 +37,8 @@ impl Vm {
 
     /// A stop at the RIP of the preemption the guest runs to: reached
     /// where the registers (`registers_match`) and the rest of the state
-    /// are the logged instance's (`preemption`), or, in a test that moves
-    /// the preemption (`late_passes`), that many passes after it.
-    fn preemption_stop(&mut self, registers_match: bool) -> Result<StopKind, VmError> {
-        if let Some(left) = self.late_passes.passes_left {
-            self.late_passes.passes_left = left.checked_sub(1);
-            return Ok(if left == 0 {
-                StopKind::Reached
-            } else {
-                StopKind::Passing
-            });
-        }
+    /// are the logged instance's (`preemption`).
+    fn preemption_stop(&self, registers_match: bool) -> Result<StopKind, VmError> {
         let instance = self
             .logged_stop
             .preemption()
@@ -63,13 +54,7 @@ impl Vm {
             );
             return Ok(StopKind::Passing);
         }
-        match self.late_passes.moved_by {
-            0 => Ok(StopKind::Reached),
-            late => {
-                self.late_passes.passes_left = Some(late - 1);
-                Ok(StopKind::Passing)
-            }
-        }
+        Ok(StopKind::Reached)
     }
 
     /// Reads the guest's DR6 before the logged stop's breakpoint is armed
@@ -232,7 +217,7 @@ impl Vm {
         Ok(())
     }
 
-    /// Hands `debug` to KVM, with the breakpoint of the logged window the
+    /// Hands `debug` to KVM, with the breakpoint of the logged stop the
     /// guest runs to, if any.
     pub(super) fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
         self.apply_to_kvm(&self.logged_stop.added_to(debug)?)
