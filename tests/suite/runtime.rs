@@ -31,16 +31,21 @@ struct Podman {
     runtime: PathBuf,
 }
 
+/// provm-runtime, built beside provm by the workspace's build (scripts/test's).
+pub fn binary() -> PathBuf {
+    let runtime = Path::new(env!("CARGO_BIN_EXE_provm")).with_file_name("provm-runtime");
+    assert!(
+        runtime.exists(),
+        "{} is missing: build it with `cargo build --release -p provm-runtime`",
+        runtime.display()
+    );
+    runtime
+}
+
 fn podman() -> &'static Podman {
     static PODMAN: OnceLock<Podman> = OnceLock::new();
     PODMAN.get_or_init(|| {
-        // Built beside provm by the workspace's build (scripts/test's).
-        let runtime = Path::new(env!("CARGO_BIN_EXE_provm")).with_file_name("provm-runtime");
-        assert!(
-            runtime.exists(),
-            "{} is missing: build it with `cargo build --release -p provm-runtime`",
-            runtime.display()
-        );
+        let runtime = binary();
         let dir = scratch(module_path!()).join("podman");
         let traces = dir.join("traces");
         std::fs::create_dir_all(&traces).unwrap();
