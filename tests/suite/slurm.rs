@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_replay_matches, free_port, images, one_guest_at_a_time, path, provm};
+use common::{assert_replay_matches, free_port, one_guest_at_a_time, path, provm};
 
 const TASKS: u32 = 8;
 
@@ -241,28 +241,6 @@ fn wait_for(what: &str, mut ready: impl FnMut() -> bool, logs: impl Fn() -> Stri
     }
 }
 
-/// A bundle of the tests' busybox root. Slurm 22.05 gives the runtime a
-/// config.json of its own whose root is the bundle's `rootfs`, whatever
-/// root.path says: the root is there, as a link to the shared tree, which
-/// is the same bytes on every run, so its disk and booted guest are cached.
-fn bundle(dir: &Path) -> PathBuf {
-    let bundle = dir.join("bundle");
-    std::fs::create_dir(&bundle).unwrap();
-    std::os::unix::fs::symlink(&images().root, bundle.join("rootfs")).unwrap();
-    let config = serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": ["sh"],
-            "cwd": "/"
-        },
-        "root": {"path": "rootfs"}
-    });
-    std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
-    bundle
-}
-
 #[test]
 fn a_job_array_runs_each_task_in_a_recorded_container() {
     let _guest = one_guest_at_a_time();
@@ -271,7 +249,9 @@ fn a_job_array_runs_each_task_in_a_recorded_container() {
     let scratch = common::scratch(module_path!());
     let traces = scratch.join("traces");
     let slurm = Slurm::start(&runtime, &traces);
-    let bundle = bundle(&scratch);
+    // Slurm 22.05 gives the runtime a config.json of its own whose root
+    // is the bundle's `rootfs`, whatever root.path says.
+    let bundle = crate::runtime::bundle(&scratch.join("bundle"), &["sh"]);
     let out = scratch.join("out");
     std::fs::create_dir(&out).unwrap();
     // The task's parameter is its index in the array, which the batch
