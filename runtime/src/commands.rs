@@ -232,7 +232,8 @@ fn wait_until_stopped(containers: &Containers, id: &str, process: &Process) -> R
 }
 
 /// `run`: create, start and (unless `detach`) wait; the command's status,
-/// and the container deleted when it has ended.
+/// and the container deleted when it has ended (its recording's trace
+/// made, if its process was killed outright).
 pub fn run(
     globals: &Globals,
     args: &CreateArgs,
@@ -252,7 +253,9 @@ pub fn run(
     let status = child
         .wait()
         .map_err(|error| format!("cannot wait for the container's process: {error}"))?;
-    containers.remove(&args.id)?;
+    // As `delete`, so that a process killed outright leaves its trace:
+    // Slurm, whose only command is `run`, never calls `delete`.
+    delete(containers, &args.id, false, log)?;
     use std::os::unix::process::ExitStatusExt;
     Ok(status
         .code()

@@ -28,11 +28,16 @@ impl Runtime {
     /// `create`'s standard streams (they are the container's), and would
     /// hold a pipe open until it ends.
     fn run(&self, args: &[&str]) -> Output {
+        let state = self.dir.path().join("state");
+        self.run_with(&["--root", path(&state)], args)
+    }
+
+    /// Runs the runtime with the global options `globals`, then `args`.
+    fn run_with(&self, globals: &[&str], args: &[&str]) -> Output {
         let streams = tempfile::tempdir_in(self.dir.path()).unwrap();
         let (out, err) = (streams.path().join("out"), streams.path().join("err"));
         let status = Command::new(env!("CARGO_BIN_EXE_provm-runtime"))
-            .arg("--root")
-            .arg(self.dir.path().join("state"))
+            .args(globals)
             .arg("--log")
             .arg(self.log())
             .arg("--log-format=json")
@@ -189,4 +194,41 @@ fn features_are_a_json_document() {
     assert!(output.status.success());
     let features: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(features["ociVersionMin"], "1.0.0");
+}
+
+/// Slurm runs oci.conf's commands as they are written there: runc's form,
+/// `--root=DIR` and the id before `--bundle` (or `-b`), as docs/runtime.md's
+/// oci.conf and PLATFORM.md's for runc have them. Each is read: a refusal
+/// is the runtime's (status 1, in runc's form), not the command line's
+/// (status 2).
+#[test]
+fn slurms_oci_conf_command_lines_are_read() {
+    let runtime = Runtime::new();
+    let root = format!("--root={}", path(&runtime.dir.path().join("state")));
+    let missing = runtime.dir.path().join("no-bundle");
+    let id = "node1.alice.12.0.0";
+    for (args, refusal) in [
+        (vec!["state", id], Some("does not exist")),
+        (vec!["kill", "--all", id], Some("does not exist")),
+        (vec!["kill", "-a", id, "KILL"], Some("does not exist")),
+        (vec!["delete", "--force", id], None),
+        (
+            vec!["run", id, "--bundle", path(&missing)],
+            Some("does not exist"),
+        ),
+        (
+            vec!["run", id, "-b", path(&missing)],
+            Some("does not exist"),
+        ),
+    ] {
+        let output = runtime.run_with(&[&root], &args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match refusal {
+            Some(refusal) => {
+                assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+                assert!(stderr.contains(refusal), "{args:?}: {stderr}");
+            }
+            None => assert!(output.status.success(), "{args:?}: {stderr}"),
+        }
+    }
 }

@@ -25,6 +25,7 @@ mod record_replay;
 mod reproducibility;
 mod ro_crate;
 mod runtime;
+mod slurm;
 mod smp;
 mod smp_workloads;
 mod state_check;

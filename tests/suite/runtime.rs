@@ -7,7 +7,8 @@
 //! keeps its store in a scratch folder, and runs with cgroupfs and the
 //! rlimits this host allows (see docs/runtime.md). Podman unpacks the
 //! same image into the same tree, so every container shares one disk and
-//! its booted guest's snapshot.
+//! its booted guest's snapshot. `run` alone, as Slurm's `RunTimeRun`
+//! uses it, is tested here too (and under Slurm in slurm.rs).
 
 use crate::common;
 
@@ -31,16 +32,41 @@ struct Podman {
     runtime: PathBuf,
 }
 
+/// provm-runtime, built beside provm by the workspace's build (scripts/test's).
+pub fn binary() -> PathBuf {
+    let runtime = Path::new(env!("CARGO_BIN_EXE_provm")).with_file_name("provm-runtime");
+    assert!(
+        runtime.exists(),
+        "{} is missing: build it with `cargo build --release -p provm-runtime`",
+        runtime.display()
+    );
+    runtime
+}
+
+/// A bundle at `dir` of the tests' busybox root, at `rootfs` as a link to
+/// the shared tree (the same bytes on every run, so that its disk and
+/// booted guest are cached), running `args`.
+pub fn bundle(dir: &Path, args: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::os::unix::fs::symlink(&images().root, dir.join("rootfs")).unwrap();
+    let config = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "cwd": "/"
+        },
+        "root": {"path": "rootfs"}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir.to_owned()
+}
+
 fn podman() -> &'static Podman {
     static PODMAN: OnceLock<Podman> = OnceLock::new();
     PODMAN.get_or_init(|| {
-        // Built beside provm by the workspace's build (scripts/test's).
-        let runtime = Path::new(env!("CARGO_BIN_EXE_provm")).with_file_name("provm-runtime");
-        assert!(
-            runtime.exists(),
-            "{} is missing: build it with `cargo build --release -p provm-runtime`",
-            runtime.display()
-        );
+        let runtime = binary();
         let dir = scratch(module_path!()).join("podman");
         let traces = dir.join("traces");
         std::fs::create_dir_all(&traces).unwrap();
@@ -327,7 +353,12 @@ fn a_container_killed_outright_leaves_a_trace_that_replays_to_there() {
     podman.wait_for_log(&id, "200 lines");
     podman.output(&["rm", "--force", "--time", "0", &id]);
     let trace = podman.trace(&id);
-    let inspected = provm(&["inspect", path(&trace)]);
+    assert_recovered_after_a_kill(&trace);
+}
+
+/// `trace` was made of what a killed recording wrote, and replays to there.
+fn assert_recovered_after_a_kill(trace: &Path) {
+    let inspected = provm(&["inspect", path(trace)]);
     assert!(
         inspected
             .stdout
@@ -336,5 +367,47 @@ fn a_container_killed_outright_leaves_a_trace_that_replays_to_there() {
         inspected.stdout,
         inspected.stderr
     );
-    assert_replay_cut_short(&trace);
+    assert_replay_cut_short(trace);
+}
+
+/// `run` (Slurm's `RunTimeRun`) whose container's process is killed
+/// outright, as an engine's SIGKILL of a step's processes or the OOM
+/// killer does: `run` ends with 128 + 9 and makes the trace of what the
+/// recording had written, as `delete` does (Slurm calls no `delete`).
+#[test]
+fn run_leaves_a_trace_of_a_container_process_killed_outright() {
+    use std::io::{BufRead, BufReader};
+    let _guest = one_guest_at_a_time();
+    let dir = scratch(module_path!()).join("run-killed");
+    let bundle = bundle(
+        &dir.join("bundle"),
+        &["sh", "-c", common::SERIAL_LINES_FOR_EVER],
+    );
+    let (traces, pid_file) = (dir.join("traces"), dir.join("pid"));
+    let mut run = Command::new(binary())
+        .arg("--root")
+        .arg(dir.join("state"))
+        .arg("run")
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .arg("--bundle")
+        .arg(&bundle)
+        .arg("killed")
+        .env("PROVM_RUNTIME_TRACES", &traces)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(run.stderr.take().unwrap()).lines();
+    let said = stderr.find(|line| line.as_ref().is_ok_and(|line| line == "200 lines"));
+    assert!(said.is_some(), "the container never said 200 lines");
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().parse().unwrap();
+    // SAFETY: kill(2) on the container's process, which `run` has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    drop(stderr);
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9));
+    let trace = traces.join("killed.provm");
+    assert_recovered_after_a_kill(&trace);
 }
