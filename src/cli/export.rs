@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use provm::export::parquet::{self, Dataset};
 use provm::export::ro_crate::License;
 use provm::output::refuse_existing;
 
@@ -18,6 +19,35 @@ pub fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error
             refuse_existing(output.force, [Some(output.output.as_path())])?;
             let runs = open_runs(runs)?;
             provm::export::sqlite(&runs, &output.output, output.force, with_replay)?;
+        }
+        ExportCommand::Parquet {
+            runs,
+            with_replay,
+            tables,
+            output,
+            force,
+        } => {
+            let dataset = Dataset::open(&output, &tables, with_replay, force)?;
+            // Every trace is there before the first is written.
+            runs.iter().try_for_each(|run| parquet::check_trace(run))?;
+            for (n, run) in runs.iter().enumerate() {
+                let added = dataset.add(run)?;
+                let rows: u64 = added.rows.iter().map(|(_, rows)| rows).sum();
+                eprintln!(
+                    "provm: [{}/{}] {}: run={}, {rows} rows in {} tables{}",
+                    n + 1,
+                    runs.len(),
+                    run.display(),
+                    added.run,
+                    added.rows.len(),
+                    if added.replaced { ", replaced" } else { "" }
+                );
+            }
+            eprintln!(
+                "provm: wrote {}: read it with read_parquet('{}/TABLE/*/*.parquet', hive_partitioning = true)",
+                output.display(),
+                output.display()
+            );
         }
         ExportCommand::Timeline {
             run,

@@ -5,6 +5,7 @@
 mod files;
 mod makefile;
 mod oci;
+pub mod parquet;
 pub mod ro_crate;
 mod sqlite;
 mod timeline;
@@ -38,6 +39,24 @@ pub enum ExportError {
     Files(String),
     #[error("export oci: {0}")]
     Oci(String),
+    #[error("{0}: no such trace; name the .provm files that provm record wrote")]
+    NoTrace(PathBuf),
+    #[error(
+        "{0} is a file, and a Parquet dataset is a directory; name a new or existing directory"
+    )]
+    NotADirectory(PathBuf),
+    #[error("{trace} is in {dir} already (run={run}); pass --force to replace its partitions")]
+    RunExported {
+        trace: PathBuf,
+        dir: PathBuf,
+        run: String,
+    },
+    #[error("no table or view {name}; the tables and views: {known}")]
+    UnknownTable { name: String, known: String },
+    #[error("{0} is filled by replaying each run: add --with-replay")]
+    NeedsReplay(String),
+    #[error("{path}: Parquet: {message}")]
+    Parquet { path: PathBuf, message: String },
     #[error("cannot replay the run for the export: {0}")]
     Replay(String),
     #[error(transparent)]

@@ -22,6 +22,24 @@ pub fn for_query(runs: &[Run], sql: &str) -> Result<Connection, QueryError> {
     Ok(db)
 }
 
+/// A database in memory holding `runs`' rows of the tables and views
+/// `names` (a view's: the tables it reads), for reading them out (`export
+/// parquet`).
+pub fn for_tables(runs: &[Run], names: &[&str]) -> Result<Connection, QueryError> {
+    let mut db = Connection::open_in_memory()?;
+    create(&db)?;
+    let mut needed: Vec<&Table> = Vec::new();
+    for name in names {
+        for table in tables_read(&mut db, &format!("SELECT * FROM {name}"))? {
+            if !needed.iter().any(|had| had.name == table.name) {
+                needed.push(table);
+            }
+        }
+    }
+    fill(&mut db, runs, &needed)?;
+    Ok(db)
+}
+
 /// Creates every table and view in `db` and loads `runs` into them, the
 /// tables filled by replaying the runs only `with_replay`. No index: see
 /// `index`.
@@ -113,8 +131,10 @@ pub fn schema(documented: bool) -> String {
             for column in columns {
                 let _ = writeln!(
                     out,
-                    "  {:<14} {:<8} {}",
-                    column.name, column.sql_type, column.doc
+                    "  {:<14} {:<9} {}",
+                    column.name,
+                    column.kind.name(),
+                    column.doc
                 );
             }
         } else {

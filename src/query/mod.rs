@@ -20,10 +20,10 @@ mod tables;
 
 use std::path::PathBuf;
 
-pub use database::{for_query, index, load, schema};
+pub use database::{for_query, for_tables, index, load, schema};
 pub use output::{print, OutputFormat};
 pub use run::Run;
-pub use tables::{Column, Rows, Table, View, TABLES, VIEWS};
+pub use tables::{Column, Kind, Rows, Table, View, RUN_COLUMN, TABLES, VIEWS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {

@@ -18,6 +18,7 @@ mod guest_environment;
 mod host_paths;
 mod layering;
 mod net;
+mod parquet;
 mod preemption;
 mod provenance;
 mod query;

@@ -1,8 +1,8 @@
 //! End-to-end `provm query` and `provm export` on real recordings: one run
 //! of the provenance tests' pipeline recorded with `--prov`, and one
 //! without provenance, and one without exit timing, shared by every test of
-//! this binary (the first record boots the guest; the others start from
-//! its snapshot).
+//! this binary, `parquet.rs`'s too (the first record boots the guest; the
+//! others start from its snapshot).
 
 use crate::common;
 
@@ -19,16 +19,16 @@ use serde_json::{json, Value};
 /// runs an applet it forks without an exec).
 const PIPELINE: &str = "sh -c 'sort in.txt' > mid.txt; sh -c 'wc -l mid.txt' > out.txt";
 
-struct Recorded {
+pub(crate) struct Recorded {
     /// Recorded with --prov.
-    pipeline: PathBuf,
+    pub pipeline: PathBuf,
     /// Recorded without.
-    plain: PathBuf,
+    pub plain: PathBuf,
     /// Recorded with --no-timing.
-    untimed: PathBuf,
+    pub untimed: PathBuf,
 }
 
-fn recorded() -> &'static Recorded {
+pub(crate) fn recorded() -> &'static Recorded {
     static RECORDED: OnceLock<Recorded> = OnceLock::new();
     RECORDED.get_or_init(|| {
         let _guest = one_guest_at_a_time();
@@ -60,7 +60,7 @@ fn succeeds(args: &[&str]) -> String {
 }
 
 /// `provm query --format json TRACES... SQL`, parsed.
-fn query_json(traces: &[&Path], sql: &str) -> Vec<Value> {
+pub(crate) fn query_json(traces: &[&Path], sql: &str) -> Vec<Value> {
     let mut args = vec!["query", "--format", "json"];
     args.extend(traces.iter().map(|trace| path(trace)));
     args.push(sql);

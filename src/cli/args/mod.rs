@@ -71,8 +71,9 @@ pub enum Command {
     /// runs load into the same tables, told apart by their `run` column;
     /// `--schema` lists the tables.
     Query(QueryArgs),
-    /// Write a run out for other tools: its tables as a SQLite database, its
-    /// timeline for Perfetto, its provenance as a Makefile.
+    /// Write a run out for other tools: its tables as a SQLite database or a
+    /// Parquet dataset, its timeline for Perfetto, its provenance as a
+    /// Makefile.
     Export {
         #[command(subcommand)]
         what: ExportCommand,
@@ -119,6 +120,29 @@ pub enum ExportCommand {
         with_replay: bool,
         #[command(flatten)]
         output: ExportOutput,
+    },
+    /// `provm query`'s tables and views as a Parquet dataset, for DuckDB,
+    /// Polars, pandas or Spark: DIR/TABLE/run=ID/part-0.parquet (Hive
+    /// partitioning), ID the trace file's SHA-256. Appendable: a run already
+    /// in DIR is refused, or with --force replaced.
+    Parquet {
+        /// The traces (.provm).
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
+        /// Also write the tables that come from replaying each run (the
+        /// system calls): as long again as the runs took.
+        #[arg(long)]
+        with_replay: bool,
+        /// Write only this table or view (again for more; default: every
+        /// one, `provm query --schema` lists them).
+        #[arg(long = "table", value_name = "TABLE")]
+        tables: Vec<String>,
+        /// The dataset's directory: made if absent, added to if not.
+        #[arg(short, long, value_name = "DIR")]
+        output: PathBuf,
+        /// Replace the partitions of runs already in DIR.
+        #[arg(long)]
+        force: bool,
     },
     /// The run as a timeline in the Trace Event Format, for Perfetto
     /// (ui.perfetto.dev) or chrome://tracing: one track per guest process

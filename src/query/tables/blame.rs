@@ -4,6 +4,7 @@
 //! a timing section (`--no-timing`, an older provm; `manifest.has_timing`
 //! tells them apart).
 
+use super::Kind::{Integer, Text};
 use super::{column, Rows, Table};
 use crate::blame::table::Row;
 use crate::blame::timing::QUANTILES;
@@ -15,42 +16,42 @@ pub const BLAME: Table = Table {
     columns: &[
         column(
             "pid",
-            "INTEGER",
+            Integer,
             "the process (thread group) id; 0 the idle task, -1 not readable",
         ),
         column(
             "command",
-            "TEXT",
+            Text,
             "its name, the kernel's comm (15 bytes at most)",
         ),
-        column("wall_ns", "INTEGER", "guest + vmm + recorder + halted"),
-        column("guest_ns", "INTEGER", "host ns in the guest (KVM_RUN)"),
+        column("wall_ns", Integer, "guest + vmm + recorder + halted"),
+        column("guest_ns", Integer, "host ns in the guest (KVM_RUN)"),
         column(
             "vmm_ns",
-            "INTEGER",
+            Integer,
             "host ns in the VMM handling its exits, all devices (injected delay included)",
         ),
         column(
             "halted_ns",
-            "INTEGER",
+            Integer,
             "host ns halted after its exits, waiting for a tick",
         ),
         column(
             "preempted_ns",
-            "INTEGER",
+            Integer,
             "host preemption of the vCPU thread, sampled, part of the others (0 without schedstat)",
         ),
         column(
             "recorder_ns",
-            "INTEGER",
+            Integer,
             "host ns the recorder spent logging its exits",
         ),
         column(
             "injected_ns",
-            "INTEGER",
+            Integer,
             "of vmm_ns, delay injected on purpose",
         ),
-        column("exits", "INTEGER", "its VM exits, all devices"),
+        column("exits", Integer, "its VM exits, all devices"),
     ],
     indexes: &["pid"],
     fill: fill_processes,
@@ -62,34 +63,34 @@ pub const BLAME_DEVICES: Table = Table {
     doc:
         "one row per guest process and device (or exit reason) it exited for, from the exit timing",
     columns: &[
-        column("pid", "INTEGER", "the process, as in blame"),
-        column("command", "TEXT", "its name, as in blame"),
+        column("pid", Integer, "the process, as in blame"),
+        column("command", Text, "its name, as in blame"),
         column(
             "device",
-            "TEXT",
+            Text,
             "a device as in events, or the exit's reason: halt, msr, interrupt-window",
         ),
-        column("exits", "INTEGER", "the process's VM exits for it"),
-        column("guest_ns", "INTEGER", "host ns in the guest before them"),
-        column("vmm_ns", "INTEGER", "host ns in the VMM handling them"),
-        column("halted_ns", "INTEGER", "host ns halted after them"),
+        column("exits", Integer, "the process's VM exits for it"),
+        column("guest_ns", Integer, "host ns in the guest before them"),
+        column("vmm_ns", Integer, "host ns in the VMM handling them"),
+        column("halted_ns", Integer, "host ns halted after them"),
         column(
             "preempted_ns",
-            "INTEGER",
+            Integer,
             "host preemption, sampled, part of the others",
         ),
-        column("recorder_ns", "INTEGER", "host ns logging them"),
-        column("injected_ns", "INTEGER", "of vmm_ns, delay injected"),
+        column("recorder_ns", Integer, "host ns logging them"),
+        column("injected_ns", Integer, "of vmm_ns, delay injected"),
         column(
             "p50_ns",
-            "INTEGER",
+            Integer,
             "median exit latency (vmm + recorder), as its histogram bucket's upper bound",
         ),
-        column("p90_ns", "INTEGER", "90th percentile, likewise"),
-        column("p99_ns", "INTEGER", "99th percentile, likewise"),
+        column("p90_ns", Integer, "90th percentile, likewise"),
+        column("p99_ns", Integer, "99th percentile, likewise"),
         column(
             "latency",
-            "TEXT",
+            Text,
             "exits per latency bucket, a JSON array: bucket i below 2^i µs (the last: the rest)",
         ),
     ],
@@ -102,19 +103,19 @@ pub const BLAME_VCPUS: Table = Table {
     name: "blame_vcpus",
     doc: "one row per vCPU and device (or exit reason) it exited for, from the exit timing",
     columns: &[
-        column("cpu", "INTEGER", "the vCPU, from 0"),
-        column("device", "TEXT", "as in blame_devices"),
-        column("exits", "INTEGER", "the vCPU's VM exits for it"),
-        column("guest_ns", "INTEGER", "host ns in the guest before them"),
-        column("vmm_ns", "INTEGER", "host ns in the VMM handling them"),
-        column("halted_ns", "INTEGER", "host ns halted after them"),
+        column("cpu", Integer, "the vCPU, from 0"),
+        column("device", Text, "as in blame_devices"),
+        column("exits", Integer, "the vCPU's VM exits for it"),
+        column("guest_ns", Integer, "host ns in the guest before them"),
+        column("vmm_ns", Integer, "host ns in the VMM handling them"),
+        column("halted_ns", Integer, "host ns halted after them"),
         column(
             "preempted_ns",
-            "INTEGER",
+            Integer,
             "host preemption, sampled, part of the others",
         ),
-        column("recorder_ns", "INTEGER", "host ns logging them"),
-        column("injected_ns", "INTEGER", "of vmm_ns, delay injected"),
+        column("recorder_ns", Integer, "host ns logging them"),
+        column("injected_ns", Integer, "of vmm_ns, delay injected"),
     ],
     indexes: &["cpu"],
     fill: fill_vcpus,

@@ -5,6 +5,7 @@ use provm_trace::events::Event;
 use provm_vmm::vm::{mmio_device, port_device};
 use rusqlite::ToSql;
 
+use super::Kind::{Boolean, Integer, Text};
 use super::{column, Rows, Table, View};
 use crate::query::{QueryError, Run};
 
@@ -16,19 +17,19 @@ pub const EVENTS: Table = Table {
     name: "events",
     doc: "one row per event of the log, in order",
     columns: &[
-        column("idx", "INTEGER", "the event's position in the log, from 0"),
-        column("exit", "INTEGER", "the VM exit it is or follows, from 0 (NULL before the first)"),
-        column("kind", "TEXT", "port read, port write, MMIO read, MMIO write, HLT, RDMSR, interrupt window, read result, clock, wall clock, interrupt injection, agent input, agent output, disk write"),
-        column("is_exit", "INTEGER", "1 for a VM exit"),
-        column("device", "TEXT", "the device a port or MMIO exit addressed: pic, pit, cmos, serial, doorbell, i8042, virtio-blk, virtio-console, clock (none: no device there)"),
-        column("port", "INTEGER", "the I/O port of a port exit"),
-        column("address", "INTEGER", "the guest-physical address of an MMIO exit; the byte offset of a disk write"),
-        column("value", "INTEGER", "a clock reading (ns), an injected vector, an RDMSR's MSR"),
-        column("len", "INTEGER", "bytes: of the access, the data or the disk write"),
-        column("data", "TEXT", "the bytes written or returned, in hex (the first 32; a disk write's digest)"),
-        column("rip", "TEXT", "where the guest was at an exit, in hex"),
-        column("guest_ns", "INTEGER", "the guest's monotonic clock: its last reading at or before the event"),
-        column("cpu", "INTEGER", "the vCPU running at the event, from 0 (a vCPU switch's: the one it switches from; value is the one it switches to)"),
+        column("idx", Integer, "the event's position in the log, from 0"),
+        column("exit", Integer, "the VM exit it is or follows, from 0 (NULL before the first)"),
+        column("kind", Text, "port read, port write, MMIO read, MMIO write, HLT, RDMSR, interrupt window, read result, clock, wall clock, interrupt injection, agent input, agent output, disk write"),
+        column("is_exit", Boolean, "1 for a VM exit"),
+        column("device", Text, "the device a port or MMIO exit addressed: pic, pit, cmos, serial, doorbell, i8042, virtio-blk, virtio-console, clock (none: no device there)"),
+        column("port", Integer, "the I/O port of a port exit"),
+        column("address", Integer, "the guest-physical address of an MMIO exit; the byte offset of a disk write"),
+        column("value", Integer, "a clock reading (ns), an injected vector, an RDMSR's MSR"),
+        column("len", Integer, "bytes: of the access, the data or the disk write"),
+        column("data", Text, "the bytes written or returned, in hex (the first 32; a disk write's digest)"),
+        column("rip", Text, "where the guest was at an exit, in hex"),
+        column("guest_ns", Integer, "the guest's monotonic clock: its last reading at or before the event"),
+        column("cpu", Integer, "the vCPU running at the event, from 0 (a vCPU switch's: the one it switches from; value is the one it switches to)"),
     ],
     indexes: &["exit", "kind"],
     fill,
@@ -42,21 +43,21 @@ pub const EXITS: View = View {
         "SELECT run, exit, idx AS event, kind, device, port, address, len, data, rip, guest_ns, cpu \
              FROM events WHERE is_exit",
     columns: &[
-        column("exit", "INTEGER", "the exit's number, from 0"),
+        column("exit", Integer, "the exit's number, from 0"),
         column(
             "event",
-            "INTEGER",
+            Integer,
             "its position in the event log (events.idx)",
         ),
-        column("kind", "TEXT", "as in events"),
-        column("device", "TEXT", "as in events"),
-        column("port", "INTEGER", "as in events"),
-        column("address", "INTEGER", "as in events"),
-        column("len", "INTEGER", "as in events"),
-        column("data", "TEXT", "as in events"),
-        column("rip", "TEXT", "as in events"),
-        column("guest_ns", "INTEGER", "as in events"),
-        column("cpu", "INTEGER", "the vCPU that exited"),
+        column("kind", Text, "as in events"),
+        column("device", Text, "as in events"),
+        column("port", Integer, "as in events"),
+        column("address", Integer, "as in events"),
+        column("len", Integer, "as in events"),
+        column("data", Text, "as in events"),
+        column("rip", Text, "as in events"),
+        column("guest_ns", Integer, "as in events"),
+        column("cpu", Integer, "the vCPU that exited"),
     ],
 };
 

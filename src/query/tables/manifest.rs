@@ -1,6 +1,7 @@
 //! `manifest`: one row per run, what was run where and how it ended (the
 //! trace's manifest and outcome).
 
+use super::Kind::{Boolean, Integer, Real, Text, UnixSeconds};
 use super::{column, Rows, Table};
 use crate::query::{QueryError, Run};
 
@@ -8,58 +9,54 @@ pub const MANIFEST: Table = Table {
     name: "manifest",
     doc: "one row per run: what ran, where, and how it ended",
     columns: &[
-        column("argv", "TEXT", "the command, a JSON array"),
-        column(
-            "env",
-            "TEXT",
-            "the command's whole environment, a JSON array",
-        ),
-        column("cwd", "TEXT", "its working directory in the guest"),
+        column("argv", Text, "the command, a JSON array"),
+        column("env", Text, "the command's whole environment, a JSON array"),
+        column("cwd", Text, "its working directory in the guest"),
         column(
             "image",
-            "TEXT",
+            Text,
             "the disk image's file name (its path with --keep-host-paths)",
         ),
-        column("image_sha256", "TEXT", "the image file's SHA-256"),
-        column("kernel_sha256", "TEXT", "the guest kernel's SHA-256"),
-        column("memory_mib", "INTEGER", "guest memory"),
+        column("image_sha256", Text, "the image file's SHA-256"),
+        column("kernel_sha256", Text, "the guest kernel's SHA-256"),
+        column("memory_mib", Integer, "guest memory"),
         column(
             "started_unix",
-            "INTEGER",
+            UnixSeconds,
             "when the recording started, seconds since the epoch",
         ),
-        column("provm_version", "TEXT", "the provm that recorded it"),
-        column("host_cpu", "TEXT", "the host's CPU model"),
-        column("hypervisor", "TEXT", "the host's KVM"),
+        column("provm_version", Text, "the provm that recorded it"),
+        column("host_cpu", Text, "the host's CPU model"),
+        column("hypervisor", Text, "the host's KVM"),
         column(
             "complete",
-            "INTEGER",
+            Boolean,
             "1 if the run ended normally, 0 if it was cut short",
         ),
-        column("ended", "TEXT", "what ended it, in words"),
+        column("ended", Text, "what ended it, in words"),
         column(
             "exit_status",
-            "INTEGER",
+            Integer,
             "the command's exit status, as a shell reports it",
         ),
-        column("events", "INTEGER", "events in the log"),
-        column("exits", "INTEGER", "VM exits in the log"),
+        column("events", Integer, "events in the log"),
+        column("exits", Integer, "VM exits in the log"),
         column(
             "guest_ns",
-            "INTEGER",
+            Integer,
             "virtual time from the snapshot to the end",
         ),
-        column("host_seconds", "REAL", "host time the recording took"),
-        column("disk_writes", "INTEGER", "disk writes"),
-        column("trace_bytes", "INTEGER", "the trace file's size"),
+        column("host_seconds", Real, "host time the recording took"),
+        column("disk_writes", Integer, "disk writes"),
+        column("trace_bytes", Integer, "the trace file's size"),
         column(
             "has_provenance",
-            "INTEGER",
+            Boolean,
             "1 if recorded with --prov (processes, files and edges are filled)",
         ),
         column(
             "has_timing",
-            "INTEGER",
+            Boolean,
             "1 if the trace keeps exit timing (the blame tables are filled)",
         ),
     ],

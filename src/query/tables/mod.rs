@@ -35,28 +35,55 @@ pub const VIEWS: &[View] = &[events::EXITS];
 
 pub struct Column {
     pub name: &'static str,
-    /// SQLite's type affinity: INTEGER, REAL or TEXT.
-    pub sql_type: &'static str,
+    pub kind: Kind,
     pub doc: &'static str,
 }
 
-pub(super) const fn column(
-    name: &'static str,
-    sql_type: &'static str,
-    doc: &'static str,
-) -> Column {
-    Column {
-        name,
-        sql_type,
-        doc,
+/// What a column holds. SQLite stores booleans and timestamps as integers
+/// (its type affinity, `sql_type`); a typed format (the Parquet export)
+/// keeps them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Integer,
+    Real,
+    Text,
+    /// 0 or 1 in SQLite.
+    Boolean,
+    /// Seconds since the Unix epoch.
+    UnixSeconds,
+    /// Nanoseconds since the Unix epoch.
+    UnixNanos,
+}
+
+impl Kind {
+    /// SQLite's type affinity: INTEGER, REAL or TEXT.
+    pub fn sql_type(self) -> &'static str {
+        match self {
+            Kind::Integer | Kind::Boolean | Kind::UnixSeconds | Kind::UnixNanos => "INTEGER",
+            Kind::Real => "REAL",
+            Kind::Text => "TEXT",
+        }
     }
+
+    /// What `provm query --schema` calls it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Boolean => "BOOLEAN",
+            Kind::UnixSeconds | Kind::UnixNanos => "TIMESTAMP",
+            _ => self.sql_type(),
+        }
+    }
+}
+
+pub(super) const fn column(name: &'static str, kind: Kind, doc: &'static str) -> Column {
+    Column { name, kind, doc }
 }
 
 /// Every table's first column: which run a row is of.
 pub const RUN_COLUMN: Column = Column {
     name: "run",
-    sql_type: "TEXT",
-    doc: "the run's trace, as its path was given",
+    kind: Kind::Text,
+    doc: "the run: its trace's path as given (in a Parquet dataset, the trace's SHA-256)",
 };
 
 pub struct Table {
@@ -86,7 +113,7 @@ impl Table {
     pub fn create_sql(&self) -> String {
         let columns: Vec<String> = std::iter::once(&RUN_COLUMN)
             .chain(self.columns)
-            .map(|column| format!("{} {}", column.name, column.sql_type))
+            .map(|column| format!("{} {}", column.name, column.kind.sql_type()))
             .collect();
         format!("CREATE TABLE {} ({})", self.name, columns.join(", "))
     }

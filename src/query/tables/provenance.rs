@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use super::Kind::{Integer, Text, UnixNanos};
 use super::{column, Rows, Table};
 use crate::provenance::{Provenance, Relation, VM_ACTIVITY};
 use crate::query::{QueryError, Run};
@@ -14,40 +15,40 @@ pub const PROCESSES: Table = Table {
     columns: &[
         column(
             "id",
-            "TEXT",
+            Text,
             "its node in the graph (edges.source, edges.target)",
         ),
-        column("pid", "INTEGER", "the guest's process id"),
-        column("exe", "TEXT", "the executable"),
-        column("argv", "TEXT", "its arguments, a JSON array"),
+        column("pid", Integer, "the guest's process id"),
+        column("exe", Text, "the executable"),
+        column("argv", Text, "its arguments, a JSON array"),
         column(
             "command",
-            "TEXT",
+            Text,
             "its name as called and its arguments, for people",
         ),
         column(
             "start_ns",
-            "INTEGER",
+            UnixNanos,
             "start, guest wall clock, ns since the epoch",
         ),
         column(
             "end_ns",
-            "INTEGER",
+            UnixNanos,
             "end, guest wall clock, ns since the epoch",
         ),
         column(
             "outcome",
-            "TEXT",
+            Text,
             "exit N, signal N, or NULL when it went on with an exec",
         ),
         column(
             "started_by",
-            "TEXT",
+            Text,
             "the id of the process that started it (vm: the command itself)",
         ),
         column(
             "how",
-            "TEXT",
+            Text,
             "how: fork, exec, or job (the VM started the command)",
         ),
     ],
@@ -62,24 +63,24 @@ pub const FILES: Table = Table {
     columns: &[
         column(
             "id",
-            "TEXT",
+            Text,
             "its node in the graph (edges.source, edges.target)",
         ),
-        column("kind", "TEXT", "file, environment, vm-input or vm-output"),
+        column("kind", Text, "file, environment, vm-input or vm-output"),
         column(
             "name",
-            "TEXT",
+            Text,
             "the file's path in the guest, or the input's or output's name",
         ),
         column(
             "sha256",
-            "TEXT",
+            Text,
             "the content's SHA-256 (NULL where it was not read: devices, /proc)",
         ),
-        column("size", "INTEGER", "bytes"),
+        column("size", Integer, "bytes"),
         column(
             "content",
-            "TEXT",
+            Text,
             "an environment's entries or a VM input's text, a JSON array",
         ),
     ],
@@ -92,11 +93,11 @@ pub const EDGES: Table = Table {
     name: "edges",
     doc: "one row per PROV relation between a process and a file or two of either",
     columns: &[
-        column("relation", "TEXT", "used, wasGeneratedBy, wasInformedBy, wasStartedBy, wasDerivedFrom, wasInvalidatedBy"),
-        column("source", "TEXT", "the subject's id: the process that used, the file generated..."),
-        column("target", "TEXT", "the object's id"),
-        column("detail", "TEXT", "used: read, execute or environment; wasInformedBy: fork, exec or job; wasDerivedFrom: write or rename"),
-        column("via", "TEXT", "wasDerivedFrom: the process that made the derivation"),
+        column("relation", Text, "used, wasGeneratedBy, wasInformedBy, wasStartedBy, wasDerivedFrom, wasInvalidatedBy"),
+        column("source", Text, "the subject's id: the process that used, the file generated..."),
+        column("target", Text, "the object's id"),
+        column("detail", Text, "used: read, execute or environment; wasInformedBy: fork, exec or job; wasDerivedFrom: write or rename"),
+        column("via", Text, "wasDerivedFrom: the process that made the derivation"),
     ],
     indexes: &["source", "target"],
     fill: fill_edges,

@@ -5,6 +5,7 @@
 
 use provm_analysis::syscall::Arg;
 
+use super::Kind::{Integer, Text};
 use super::{column, Rows, Table};
 use crate::analyses::syscalls::SyscallLog;
 use crate::query::{QueryError, Run};
@@ -14,38 +15,38 @@ pub const SYSCALLS: Table = Table {
     name: "syscalls",
     doc: "one row per system call of any guest process (filled by replaying the run)",
     columns: &[
-        column("pid", "INTEGER", "the calling process (thread group) id"),
-        column("tid", "INTEGER", "the calling thread id"),
-        column("ppid", "INTEGER", "its parent's pid"),
+        column("pid", Integer, "the calling process (thread group) id"),
+        column("tid", Integer, "the calling thread id"),
+        column("ppid", Integer, "its parent's pid"),
         column(
             "comm",
-            "TEXT",
+            Text,
             "the process's name at the return (after an exec: the new one)",
         ),
-        column("name", "TEXT", "the call, e.g. openat"),
-        column("number", "INTEGER", "the x86-64 call number"),
+        column("name", Text, "the call, e.g. openat"),
+        column("number", Integer, "the x86-64 call number"),
         column(
             "args",
-            "TEXT",
+            Text,
             "its arguments decoded, a JSON array (paths resolved, buffers digested)",
         ),
         column(
             "path",
-            "TEXT",
+            Text,
             "the first file it names: a path argument made absolute, or a descriptor's file",
         ),
         column(
             "ret",
-            "INTEGER",
+            Integer,
             "what it returned (-errno on failure); NULL for a call that never returned",
         ),
-        column("entry_event", "INTEGER", "the log event index at its entry"),
-        column("exit_event", "INTEGER", "the log event index at its return"),
-        column("entry_ns", "INTEGER", "guest monotonic time at its entry"),
-        column("exit_ns", "INTEGER", "guest monotonic time at its return"),
+        column("entry_event", Integer, "the log event index at its entry"),
+        column("exit_event", Integer, "the log event index at its return"),
+        column("entry_ns", Integer, "guest monotonic time at its entry"),
+        column("exit_ns", Integer, "guest monotonic time at its return"),
         column(
             "cpu",
-            "INTEGER",
+            Integer,
             "the vCPU it was made on, from 0 (it may return on another)",
         ),
     ],
