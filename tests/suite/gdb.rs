@@ -15,29 +15,57 @@ use common::{
     serve_gdb, PROVM_FAILED,
 };
 
-/// A time-travel snapshot every this many events (`--snapshot-every`): half
-/// the default, so that the recording's middle passes one on every host.
-const SNAPSHOT_EVERY: u64 = 1000;
+/// A time-travel snapshot every this many events (`--snapshot-every`): a
+/// quarter of the default, so that the way to the middle of the opens
+/// passes one on every host (it was at event 1,075 on the SVM test bed,
+/// 1,811 on PVM).
+const SNAPSHOT_EVERY: u64 = 500;
 
-/// Opens files, several times, late in the run: long enough that going to
-/// its middle passes a time-travel snapshot (over 2,000 log events, with or
-/// without doorbell exits; 6,400 on PVM), and that the middle falls among
-/// the opens, where VM exits come close together. Fewer opens put it in the
-/// guest's work before them on the SVM test bed (16 made 2,500 events
-/// there, half of them before the first), where a reverse-stepi then
-/// single-stepped a long stretch between two exits for two minutes.
-const SCRIPT: &str =
-    "for i in $(seq 48); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out48.txt";
+/// Opens files, several times, after a line to stdout that marks where the
+/// opens begin in the log (the agent forwards output as it comes: an
+/// "agent output" event). The replay goes to the middle of the opens, not
+/// of the log: a stop in the guest's work before them (the snapshot's
+/// resumption, the shell's start) fell between two VM exits far apart on
+/// the SVM test bed, where a reverse-stepi then single-stepped that long
+/// stretch for two minutes. 16 opens: 48 took 45 s more of guest time on
+/// PVM (60 s in all), and the middle was no better placed.
+const SCRIPT: &str = "echo opening; for i in $(seq 16); do cat /data/in.txt > /data/out$i.txt; done; cat /data/out16.txt";
 
-/// The shared recording, and its log's length in events.
-fn recording() -> &'static (PathBuf, u64) {
-    static TRACE: OnceLock<(PathBuf, u64)> = OnceLock::new();
-    TRACE.get_or_init(|| {
+/// The shared recording, its log's length in events, and the event halfway
+/// through its opens.
+struct Recording {
+    trace: PathBuf,
+    events: u64,
+    among_the_opens: u64,
+}
+
+fn recording() -> &'static Recording {
+    static RECORDING: OnceLock<Recording> = OnceLock::new();
+    RECORDING.get_or_init(|| {
         let trace = common::trace_path(&common::scratch(module_path!()), "gdb");
         let recorded = record_shell(&images().tiny_qcow2, &trace, &[], SCRIPT);
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
         let events = log_events(&trace);
-        (trace, events)
+        // The marker's output and the last file's: the opens lie between.
+        let outputs = provm(&[
+            "query",
+            "--format",
+            "csv",
+            path(&trace),
+            "SELECT idx FROM events WHERE kind = 'agent output' ORDER BY idx",
+        ]);
+        assert_eq!(outputs.status, 0, "{}", outputs.stderr);
+        let at: Vec<u64> = outputs
+            .stdout
+            .lines()
+            .filter_map(|line| line.parse().ok())
+            .collect();
+        assert!(at.len() >= 2, "the opens are not marked in the log: {at:?}");
+        Recording {
+            among_the_opens: (at[0] + at[1]) / 2,
+            trace,
+            events,
+        }
     })
 }
 
@@ -62,7 +90,11 @@ fn printed_pcs(output: &str) -> Vec<u64> {
 #[test]
 fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches() {
     let _guest = one_guest_at_a_time();
-    let (trace, events) = recording();
+    let Recording {
+        trace,
+        events,
+        among_the_opens,
+    } = recording();
     let vmlinux = trace.with_extension("vmlinux");
     let extracted = provm(&[
         "replay",
@@ -76,12 +108,11 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
 
     let address = format!("127.0.0.1:{}", free_port());
     let (mut provm, stderr) = serve_gdb(trace, &address, SNAPSHOT_EVERY);
-    // Halfway through the log first (past a snapshot or more), so that
-    // going back restores one taken in the middle of the replay.
-    let halfway = events / 2;
+    // Among the opens first (past a snapshot or more), so that going back
+    // restores one taken in the middle of the replay.
     assert!(
-        halfway > SNAPSHOT_EVERY,
-        "the recording ({events} events) is too short to pass a time-travel snapshot on the way to its middle"
+        *among_the_opens > SNAPSHOT_EVERY,
+        "the opens (their middle at event {among_the_opens}) come too early to pass a time-travel snapshot on the way"
     );
     // Before the hit, counted from the last VM exit, on every host. On
     // PVM this step once failed whenever the stretch before the hit
@@ -100,7 +131,7 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     // returned to; such an IRET is stepped with the trap flag
     // (`breakpoint_step`).
     let before_the_hit = ["reverse-stepi", "p/x $pc", "stepi", "p/x $pc"];
-    let monitor_event = format!("monitor event {halfway}");
+    let monitor_event = format!("monitor event {among_the_opens}");
     let commands: Vec<&str> = [
         monitor_event.as_str(),
         // Back over the VM exit that ended there.
@@ -156,7 +187,7 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
     let wheres = where_events(&gdb_out);
     assert_eq!(wheres.len(), 6, "{all}");
     let (first, second, back) = (wheres[2], wheres[3], wheres[4]);
-    assert!(wheres[0] >= halfway, "{all}");
+    assert!(wheres[0] >= *among_the_opens, "{all}");
     assert!(
         wheres[1] < wheres[0],
         "reverse-stepi from the pause after a VM exit went before that exit: {all}"
@@ -222,7 +253,7 @@ fn gdb_stops_in_the_guest_kernel_goes_back_in_time_and_the_replay_still_matches(
 #[test]
 fn a_port_in_use_is_refused_before_the_replay_starts() {
     let _guest = one_guest_at_a_time();
-    let (trace, _) = recording();
+    let trace = &recording().trace;
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let replay = provm(&["replay", "--gdb", &address, path(trace)]);
