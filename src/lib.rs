@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_outputs;
 pub mod analyses;
 pub mod blame;
 pub mod explain;
