@@ -8,6 +8,7 @@
 pub mod agent_outputs;
 pub mod analyses;
 pub mod blame;
+pub mod diff;
 pub mod explain;
 pub mod export;
 pub mod fork;
