@@ -80,9 +80,12 @@ pub fn diff(first: &Path, second: &Path) -> Result<Diff, DiffError> {
     let traces = [open(first)?, open(second)?];
     let walked = walk::walk([&traces[0], &traces[1]])
         .map_err(|(side, error)| DiffError::trace(&traces[side].path, error))?;
+    // Files from provenance only when both kept theirs: else every file
+    // would be "written in one run only".
+    let provenance = traces.iter().all(|trace| trace.provenance.is_some());
     let observed = [
-        observed(&traces[0], &walked.runs[0])?,
-        observed(&traces[1], &walked.runs[1])?,
+        observed(&traces[0], &walked.runs[0], provenance)?,
+        observed(&traces[1], &walked.runs[1], provenance)?,
     ];
     let mut outputs = observed[0].differences(&observed[1]);
     let writes = |trace: &Trace| {
@@ -120,12 +123,14 @@ pub fn diff(first: &Path, second: &Path) -> Result<Diff, DiffError> {
 }
 
 /// What a run produced, as `provm repro` compares it: the files are those
-/// its provenance says it left written (recorded with --prov) and those
-/// it copied back (--output), by digest.
-fn observed(trace: &Trace, log: &walk::RunLog) -> Result<Observed, DiffError> {
+/// it copied back (--output), by digest, and with `provenance` those its
+/// provenance (recorded with --prov) says it left written.
+fn observed(trace: &Trace, log: &walk::RunLog, provenance: bool) -> Result<Observed, DiffError> {
     let mut files = match &trace.provenance {
-        Some(embedded) => files_written(&Provenance::from_bytes(embedded, &trace.path)?),
-        None => Default::default(),
+        Some(embedded) if provenance => {
+            files_written(&Provenance::from_bytes(embedded, &trace.path)?)
+        }
+        _ => Default::default(),
     };
     let roots = log.job.as_ref().map_or(&[][..], |job| &job.outputs[..]);
     for ((tree, under), sha256) in log.outputs.file_digests() {
@@ -133,11 +138,7 @@ fn observed(trace: &Trace, log: &walk::RunLog) -> Result<Observed, DiffError> {
             || format!("output {tree}"),
             |root| String::from_utf8_lossy(root).into_owned(),
         );
-        let path = match under.as_str() {
-            "" => root,
-            under => format!("{}/{under}", root.trim_end_matches('/')),
-        };
-        files.entry(path).or_insert(Written {
+        files.entry(walk::joined(&root, &under)).or_insert(Written {
             sha256: Some(sha256),
             writer: "the command, copied back by --output".into(),
         });

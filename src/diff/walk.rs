@@ -210,10 +210,10 @@ impl Parting {
         let shown = match host_message(event) {
             Some(HostMessage::Entry(entry)) => {
                 let root = self.inputs.get(entry.tree as usize);
-                let path = match (root, String::from_utf8_lossy(&entry.path)) {
-                    (Some(root), under) if under.is_empty() => root.clone(),
-                    (Some(root), under) => format!("{}/{under}", root.trim_end_matches('/')),
-                    (None, under) => format!("input {}: {under}", entry.tree),
+                let under = String::from_utf8_lossy(&entry.path);
+                let path = match root {
+                    Some(root) => joined(root, &under),
+                    None => format!("input {}: {under}", entry.tree),
                 };
                 match entry.content {
                     EntryContent::Data(bytes) => {
@@ -260,6 +260,14 @@ fn source(event: &Event, other: &Event) -> Option<Source> {
         },
         _ => return None,
     })
+}
+
+/// The guest path of `under` in a tree (an input or an output) at `root`.
+pub fn joined(root: &str, under: &str) -> String {
+    match under {
+        "" => root.to_owned(),
+        under => format!("{}/{under}", root.trim_end_matches('/')),
+    }
 }
 
 /// The message of the host's an agent input carries.
@@ -346,13 +354,13 @@ impl fmt::Display for Source {
                 let why: Vec<&str> = fields
                     .iter()
                     .filter_map(|field| match *field {
-                        "entropy" => Some("the entropy seeds the guest's random numbers, /dev/urandom and getrandom"),
-                        "wall clock" => Some("the wall clock is the time of day the command starts at"),
+                        "entropy" => Some("the entropy seeds the guest's random numbers, /dev/urandom and getrandom: record with --pinned and one --seed to fix it"),
+                        "wall clock" => Some("the wall clock is the time of day the command starts at: record with --pinned and one --epoch to fix it"),
                         _ => None,
                     })
                     .collect();
                 if !why.is_empty() {
-                    write!(f, " ({}; a --pinned recording fixes them)", why.join("; "))?;
+                    write!(f, " ({})", why.join("; "))?;
                 }
                 Ok(())
             }
