@@ -5,8 +5,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_outputs;
 pub mod analyses;
 pub mod blame;
+pub mod diff;
 pub mod explain;
 pub mod export;
 pub mod fork;

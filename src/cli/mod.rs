@@ -33,6 +33,11 @@ pub fn dispatch(command: Command, verbose: bool) -> Result<ExitCode, Box<dyn std
             ExitCode::SUCCESS
         })
         .map_err(Into::into),
+        Command::Diff {
+            first,
+            second,
+            json,
+        } => reports::diff(&first, &second, json),
         Command::Graph(args) => reports::graph(args),
         Command::Query(args) => reports::query(args),
         Command::Export { what } => export::export(what),

@@ -1,6 +1,7 @@
-//! The commands that read recorded runs: `graph`, `blame` and `query`.
+//! The commands that read recorded runs: `graph`, `blame`, `query` and
+//! `diff`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use provm::output::refuse_existing;
@@ -63,4 +64,20 @@ pub fn open_runs(
         .into_iter()
         .map(|path| provm::query::Run::open(&path))
         .collect()
+}
+
+/// `provm diff`: 0 when the runs are the same, 1 when they differ, as
+/// diff(1) exits.
+pub fn diff(
+    first: &Path,
+    second: &Path,
+    json: bool,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let diff = provm::diff::diff(first, second)?;
+    if json {
+        println!("{:#}", diff.to_json());
+    } else {
+        print!("{diff}");
+    }
+    Ok(ExitCode::from(u8::from(!diff.is_same())))
 }

@@ -8,7 +8,8 @@ use provm_guest_agent::Outcome as CommandOutcome;
 use provm_trace::event_log::LogTotals;
 use provm_trace::manifest::Outcome;
 
-use super::log::{AgentOutputs, LogSummary};
+use super::log::LogSummary;
+use crate::agent_outputs::{AgentOutputs, Quoted};
 
 /// What one run (the recording, or the fork) produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,10 +170,8 @@ impl fmt::Display for Comparison {
             ("stderr", &recorded.stderr, &fork.stderr),
         ] {
             if was != is {
-                writeln!(f, "{name} of the recording:")?;
-                quote(f, was)?;
-                writeln!(f, "{name} of the fork:")?;
-                quote(f, is)?;
+                write!(f, "{name} of the recording:\n{}", Quoted(was))?;
+                write!(f, "{name} of the fork:\n{}", Quoted(is))?;
             }
         }
         writeln!(f, "verdict: {}", self.verdict)
@@ -184,19 +183,6 @@ impl fmt::Display for Comparison {
 fn row(f: &mut fmt::Formatter<'_>, name: &str, was: String, is: String, same: bool) -> fmt::Result {
     let changed = if same { "" } else { "  <- changed" };
     writeln!(f, "{name:<12} {was:<28} {is}{changed}")
-}
-
-/// Up to 10 lines of `bytes`, indented.
-fn quote(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    for line in lines.iter().take(10) {
-        writeln!(f, "  | {line}")?;
-    }
-    if lines.len() > 10 {
-        writeln!(f, "  | ... ({} more lines)", lines.len() - 10)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

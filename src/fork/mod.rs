@@ -31,12 +31,14 @@ use provm_vmm::vm::{Vm, VmError, VmEvent};
 
 pub use compare::{Comparison, Verdict};
 pub use fault::{Fault, FaultError, ForkPoint};
-use log::{AgentOutputs, LogSummary};
+use log::LogSummary;
 use seam::{ForkSeam, LiveClock, Trigger, AT_FORK_POINT};
 
 use provm_engine::host_paths;
 use provm_engine::pinning::{self, Pinning};
 use provm_engine::replay::{Opened, ReplayError, ReplayOptions};
+
+use crate::agent_outputs::AgentOutputs;
 
 pub struct ForkOptions {
     pub replay: ReplayOptions,

@@ -332,7 +332,7 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         Ran::Compared {
             observed: Observed {
-                exit_status: 0,
+                exit_status: Some(0),
                 stdout: stdout.into(),
                 stderr: Vec::new(),
                 files: Default::default(),

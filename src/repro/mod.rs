@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Instant;
 
 pub use chaos::{chaos_runs, default_traces, ChaosOptions, Schedules};
-pub use observed::Observed;
+pub use observed::{files_written, Observed, Written};
 pub use verdict::{Cause, Verdict};
 
 use provm_engine::machine::Prepared;

@@ -13,7 +13,9 @@ use provm_guest_agent::Outcome;
 use crate::provenance::{self, Provenance};
 
 pub struct Observed {
-    pub exit_status: i32,
+    /// As a shell reports it; `None` if the command did not finish (a
+    /// recording cut short, that `provm diff` compares).
+    pub exit_status: Option<i32>,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     /// By path: the files the command left written.
@@ -30,7 +32,7 @@ pub struct Written {
 impl Observed {
     pub fn new(outcome: Outcome, stdout: Vec<u8>, stderr: Vec<u8>, run: &Provenance) -> Self {
         Observed {
-            exit_status: outcome.shell_status(),
+            exit_status: Some(outcome.shell_status()),
             stdout,
             stderr,
             files: files_written(run),
@@ -47,7 +49,11 @@ impl Observed {
             hasher.update((bytes.len() as u64).to_le_bytes());
             hasher.update(bytes);
         };
-        field(&self.exit_status.to_le_bytes());
+        field(
+            &self
+                .exit_status
+                .map_or(Vec::new(), |status| status.to_le_bytes().to_vec()),
+        );
         field(&self.stdout);
         field(&self.stderr);
         for (path, written) in &self.files {
@@ -62,9 +68,13 @@ impl Observed {
     pub fn differences(&self, other: &Observed) -> Vec<String> {
         let mut differences = Vec::new();
         if self.exit_status != other.exit_status {
+            let status = |status: Option<i32>| {
+                status.map_or("none: it did not finish".to_owned(), |s| s.to_string())
+            };
             differences.push(format!(
                 "the exit status differs ({} against {})",
-                self.exit_status, other.exit_status
+                status(self.exit_status),
+                status(other.exit_status)
             ));
         }
         for (name, mine, theirs) in [
@@ -97,7 +107,7 @@ impl Observed {
 
 /// Every file the run left written (its last version; not the ones it
 /// deleted again, nor /proc, /sys or /dev), by path.
-fn files_written(run: &Provenance) -> BTreeMap<String, Written> {
+pub fn files_written(run: &Provenance) -> BTreeMap<String, Written> {
     provenance::output_files(run)
         .into_iter()
         .map(|(path, output)| {

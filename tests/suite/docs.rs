@@ -18,8 +18,8 @@ const README_LINES: usize = 300;
 
 /// Every command, in the order `provm help` lists them.
 const COMMANDS: &[&str] = &[
-    "run", "record", "replay", "repro", "inspect", "graph", "query", "export", "blame", "recover",
-    "kernel",
+    "run", "record", "replay", "repro", "inspect", "diff", "graph", "query", "export", "blame",
+    "recover", "kernel",
 ];
 
 fn repo() -> &'static Path {

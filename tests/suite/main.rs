@@ -9,6 +9,7 @@ mod blame;
 mod container_images;
 mod corpus;
 mod data_io;
+mod diff;
 mod docs;
 mod e2e;
 mod fork;

@@ -1,7 +1,7 @@
 //! End-to-end `provm query` and `provm export` on real recordings: one run
 //! of the provenance tests' pipeline recorded with `--prov`, and one
 //! without provenance, and one without exit timing, shared by every test of
-//! this binary, `parquet.rs`'s too (the first record boots the guest; the
+//! this binary, `parquet.rs`'s and `diff.rs`'s too (the first record boots the guest; the
 //! others start from its snapshot).
 
 use crate::common;

@@ -62,6 +62,22 @@ pub enum Command {
         #[arg(long)]
         state: bool,
     },
+    /// Compare two recorded runs (of one command, e.g. across a sweep): whether
+    /// they ran the same command on the same image, kernel and machine, the
+    /// first input where their logs part (a clock, the entropy, what a device
+    /// returned, an input file, a network reply) and the outputs that differ
+    /// (exit status, stdout, stderr, files, disk writes). No replay: both
+    /// traces are verified and read. Exits 0 when they are the same run, 1
+    /// when they differ.
+    Diff {
+        /// The first run's trace (.provm).
+        first: PathBuf,
+        /// The second run's trace (.provm).
+        second: PathBuf,
+        /// Print one JSON object instead of words.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the provenance of a run captured with `--prov` (RUN: the file it
     /// wrote, or the trace of `provm record --prov`): which processes read
     /// and wrote which files.
