@@ -10,12 +10,11 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_cpu_model::{self as cpu_model, Platform};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_seams::delivery;
+use provm_seams::{delivery, HostRequests};
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
@@ -82,8 +81,10 @@ pub enum RecordError {
     },
 }
 
-/// Set by SIGINT (Ctrl-C) so that the recording ends cleanly.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// What signal handlers ask of the recording under way: SIGINT (Ctrl-C)
+/// that it end cleanly, provm-runtime's `kill` that the command get a
+/// signal.
+static REQUESTS: HostRequests = HostRequests::new();
 
 /// A finished recording.
 pub struct Recorded {
@@ -129,7 +130,7 @@ pub fn record(
     let guest_start_ns = snapshot.state.clock_ns;
     let recording = Recording {
         trace,
-        interrupted: &INTERRUPTED,
+        requests: &REQUESTS,
         exitless_limit: options.exitless_limit,
         chaos: options.chaos,
         preempt: options.preempt,
@@ -366,7 +367,15 @@ fn lossy(args: &[OsString]) -> Vec<String> {
 /// store, so a signal handler may call it (provm-runtime's, for the
 /// signals `kill` sends a container).
 pub fn interrupt() {
-    INTERRUPTED.store(true, Ordering::Relaxed);
+    REQUESTS.end();
+}
+
+/// Sends `signal` to the recorded command, in the guest, at the guest's
+/// next exit (the trace keeps it there, for its replay). One atomic store,
+/// so a signal handler may call it (provm-runtime's, for the signals
+/// `kill` sends a container).
+pub fn signal_command(signal: libc::c_int) {
+    REQUESTS.signal_command(signal);
 }
 
 extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {

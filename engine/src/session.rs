@@ -9,6 +9,7 @@ use provm_analysis::guest::Guest;
 use provm_guest_agent::{
     DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
 };
+use provm_seams::{HostRequests, NO_HOST_REQUESTS};
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmEvent, VmSnapshot};
 
 use crate::transfer::{DataError, JobData};
@@ -68,6 +69,9 @@ pub struct GuestSession {
     /// The guest's vmlinux, whose symbols and profile name the running task
     /// in an error report (read only then: parsing it costs ~0.1 s).
     kernel: PathBuf,
+    /// Where the signals for the command come from (a recording's
+    /// requests: its recorder stops the guest while one is due).
+    signals: &'static HostRequests,
 }
 
 impl GuestSession {
@@ -96,7 +100,14 @@ impl GuestSession {
             provenance: Vec::new(),
             pinned_wall_clock_ns: None,
             kernel: kernel.to_owned(),
+            signals: &NO_HOST_REQUESTS,
         }
+    }
+
+    /// Sends the command the signals `requests` asks for, where its
+    /// recorder stops the guest for them (`HostRequests::signal_command`).
+    pub fn signal_command_as(&mut self, requests: &'static HostRequests) {
+        self.signals = requests;
     }
 
     /// Jobs carry `epoch_ns` as the guest's wall-clock time, not the host's.
@@ -194,6 +205,8 @@ impl GuestSession {
                 // neither comes.
                 Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
+                // The command has ended: nothing is left to signal.
+                Err(VmError::Stopped(_)) if self.signals.take_signal().is_some() => {}
                 Err(error) => return Err(self.vm_error(error)),
             }
         }
@@ -215,6 +228,17 @@ impl GuestSession {
                 Ok(VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
+                // Stopped for a signal to the command: the recorder logs it
+                // here, as the host's input.
+                Err(VmError::Stopped(reason)) => match self.signals.take_signal() {
+                    // `kill` takes signals 1 to SIGRTMAX (64) only.
+                    Some(signal) => {
+                        if let Ok(signal) = u8::try_from(signal) {
+                            self.vm.send_to_agent(&HostMessage::Signal(signal).encode());
+                        }
+                    }
+                    None => return Err(self.vm_error(VmError::Stopped(reason))),
+                },
                 Err(error) => return Err(self.vm_error(error)),
             }
         }

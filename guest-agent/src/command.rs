@@ -3,7 +3,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -20,11 +20,25 @@ use crate::provenance;
 /// fewer and larger is better. (A pipe holds 64 KiB by default.)
 const CHUNK: usize = 64 * 1024;
 
+/// The host while the command runs: it takes the command's output, and may
+/// ask for signals to the command (a container runtime's `kill`), which
+/// come on the agent channel.
+pub trait Host {
+    fn send(&mut self, message: GuestMessage);
+    /// The channel's descriptor, polled beside the command's output.
+    fn channel(&self) -> RawFd;
+    /// The signals for the command the host has asked for since the last
+    /// call, reading the channel only if it has bytes waiting; `Err` when
+    /// the channel has closed or failed.
+    fn signals(&mut self) -> io::Result<Vec<u8>>;
+}
+
 /// Runs `job` in the current root with `stdin` as its standard input, passing
-/// each piece of its output to `emit` as it arrives, then its provenance if
-/// the job asked for it. `Err` is a reason the command could not be run,
-/// for a `Failed` message.
-pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Result<Outcome, String> {
+/// each piece of its output to `host` as it arrives, then its provenance if
+/// the job asked for it, and the signals the host asks for meanwhile to the
+/// command. `Err` is a reason the command could not be run, for a `Failed`
+/// message.
+pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, String> {
     let (program, args) = job.argv.split_first().ok_or("the job has an empty argv")?;
     reap_orphans();
     // The agent's own directory is the command's: spawn() would report a
@@ -59,18 +73,21 @@ pub fn run(job: &Job, stdin: &File, mut emit: impl FnMut(GuestMessage)) -> Resul
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
-        forward(traced.stdout.take(), traced.stderr.take(), &mut emit).map_err(output_error)?;
+        forward(traced.stdout.take(), traced.stderr.take(), traced.pid, host)
+            .map_err(output_error)?;
         let (outcome, records) = traced
             .finish()
             .map_err(|error| format!("cannot trace the command: {error}"))?;
-        provenance_messages(records).into_iter().for_each(emit);
+        provenance_messages(records)
+            .into_iter()
+            .for_each(|message| host.send(message));
         return Ok(outcome);
     }
     let mut child = match spawn(program, search_path(&env), command_of)? {
         Ok(child) => child,
         Err(error) => return not_started(error),
     };
-    forward(child.stdout.take(), child.stderr.take(), emit).map_err(output_error)?;
+    forward(child.stdout.take(), child.stderr.take(), child.id(), host).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
 
@@ -184,12 +201,14 @@ fn spawn_failure(error: &io::Error) -> Option<Outcome> {
 /// message that carries its bytes.
 type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
 
-/// Passes the command's output to `emit` as it arrives, each stream in its
-/// own message, until both pipes are at end of file.
+/// Passes the command's output to `host` as it arrives, each stream in its
+/// own message, until both pipes are at end of file and the command `pid`
+/// has exited, and the signals the host asks for meanwhile to the command.
 fn forward(
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
-    mut emit: impl FnMut(GuestMessage),
+    pid: u32,
+    host: &mut impl Host,
 ) -> io::Result<()> {
     let mut outputs: [Output; 2] = [
         (
@@ -201,11 +220,22 @@ fn forward(
             GuestMessage::Stderr,
         ),
     ];
+    // Readable once the command has exited: until then the host may signal
+    // it, though it has closed its output. None where the kernel has no
+    // pidfd (a `--kernel` before Linux 5.3): signals then end with the output.
+    let mut running = pidfd(pid);
+    let mut channel = host.channel();
+    // Those asked for before the command started.
+    channel = signal(pid, host, channel);
     let mut buffer = vec![0; CHUNK];
-    while outputs.iter().any(|(pipe, _)| pipe.is_some()) {
-        let mut fds = outputs.each_ref().map(|(pipe, _)| libc::pollfd {
-            // poll() skips negative descriptors.
-            fd: pipe.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+    while outputs.iter().any(|(pipe, _)| pipe.is_some()) || running.is_some() {
+        let [stdout, stderr] = outputs
+            .each_ref()
+            .map(|(pipe, _)| pipe.as_ref().map_or(-1, AsRawFd::as_raw_fd));
+        let exited = running.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        // poll() skips negative descriptors.
+        let mut fds = [stdout, stderr, channel, exited].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         });
@@ -215,19 +245,50 @@ fn forward(
         if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        for ((pipe, message), fd) in outputs.iter_mut().zip(fds) {
+        for ((pipe, message), fd) in outputs.iter_mut().zip(&fds) {
             if fd.revents == 0 {
                 continue;
             }
             if let Some(file) = pipe {
                 match file.read(&mut buffer)? {
                     0 => *pipe = None,
-                    len => emit(message(buffer[..len].to_vec())),
+                    len => host.send(message(buffer[..len].to_vec())),
                 }
             }
         }
+        if fds[2].revents != 0 {
+            channel = signal(pid, host, channel);
+        }
+        if fds[3].revents != 0 {
+            running = None;
+        }
     }
     Ok(())
+}
+
+/// Sends the command `pid` the signals the host has asked for; returns the
+/// channel to poll for more (-1 once it has closed).
+fn signal(pid: u32, host: &mut impl Host, channel: RawFd) -> RawFd {
+    match host.signals() {
+        Ok(signals) => {
+            for signal in signals {
+                // SAFETY: kill(2) takes two integers and touches no memory of
+                // ours; a command that has already exited is no error here.
+                unsafe { libc::kill(pid as libc::pid_t, libc::c_int::from(signal)) };
+            }
+            channel
+        }
+        Err(_) => -1,
+    }
+}
+
+/// A descriptor that polls readable once the process `pid` has exited.
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
+    // descriptor (or -1), touching no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a descriptor nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// Reaps the orphans that ended since the last job (PID 1 inherits every
@@ -268,6 +329,7 @@ fn outcome(status: libc::c_int) -> Outcome {
 mod tests {
     use super::*;
     use provm_guest_agent::ProvRecord;
+    use std::io::Write;
 
     #[test]
     fn wait_statuses_map_to_outcomes() {
@@ -332,11 +394,55 @@ mod tests {
         }
     }
 
+    /// The host of a test: it keeps the messages, and asks for `signal`
+    /// once the command has written `when` to its output, on a pipe that
+    /// stands for the channel.
+    struct TestHost {
+        messages: Vec<GuestMessage>,
+        signal: Option<(&'static [u8], u8)>,
+        channel: (io::PipeReader, io::PipeWriter),
+        asked: usize,
+    }
+
+    impl Host for TestHost {
+        fn send(&mut self, message: GuestMessage) {
+            if let (GuestMessage::Stdout(bytes), Some((when, signal))) = (&message, self.signal) {
+                if bytes.windows(when.len()).any(|window| window == when) {
+                    self.channel.1.write_all(&[signal]).unwrap();
+                    self.asked += 1;
+                }
+            }
+            self.messages.push(message);
+        }
+
+        fn channel(&self) -> RawFd {
+            self.channel.0.as_raw_fd()
+        }
+
+        fn signals(&mut self) -> io::Result<Vec<u8>> {
+            let mut signals = vec![0; std::mem::take(&mut self.asked)];
+            self.channel.0.read_exact(&mut signals)?;
+            Ok(signals)
+        }
+    }
+
     fn run_job_on_host(job: &Job) -> (Result<Outcome, String>, Vec<GuestMessage>) {
+        signalled_on_host(job, None)
+    }
+
+    fn signalled_on_host(
+        job: &Job,
+        signal: Option<(&'static [u8], u8)>,
+    ) -> (Result<Outcome, String>, Vec<GuestMessage>) {
         let null = File::open("/dev/null").unwrap();
-        let mut messages = Vec::new();
-        let result = run(job, &null, |message| messages.push(message));
-        (result, messages)
+        let mut host = TestHost {
+            messages: Vec::new(),
+            signal,
+            channel: io::pipe().unwrap(),
+            asked: 0,
+        };
+        let result = run(job, &null, &mut host);
+        (result, host.messages)
     }
 
     /// One test runs every command: reap() waits for any child of the
@@ -390,6 +496,23 @@ mod tests {
         let (result, messages) = run_on_host(&["no-hash-bang"], &[&path], "/");
         assert_eq!(result, Ok(Outcome::Exited(0)));
         assert_eq!(messages, [GuestMessage::Stdout(b"run by sh\n".to_vec())]);
+
+        // The signals the host asks for reach the command as it runs.
+        // (Without the signal it gives up after 10 s, with status 3.)
+        let trapping = "trap 'echo got TERM; exit 7' TERM; echo ready; \
+                        for i in $(seq 100); do sleep 0.1; done; exit 3";
+        let job = host_job(&["sh", "-c", trapping], &["PATH=/bin:/usr/bin"], "/");
+        let (result, messages) = signalled_on_host(&job, Some((b"ready", libc::SIGTERM as u8)));
+        assert_eq!(result, Ok(Outcome::Exited(7)));
+        let stdout: Vec<u8> = messages
+            .iter()
+            .filter_map(|message| match message {
+                GuestMessage::Stdout(bytes) => Some(bytes.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(stdout, b"ready\ngot TERM\n");
 
         traced_pipeline_on_host();
     }

@@ -30,7 +30,7 @@ mod user;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::{mem, panic, ptr};
 
@@ -66,6 +66,8 @@ struct Agent {
     channel: File,
     /// What has arrived on the channel and is not yet a whole message.
     frames: FrameReader,
+    /// Signals for the command that came with its data, before it started.
+    early_signals: Vec<u8>,
     /// The initramfs's /dev/null: every command's stdin, whether or not the
     /// image has a /dev.
     null: File,
@@ -111,6 +113,7 @@ impl Agent {
         let agent = Agent {
             channel,
             frames: FrameReader::default(),
+            early_signals: Vec::new(),
             null,
             premounted,
             root: None,
@@ -130,6 +133,8 @@ impl Agent {
                 Some(Ok(HostMessage::PowerOff)) | None => return,
                 // The rest of the data of a job that failed while it came.
                 Some(Ok(HostMessage::Entry(_) | HostMessage::Stdin(_) | HostMessage::DataEnd)) => {}
+                // For a command that has ended.
+                Some(Ok(HostMessage::Signal(_))) => {}
                 Some(Err(error)) => self.fail(format!("cannot decode the host's message: {error}")),
             }
         }
@@ -174,6 +179,7 @@ impl Agent {
         loop {
             match self.next_message() {
                 Some(Ok(HostMessage::DataEnd)) => return inputs.finish(),
+                Some(Ok(HostMessage::Signal(signal))) => self.early_signals.push(signal),
                 Some(Ok(message)) => {
                     inputs.take(message)?;
                     self.send(&GuestMessage::Received);
@@ -195,6 +201,7 @@ impl Agent {
         } else {
             job
         };
+        self.early_signals.clear();
         let outcome = entropy::seed(&job.entropy)
             .and_then(|()| set_wall_clock(job.wall_clock_ns))
             .and_then(|()| self.enter_root(&job.root_device))
@@ -202,7 +209,13 @@ impl Agent {
             .and_then(|stdin| {
                 outputs::prepare(&job.outputs)?;
                 let stdin = stdin.as_ref().unwrap_or(&self.null);
-                let outcome = command::run(job, stdin, |message| self.send(&message))?;
+                let mut host = JobHost {
+                    channel: &self.channel,
+                    frames: &mut self.frames,
+                    early_signals: &mut self.early_signals,
+                    root: self.root.as_ref(),
+                };
+                let outcome = command::run(job, stdin, &mut host)?;
                 outputs::send(&job.outputs, &mut |message| self.send(&message))?;
                 Ok(outcome)
             });
@@ -251,9 +264,7 @@ impl Agent {
     /// Sends `message`; without a channel the agent is useless, so a write
     /// error powers the guest off.
     fn send(&self, message: &GuestMessage) {
-        if let Err(error) = (&self.channel).write_all(&message.encode()) {
-            self.fatal(&format!("cannot write to {CHANNEL}: {error}"));
-        }
+        send(&self.channel, self.root.as_ref(), message);
     }
 
     fn fatal(&self, reason: &str) -> ! {
@@ -263,6 +274,69 @@ impl Agent {
 
     fn power_off(&self) -> ! {
         power_off(self.root.as_ref())
+    }
+}
+
+/// Sends `message` on `channel`; without a channel the agent is useless,
+/// so a write error powers the guest off (with the root `root`).
+fn send(channel: &File, root: Option<&Root>, message: &GuestMessage) {
+    if let Err(error) = (&*channel).write_all(&message.encode()) {
+        log(&format!("cannot write to {CHANNEL}: {error}"));
+        power_off(root)
+    }
+}
+
+/// The agent as the running command's host (`command::Host`): the channel,
+/// and the signals that come on it for the command.
+struct JobHost<'a> {
+    channel: &'a File,
+    frames: &'a mut FrameReader,
+    early_signals: &'a mut Vec<u8>,
+    root: Option<&'a Root>,
+}
+
+impl command::Host for JobHost<'_> {
+    fn send(&mut self, message: GuestMessage) {
+        send(self.channel, self.root, &message);
+    }
+
+    fn channel(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+
+    fn signals(&mut self) -> io::Result<Vec<u8>> {
+        let mut signals = mem::take(self.early_signals);
+        if has_bytes(self.channel)? {
+            let mut buffer = vec![0; READ_SIZE];
+            match (&*self.channel).read(&mut buffer)? {
+                0 => return Err(io::Error::other(format!("{CHANNEL} closed"))),
+                len => self.frames.push(&buffer[..len]),
+            }
+        }
+        // The host sends nothing else while a command runs.
+        while let Some((kind, payload)) = self.frames.next_frame().map_err(io::Error::other)? {
+            match HostMessage::decode(kind, &payload) {
+                Ok(HostMessage::Signal(signal)) => signals.push(signal),
+                Ok(_) => log("ignored a message of the host's that came while the command ran"),
+                Err(error) => log(&format!("cannot decode the host's message: {error}")),
+            }
+        }
+        Ok(signals)
+    }
+}
+
+/// Whether `file` has bytes to read now.
+fn has_bytes(file: &File) -> io::Result<bool> {
+    let mut fd = libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `fd` is one live pollfd, which poll(2) reads and writes in
+    // place; a timeout of 0 does not wait.
+    match unsafe { libc::poll(&mut fd, 1, 0) } {
+        -1 => Err(io::Error::last_os_error()),
+        _ => Ok(fd.revents != 0),
     }
 }
 

@@ -22,6 +22,10 @@ pub enum HostMessage {
     /// Every input and all of standard input has been sent: the command
     /// may start.
     DataEnd,
+    /// Send this signal to the command (a container runtime's `kill`): at
+    /// once if it runs, as it starts if it has not yet; after it ended,
+    /// nothing. Linux's signals are numbered 1 to 64.
+    Signal(u8),
 }
 
 /// Messages from the agent to the host.
@@ -54,6 +58,7 @@ mod kind {
     pub const ENTRY: u8 = 3;
     pub const STDIN: u8 = 4;
     pub const DATA_END: u8 = 5;
+    pub const SIGNAL: u8 = 6;
     pub const READY: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
     pub const STDERR: u8 = 0x83;
@@ -109,6 +114,10 @@ impl HostMessage {
                 kind::STDIN
             }
             HostMessage::DataEnd => kind::DATA_END,
+            HostMessage::Signal(signal) => {
+                payload.push(*signal);
+                kind::SIGNAL
+            }
         };
         (frame_head(kind, &payload, tail.len()), tail)
     }
@@ -165,6 +174,7 @@ impl HostMessage {
             kind::ENTRY => HostMessage::Entry(Entry::decode(&mut reader)?),
             kind::STDIN => return Ok(HostMessage::Stdin(payload.to_vec())),
             kind::DATA_END => HostMessage::DataEnd,
+            kind::SIGNAL => HostMessage::Signal(reader.u8()?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         reader.finish(message)
@@ -427,6 +437,7 @@ mod tests {
         for message in [
             HostMessage::Stdin(b"a,b\n1,2\n".to_vec()),
             HostMessage::DataEnd,
+            HostMessage::Signal(15),
             HostMessage::Entry(Entry {
                 tree: 1,
                 path: b"sub/x.csv".to_vec(),

@@ -156,8 +156,9 @@ pub fn start(containers: &Containers, id: &str) -> Result<(), String> {
     })
 }
 
-/// `kill`: the signal goes to the container's process, which ends a
-/// recording cleanly on SIGTERM, SIGINT, SIGHUP and SIGQUIT.
+/// `kill`: the signal goes to the container's process, which passes
+/// SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to the
+/// recorded command in the guest (`signals::forward_into_the_guest`).
 pub fn kill(containers: &Containers, id: &str, signal: &str) -> Result<(), String> {
     let signal = signals::parse(signal)?;
     let process = containers.process(id)?;

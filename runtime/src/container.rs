@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind, ImageRef};
-use provm_engine::record::{self, RecordError, RecordOptions};
+use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
 use provm_engine::start::RunOptions;
 use provm_engine::transfer::Input;
@@ -51,7 +51,7 @@ fn recorded(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<i32, String> {
-    signals::end_recording_on_kill()?;
+    signals::forward_into_the_guest()?;
     let options = RecordOptions {
         run: options,
         output: trace,
@@ -60,14 +60,9 @@ fn recorded(
         chaos: None,
         preempt: None,
     };
-    match record::record(&options, &mut [], stdout, stderr) {
-        Ok(recorded) => Ok(recorded.outcome.shell_status()),
-        // Stopped by `kill`: the trace holds the run up to there.
-        Err(RecordError::CutShort { .. }) if signals::received().is_some() => {
-            Ok(128 + signals::received().unwrap_or_default())
-        }
-        Err(error) => Err(error.to_string()),
-    }
+    record::record(&options, &mut [], stdout, stderr)
+        .map(|recorded| recorded.outcome.shell_status())
+        .map_err(|error| error.to_string())
 }
 
 /// The command's standard input: the process's, read to its end (the

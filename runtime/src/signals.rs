@@ -1,20 +1,25 @@
 //! Signals: their names as `kill` takes them, and the container process's
-//! handler, which ends a recording cleanly so that its trace replays up
-//! to where the signal came.
+//! handler, which passes them on to the command in the guest, where the
+//! recording keeps them for its replay.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use libc::c_int;
 
-/// The signal that ended the recording; 0: none.
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// The container's process that `run` waits for; 0: none yet.
 static WAITED_FOR: AtomicI32 = AtomicI32::new(0);
 
-/// What `kill` sends and `podman stop` sends first: each ends a recording
-/// with its trace finished (SIGKILL cannot be caught: it leaves the
-/// trace unfinished).
-const ENDING: &[c_int] = &[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+/// What `kill` sends and `podman stop` sends first, passed on to the
+/// command. SIGKILL cannot be caught: it ends the VM, and the trace is
+/// what a killed recording leaves (`delete`).
+const FORWARDED: &[c_int] = &[
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
 
 const NAMES: &[(&str, c_int)] = &[
     ("HUP", libc::SIGHUP),
@@ -67,21 +72,20 @@ pub fn parse(text: &str) -> Result<c_int, String> {
         .ok_or_else(|| format!("{text:?} is not a signal: give a name (SIGTERM, TERM) or a number"))
 }
 
-extern "C" fn on_ending_signal(signal: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    RECEIVED.store(signal, Ordering::Relaxed);
-    provm_engine::record::interrupt();
+extern "C" fn into_the_guest(signal: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    provm_engine::record::signal_command(signal);
 }
 
-/// From now on, the signals `kill` sends end the recording under way
-/// (the guest stops at its next exit and the trace is finished) instead
-/// of this process.
-pub fn end_recording_on_kill() -> Result<(), String> {
-    on_ending_signals(on_ending_signal)
+/// From now on, the signals `kill` sends go to the recorded command in the
+/// guest, at the guest's next exit, instead of ending this process; the
+/// trace keeps them there, and a replay sends them at the same place.
+pub fn forward_into_the_guest() -> Result<(), String> {
+    on_forwarded_signals(into_the_guest)
 }
 
-/// `handler` for each of the signals that end a recording.
-fn on_ending_signals(handler: vmm_sys_util::signal::SignalHandler) -> Result<(), String> {
-    for &signal in ENDING {
+/// `handler` for each of the signals passed on to the command.
+fn on_forwarded_signals(handler: vmm_sys_util::signal::SignalHandler) -> Result<(), String> {
+    for &signal in FORWARDED {
         vmm_sys_util::signal::register_signal_handler(signal, handler)
             .map_err(|error| format!("cannot handle signal {signal}: {error}"))?;
     }
@@ -97,19 +101,12 @@ extern "C" fn forward(signal: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_vo
 }
 
 /// From now on, the signals `kill` sends to `run` go on to the
-/// container's process `pid`, as they would to runc's: a workload
-/// manager that signals `run` (Slurm's) ends the recording cleanly.
+/// container's process `pid`, as they would to runc's, and from there to
+/// the command: a workload manager that signals `run` (Slurm's) signals
+/// the command.
 pub fn forward_to(pid: i32) -> Result<(), String> {
     WAITED_FOR.store(pid, Ordering::Relaxed);
-    on_ending_signals(forward)
-}
-
-/// The signal that ended the recording, if one did.
-pub fn received() -> Option<c_int> {
-    match RECEIVED.load(Ordering::Relaxed) {
-        0 => None,
-        signal => Some(signal),
-    }
+    on_forwarded_signals(forward)
 }
 
 /// Sends `signal` to `pid`.

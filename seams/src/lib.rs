@@ -13,12 +13,14 @@
 mod clock;
 pub mod delivery;
 mod exit_event;
+mod host_requests;
 mod recorder;
 mod replayer;
 pub mod state_check;
 
 pub use exit_event::exit_event;
-pub use recorder::{Recorder, NEVER_INTERRUPTED};
+pub use host_requests::{HostRequests, NO_HOST_REQUESTS};
+pub use recorder::Recorder;
 pub use replayer::{
     Checkpoint, Divergence, EventTap, Expected, ObservedError, Position, RecordedEnd, ReplayEnd,
     Replayer, StopHandler, Stopped,

@@ -4,7 +4,7 @@
 //! as the guest runs. A pinned `provm run` uses it too, with no trace: only
 //! the log's digest is kept.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,17 +20,15 @@ use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 use crate::clock::RecorderClock;
 use crate::exit_event;
+use crate::host_requests::{HostRequests, SIGNAL_DUE};
 use crate::state_check;
-
-/// The flag of a recorder that Ctrl-C never ends (a pinned run's, a
-/// fork's): there Ctrl-C ends provm at once.
-pub static NEVER_INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub struct Recorder {
     clock: RecorderClock,
     log: Mutex<Log>,
-    /// Set from outside (Ctrl-C) to end the recording at the next exit.
-    interrupted: &'static AtomicBool,
+    /// What the host asks from outside: to end the recording (Ctrl-C), or
+    /// to signal the command, at the next exit.
+    requests: &'static HostRequests,
     /// Host time spent appending to the log (`Seam::logging_ns`).
     logging_ns: AtomicU64,
     /// Where interrupts are delivered (`delivering`).
@@ -74,11 +72,11 @@ impl Log {
 impl Recorder {
     /// A recorder appending to `trace`, whose clock starts at `start_ns` (the
     /// snapshot's virtual time).
-    pub fn new(trace: SectionWriter, start_ns: u64, interrupted: &'static AtomicBool) -> Self {
+    pub fn new(trace: SectionWriter, start_ns: u64, requests: &'static HostRequests) -> Self {
         Self::logging_to(
             EventLogWriter::new(trace, start_ns),
             RecorderClock::Host(HostClock::starting_at(start_ns)),
-            interrupted,
+            requests,
             true,
         )
     }
@@ -88,7 +86,7 @@ impl Recorder {
     pub fn pinned(
         trace: Option<SectionWriter>,
         clock: PinnedClock,
-        interrupted: &'static AtomicBool,
+        requests: &'static HostRequests,
     ) -> Self {
         let start_ns = clock.monotonic_ns();
         let traced = trace.is_some();
@@ -97,7 +95,7 @@ impl Recorder {
             None => EventLogWriter::digest_only(start_ns),
         };
         // Without a trace there is no replay to check.
-        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted, traced)
+        Self::logging_to(writer, RecorderClock::Pinned(clock), requests, traced)
     }
 
     /// A recorder of a fork's live part (see `provm::fork`): appending to
@@ -105,15 +103,15 @@ impl Recorder {
     pub fn continuing(
         writer: EventLogWriter,
         clock: PinnedClock,
-        interrupted: &'static AtomicBool,
+        requests: &'static HostRequests,
     ) -> Self {
-        Self::logging_to(writer, RecorderClock::Pinned(clock), interrupted, true)
+        Self::logging_to(writer, RecorderClock::Pinned(clock), requests, true)
     }
 
     fn logging_to(
         writer: EventLogWriter,
         clock: RecorderClock,
-        interrupted: &'static AtomicBool,
+        requests: &'static HostRequests,
         traced: bool,
     ) -> Self {
         let checked_at = writer.events();
@@ -124,7 +122,7 @@ impl Recorder {
                 error: None,
                 checked_at,
             }),
-            interrupted,
+            requests,
             logging_ns: AtomicU64::new(0),
             delivery: Delivery::Doorbell,
             preemption_quantum: None,
@@ -296,8 +294,11 @@ impl Seam for Recorder {
     }
 
     fn stop_reason(&self) -> Option<String> {
-        if self.interrupted.load(Ordering::Relaxed) {
+        if self.requests.ended() {
             return Some("interrupted (Ctrl-C, or a signal that ends the recording)".into());
+        }
+        if self.requests.signal_due() {
+            return Some(SIGNAL_DUE.into());
         }
         self.log.lock().unwrap().error.clone()
     }

@@ -5,11 +5,12 @@
 //! end of a replay is checked against the end of the recording.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use provm_guest_agent::{GuestMessage, Outcome};
-use provm_seams::{state_check, Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer};
+use provm_seams::{
+    state_check, Divergence, Expected, RecordedEnd, Recorder, ReplayEnd, Replayer, NO_HOST_REQUESTS,
+};
 use provm_trace::event_log::{chunk_frame, encode_chunk, EventStream};
 use provm_trace::events::{self, Decoder, Encoder, Event};
 use provm_trace::format::{SectionKind, SectionWriter, TraceReader};
@@ -20,8 +21,6 @@ use provm_vmm::seam::{Exit, Place, Seam};
 use provm_vmm::state_digest::{self, MemoryDigest, StateDigest};
 use provm_vmm::vm::{VmError, VmEvent};
 use vm_memory::{Bytes, GuestAddress};
-
-static NOT_INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const START_NS: u64 = 5_000_000_000;
 /// The port the guest writes its clock readings to.
@@ -157,7 +156,7 @@ fn record(path: &Path, calls: &[Call]) -> (Vec<u64>, RecordedEnd) {
     let recorder = Recorder::new(
         SectionWriter::create(path).unwrap(),
         START_NS,
-        &NOT_INTERRUPTED,
+        &NO_HOST_REQUESTS,
     );
     let readings = run(&recorder, calls);
     let (trace, totals) = recorder.finish().unwrap();
@@ -380,7 +379,7 @@ fn a_log_cut_after_a_clock_reading_always_replays_as_cut_short() {
     let recorder = Recorder::new(
         SectionWriter::create(&path).unwrap(),
         START_NS,
-        &NOT_INTERRUPTED,
+        &NO_HOST_REQUESTS,
     );
     run(&recorder, &cut);
     // The last reading, the clock of the run loop's next turn, is logged;
@@ -662,7 +661,7 @@ fn a_byte_corrupted_in_memory_is_named_by_its_page() {
     let recorder = Recorder::new(
         SectionWriter::create(&path).unwrap(),
         START_NS,
-        &NOT_INTERRUPTED,
+        &NO_HOST_REQUESTS,
     );
     run(&recorder, &calls);
     let kept = page_digests::decode(&recorder.page_digests().unwrap()).unwrap();

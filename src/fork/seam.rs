@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use provm_seams::{delivery, exit_event, Recorder, Replayer, NEVER_INTERRUPTED};
+use provm_seams::{delivery, exit_event, Recorder, Replayer, NO_HOST_REQUESTS};
 use provm_trace::event_log::{EventLogWriter, LogTotals};
 use provm_trace::events::Event;
 use provm_trace::format::{FormatError, SectionWriter};
@@ -180,7 +180,7 @@ impl ForkSeam {
             let now_ns = replayed.clock_ns + PINNED_EXIT_STEP_NS * replayed.exits_since_clock;
             let _ = self.fork_event.set(self.replayer.position().events);
             self.stop_at_fork.store(true, Ordering::Relaxed);
-            Recorder::continuing(writer, self.clock.at(now_ns), &NEVER_INTERRUPTED)
+            Recorder::continuing(writer, self.clock.at(now_ns), &NO_HOST_REQUESTS)
         })
     }
 

@@ -316,25 +316,36 @@ fn a_terminal_and_a_user_and_recording_turned_off() {
     assert!(!podman.trace(&id).exists());
 }
 
+/// `podman stop` sends SIGTERM to the container's process, which passes
+/// it on to the command in the guest: the command's trap runs there, the
+/// recording ends with the command, and its replay sends the signal at the
+/// same place and matches to the end.
 #[test]
-fn podman_stop_ends_the_container_and_its_trace_replays_to_there() {
+fn podman_stop_signals_the_command_in_the_guest_and_its_trace_replays_whole() {
     let _guest = one_guest_at_a_time();
     let podman = podman();
-    let (output, id) = podman.run(
-        &["-d", IMAGE, "sh", "-c", "echo started; exec sleep 600"],
-        b"",
-    );
+    let trapping = "trap 'echo got TERM; exit 7' TERM; echo started; while :; do sleep 1; done";
+    let (output, id) = podman.run(&["-d", IMAGE, "sh", "-c", trapping], b"");
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     podman.wait_for_log(&id, "started");
     podman.output(&["stop", "-t", "60", &id]);
     let status = podman.output(&["inspect", "--format", "{{.State.ExitCode}}", &id]);
-    assert_eq!(
-        status.trim(),
-        "143",
-        "SIGTERM ends the container with 128+15"
-    );
+    assert_eq!(status.trim(), "7", "the command's trap ended it");
+    assert_eq!(podman.output(&["logs", &id]), "started\ngot TERM\n");
     podman.output(&["rm", &id]);
-    assert_replay_cut_short(&podman.trace(&id));
+    let trace = podman.trace(&id);
+    let replayed = assert_replay_matches(&trace);
+    assert!(replayed.contains("the exit status"), "{replayed}");
+    // The signal is the host's input between the job and the power-off.
+    let inputs = provm(&[
+        "query",
+        "--format",
+        "csv",
+        path(&trace),
+        "SELECT count(*) FROM events WHERE kind = 'agent input'",
+    ]);
+    assert_eq!(inputs.stdout, "count(*)\n3\n", "{}", inputs.stderr);
+    eprintln!("{replayed}");
 }
 
 /// `podman rm --force --time 0` kills the container's process outright

@@ -22,12 +22,11 @@ mod prepare;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_seams::{delivery, Recorder, NEVER_INTERRUPTED};
+use provm_seams::{delivery, HostRequests, Recorder, NO_HOST_REQUESTS};
 use provm_trace::format::SectionWriter;
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::disk::image::ImageError;
@@ -95,8 +94,9 @@ pub struct Recording {
     /// The trace's sections, after its leading ones: the event log goes on
     /// from there.
     pub trace: SectionWriter,
-    /// Set to end the recording at the guest's next exit (Ctrl-C).
-    pub interrupted: &'static AtomicBool,
+    /// What signal handlers ask of it: to end at the guest's next exit
+    /// (Ctrl-C), or to signal the command there.
+    pub requests: &'static HostRequests,
     /// Stop a guest that spins this long without exits while a tick waits.
     pub exitless_limit: Option<Duration>,
     /// Draw the vCPU schedule from this seed (`--chaos`).
@@ -152,9 +152,13 @@ pub fn start(
     logging: Logging,
     observers: &mut [&mut dyn Observer],
 ) -> Result<Started, RunError> {
-    let (exitless_limit, chaos) = match &logging {
-        Logging::Off => (None, None),
-        Logging::Trace(recording) => (recording.exitless_limit, recording.chaos),
+    let (exitless_limit, chaos, requests) = match &logging {
+        Logging::Off => (None, None, &NO_HOST_REQUESTS),
+        Logging::Trace(recording) => (
+            recording.exitless_limit,
+            recording.chaos,
+            recording.requests,
+        ),
     };
     let machine = prepared.machine(options.overlay_location(), exitless_limit);
     let (mut vm, recorder) = restore(machine, snapshot, options, logging)?;
@@ -165,6 +169,7 @@ pub fn start(
     observer::each(observers, |observer| observer.attach(&mut vm, &kernel))
         .map_err(RunError::Observer)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
+    session.signal_command_as(requests);
     if let Some(pinning) = &options.pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }
@@ -199,18 +204,18 @@ fn restore(
             Ok((vm, None))
         }
         (Logging::Off, Some(pinning)) => recorded(machine, snapshot, |start_ns| {
-            Recorder::pinned(None, pinned_clock(pinning, start_ns), &NEVER_INTERRUPTED)
+            Recorder::pinned(None, pinned_clock(pinning, start_ns), &NO_HOST_REQUESTS)
         }),
         (Logging::Trace(recording), Some(pinning)) => recorded(machine, snapshot, |start_ns| {
             Recorder::pinned(
                 Some(recording.trace),
                 pinned_clock(pinning, start_ns),
-                recording.interrupted,
+                recording.requests,
             )
             .preempting(recording.preempt)
         }),
         (Logging::Trace(recording), None) => recorded(machine, snapshot, |start_ns| {
-            let recorder = Recorder::new(recording.trace, start_ns, recording.interrupted)
+            let recorder = Recorder::new(recording.trace, start_ns, recording.requests)
                 .preempting(recording.preempt);
             match options.net {
                 true => recorder.with_network(network()),

@@ -28,6 +28,8 @@ use provm_guest_agent::{Outcome, ProvRecord};
 /// A command running under the tracer; its outputs are the caller's to
 /// forward, and `finish` waits for it.
 pub struct Traced {
+    /// The command's process id.
+    pub pid: u32,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
     tracer: JoinHandle<io::Result<(Outcome, Vec<ProvRecord>)>>,
@@ -63,13 +65,14 @@ pub fn spawn(mut command: Command) -> io::Result<Traced> {
                 return Err(io::Error::other("the command did not start"));
             }
         };
-        let _ = spawned.send(Ok((child.stdout.take(), child.stderr.take())));
+        let _ = spawned.send(Ok((child.id(), child.stdout.take(), child.stderr.take())));
         tracer::Tracer::new(child.id() as ptrace::Pid).run()
     });
-    let (stdout, stderr) = outputs
+    let (pid, stdout, stderr) = outputs
         .recv()
         .map_err(|_| io::Error::other("the tracer thread ended before spawning"))??;
     Ok(Traced {
+        pid,
         stdout,
         stderr,
         tracer,

@@ -1,0 +1,81 @@
+//! What the host asks of a recording from outside its thread, from a
+//! signal handler (so only atomics): that it end at the guest's next exit
+//! (Ctrl-C), or that a signal go to the guest's command there (a container
+//! runtime's `kill`). The recorder stops the guest at its next exit while
+//! either is due (`Recorder::stop_reason`); the session then sends the
+//! signal to the agent, which the log keeps as the host's input there, so
+//! that a replay sends it at the same exit.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+/// Why the recorder stopped the guest while a signal is due.
+pub const SIGNAL_DUE: &str = "a signal for the command is due";
+
+pub struct HostRequests {
+    end: AtomicBool,
+    /// The signal for the command, 0: none.
+    signal: AtomicI32,
+}
+
+/// The requests of a recorder nothing asks anything of (a pinned run's, a
+/// fork's): there Ctrl-C ends provm at once.
+pub static NO_HOST_REQUESTS: HostRequests = HostRequests::new();
+
+impl HostRequests {
+    pub const fn new() -> Self {
+        HostRequests {
+            end: AtomicBool::new(false),
+            signal: AtomicI32::new(0),
+        }
+    }
+
+    /// Ends the recording at the guest's next exit. Async-signal-safe.
+    pub fn end(&self) {
+        self.end.store(true, Ordering::Relaxed);
+    }
+
+    pub fn ended(&self) -> bool {
+        self.end.load(Ordering::Relaxed)
+    }
+
+    /// Sends `signal` to the guest's command at the guest's next exit; a
+    /// signal not yet sent is replaced. Async-signal-safe.
+    pub fn signal_command(&self, signal: i32) {
+        self.signal.store(signal, Ordering::Relaxed);
+    }
+
+    pub fn signal_due(&self) -> bool {
+        self.signal.load(Ordering::Relaxed) != 0
+    }
+
+    /// The signal to send to the command now, if one is due.
+    pub fn take_signal(&self) -> Option<i32> {
+        match self.signal.swap(0, Ordering::Relaxed) {
+            0 => None,
+            signal => Some(signal),
+        }
+    }
+}
+
+impl Default for HostRequests {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_is_taken_once_and_ending_stays() {
+        let requests = HostRequests::new();
+        assert!(!requests.signal_due() && !requests.ended());
+        requests.signal_command(15);
+        assert!(requests.signal_due());
+        assert_eq!(requests.take_signal(), Some(15));
+        assert_eq!(requests.take_signal(), None);
+        requests.end();
+        assert!(requests.ended() && requests.ended());
+    }
+}
