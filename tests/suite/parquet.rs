@@ -27,7 +27,7 @@ const TABLES: [&str; 9] = [
 ];
 
 /// `scripts/duckdb --json SQL`: its rows, each a list of values.
-fn duckdb(sql: &str) -> Vec<Vec<Value>> {
+pub fn duckdb(sql: &str) -> Vec<Vec<Value>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/duckdb");
     let output = Command::new(script)
         .args(["--json", sql])
@@ -43,7 +43,7 @@ fn duckdb(sql: &str) -> Vec<Vec<Value>> {
 }
 
 /// The table's files in `dir`, all runs, as DuckDB reads them.
-fn dataset(dir: &Path, table: &str) -> String {
+pub fn dataset(dir: &Path, table: &str) -> String {
     format!(
         "read_parquet('{}/{table}/*/*.parquet', hive_partitioning = true)",
         dir.display()
@@ -51,7 +51,7 @@ fn dataset(dir: &Path, table: &str) -> String {
 }
 
 /// `provm export parquet ARGS -o DIR`, which must succeed: what it said.
-fn export(args: &[&str], dir: &Path) -> String {
+pub fn export(args: &[&str], dir: &Path) -> String {
     let mut all = vec!["export", "parquet"];
     all.extend(args);
     all.extend(["-o", path(dir)]);

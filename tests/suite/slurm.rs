@@ -311,9 +311,43 @@ fn a_job_array_runs_each_task_in_a_recorded_container() {
         }
     }
     assert_eq!(std::fs::read_dir(&traces).unwrap().count(), TASKS as usize);
+    sweep_is_one_dataset(&traces, &scratch.join("sweep"));
     eprintln!(
         "slurm: the job array ran in {:.1} s, the whole test took {:.1} s",
         ran.as_secs_f64(),
         began.elapsed().as_secs_f64()
     );
+}
+
+/// The array's traces exported into one Parquet dataset answer one
+/// question across the sweep in DuckDB: each task's parameter (its
+/// command's last argument), beside its run's events and the guest time.
+fn sweep_is_one_dataset(traces: &Path, dataset: &Path) {
+    let mut all: Vec<String> = std::fs::read_dir(traces)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().display().to_string())
+        .collect();
+    all.sort();
+    let runs: Vec<&str> = all.iter().map(String::as_str).collect();
+    crate::parquet::export(&runs, dataset);
+    let rows = crate::parquet::duckdb(&format!(
+        "SELECT json_extract_string(m.argv, '$[-1]')::INTEGER AS parameter, \
+                count(*) AS events, any_value(m.guest_ns) > 0 AS timed \
+         FROM {} AS m JOIN {} AS e USING (run) GROUP BY parameter ORDER BY parameter",
+        crate::parquet::dataset(dataset, "manifest"),
+        crate::parquet::dataset(dataset, "events"),
+    ));
+    let parameters: Vec<i64> = rows.iter().filter_map(|row| row[0].as_i64()).collect();
+    assert_eq!(
+        parameters,
+        (0..i64::from(TASKS)).collect::<Vec<_>>(),
+        "{rows:?}"
+    );
+    for row in &rows {
+        assert!(
+            row[1].as_i64().is_some_and(|events| events > 100),
+            "{rows:?}"
+        );
+        assert_eq!(row[2].as_bool(), Some(true), "{rows:?}");
+    }
 }
