@@ -1,13 +1,15 @@
 //! The container's process (`init`, started by `create`): it waits for
 //! `start`, runs the command in provm's VM, recorded unless the bundle
-//! says not, with its own standard streams as the command's, and exits
-//! with the command's status (128 + N when signal N stopped it).
+//! says not, with its own standard streams as the command's, writes what
+//! the command wrote to its root back to the bundle's root directory, and
+//! exits with the command's status (128 + N when signal N stopped it).
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use provm_engine::disk::file_system;
 use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind, ImageRef};
 use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
@@ -15,6 +17,7 @@ use provm_engine::start::RunOptions;
 use provm_engine::transfer::Input;
 
 use crate::fifo;
+use crate::rootfs;
 use crate::signals;
 use crate::state::{Container, Containers, FIFO};
 
@@ -27,13 +30,18 @@ const TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// As `provm record`'s default: a guest spinning this long with no exit
 /// while a tick waits is stopped.
 const EXITLESS_LIMIT: Duration = Duration::from_secs(60);
+/// The run's overlay, in the container's state folder: kept for the
+/// write-back, then removed.
+const ROOT_OVERLAY: &str = "root-overlay.qcow2";
 
 /// Runs the container `id`; returns its exit status.
 pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let container = containers.container(id)?;
     fifo::wait_for_start(&containers.dir(id).join(FIFO))
         .map_err(|error| format!("waiting for start: {error}"))?;
-    let options = run_options(&container, stdin(&container)?);
+    let overlay = containers.dir(id).join(ROOT_OVERLAY);
+    let mut options = run_options(&container, stdin(&container)?);
+    options.keep_overlay = Some(overlay.clone());
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let status = match &container.trace {
         None => run::run(&options, &mut [], &mut stdout, &mut stderr)
@@ -42,7 +50,47 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
         Some(trace) => recorded(options, trace.clone(), &mut stdout, &mut stderr),
     };
     stdout.flush().ok();
+    // A run that never started its VM made no overlay.
+    if overlay.exists() {
+        // The command's status stands: its run is over, whatever this gives.
+        if let Err(error) = write_back_root(&container, &overlay) {
+            eprintln!("provm-runtime: {error}");
+        }
+        std::fs::remove_file(&overlay).ok();
+    }
     status
+}
+
+/// What the command wrote to its root, from the run's kept `overlay`,
+/// written back to the bundle's root directory (see `rootfs`).
+fn write_back_root(container: &Container, overlay: &Path) -> Result<(), String> {
+    let open = |path: &Path| {
+        file_system::open_root(path).map_err(|error| {
+            format!(
+                "cannot read the container's root from {}: {error}",
+                path.display()
+            )
+        })
+    };
+    let inputs: Vec<String> = container
+        .plan
+        .inputs
+        .iter()
+        .map(|(_, guest)| guest.clone())
+        .collect();
+    let changes = rootfs::write_back(
+        &open(&container.disk)?,
+        &open(overlay)?,
+        &container.plan.rootfs,
+        &inputs,
+    )?;
+    if !changes.skipped.is_empty() {
+        eprintln!(
+            "provm-runtime: not written back to the root directory (devices, FIFOs and sockets): {}",
+            changes.skipped.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn recorded(

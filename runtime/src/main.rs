@@ -15,6 +15,7 @@ mod fds;
 mod fifo;
 mod image;
 mod log;
+mod rootfs;
 mod signals;
 mod state;
 

@@ -17,14 +17,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use ext4_view::{Ext4, Ext4Read};
+use ext4_view::Ext4;
 use oci_spec::image::{Arch, ConfigBuilder};
 use provm_guest_agent::paths::normalize;
 use provm_trace::manifest::Manifest;
 use provm_vmm::disk::image::BaseImage;
-use provm_vmm::disk::Disk;
 
-use provm_engine::disk::{chain, root};
+use provm_engine::disk::{chain, file_system};
 use provm_engine::image::layout::{LayerWriter, Layout};
 use provm_engine::replay::{self, ReplayOptions};
 use provm_trace::reader::Trace;
@@ -61,7 +60,8 @@ pub fn oci_archive(run: &ReplayOptions, output: &Path, force: bool) -> Result<us
 /// The OCI archive of the run `manifest` describes, whose provenance is
 /// `graph`, with files read from `image`.
 fn oci(manifest: &Manifest, graph: &Provenance, image: BaseImage) -> Result<Vec<u8>, ExportError> {
-    let fs = open_root(image, &manifest.root_device)?;
+    let fs = file_system::open(image, &manifest.root_device)
+        .map_err(|error| ExportError::Oci(error.to_string()))?;
     let mut layer = Layer {
         fs: &fs,
         entries: BTreeMap::new(),
@@ -96,30 +96,6 @@ fn search_path(env: &[String]) -> Vec<String> {
         .find_map(|entry| entry.strip_prefix("PATH="))
         .map(|path| path.split(':').map(str::to_owned).collect())
         .unwrap_or_default()
-}
-
-/// The ext4 file system the guest mounted as its root.
-fn open_root(mut image: BaseImage, device: &str) -> Result<Ext4, ExportError> {
-    let (start, _) =
-        root::extent(&mut image, device).map_err(|e| ExportError::Oci(e.to_string()))?;
-    Ext4::load(Box::new(Partition { image, start }))
-        .map_err(|e| ExportError::Oci(format!("cannot read the root file system {device}: {e}")))
-}
-
-/// A partition of the image, as ext4-view reads it.
-struct Partition {
-    image: BaseImage,
-    start: u64,
-}
-
-impl Ext4Read for Partition {
-    fn read(
-        &mut self,
-        start_byte: u64,
-        dst: &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
-        Ok(self.image.read_at(self.start + start_byte, dst)?)
-    }
 }
 
 /// The layer's entries by absolute path, sorted so that a directory

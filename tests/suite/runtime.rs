@@ -316,6 +316,40 @@ fn a_terminal_and_a_user_and_recording_turned_off() {
     assert!(!podman.trace(&id).exists());
 }
 
+/// What the command writes to its root comes back to the bundle's root
+/// directory when it exits, as a runc container's writes land there:
+/// `podman diff` lists them, and a container that writes nothing shows
+/// what it shows under runc.
+#[test]
+fn writes_to_the_root_show_in_podman_diff() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let (output, id) = podman.run(
+        &[
+            IMAGE,
+            "sh",
+            "-c",
+            "echo made > /made.txt && mkdir /new-dir && rm /bin/sync",
+        ],
+        b"",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let diff = podman.output(&["diff", &id]);
+    eprintln!("podman diff:\n{diff}");
+    for line in ["A /made.txt", "A /new-dir", "D /bin/sync"] {
+        assert!(diff.lines().any(|l| l == line), "no {line:?} in:\n{diff}");
+    }
+    let rootfs = podman.output(&["mount", &id]);
+    let made = std::fs::read_to_string(Path::new(rootfs.trim()).join("made.txt")).unwrap();
+    assert_eq!(made, "made\n");
+    let (output, quiet) = podman.run(&[IMAGE, "true"], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    // Only what Podman makes in every container's /etc (the mount points
+    // of its hosts file and kin): runc's `podman diff` of `true` is the same.
+    assert_eq!(podman.output(&["diff", &quiet]), "C /etc\n");
+    podman.output(&["rm", &id, &quiet]);
+}
+
 /// `podman stop` sends SIGTERM to the container's process, which passes
 /// it on to the command in the guest: the command's trap runs there, the
 /// recording ends with the command, and its replay sends the signal at the
