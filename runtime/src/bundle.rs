@@ -34,6 +34,9 @@ pub struct Plan {
     pub terminal: bool,
     /// Read-only host files and folders: (host path, guest path).
     pub inputs: Vec<(PathBuf, String)>,
+    /// Where the engine binds its own files, which the VM makes moot:
+    /// the root holds an empty placeholder there (see `placeholders`).
+    pub mount_points: Vec<PathBuf>,
     /// From `linux.resources.cpu`; `None`: the engine's default.
     pub cpus: Option<u8>,
     /// From `linux.resources.memory.limit`; `None`: the engine's default.
@@ -45,6 +48,21 @@ impl Plan {
     /// Whether the container is recorded (unless `run.provm.record=false`).
     pub fn recorded(&self) -> bool {
         self.annotations.get(RECORD_ANNOTATION).map(String::as_str) != Some("false")
+    }
+
+    /// The empty files an engine makes in each container's root, relative
+    /// to it: its mount points, Docker's marker /.dockerenv, and the
+    /// console it makes under /dev (where the guest mounts its own
+    /// devtmpfs). Made anew for every container, their times would make
+    /// every root a disk of its own, booted anew (see `root_dir`).
+    pub fn placeholders(&self) -> Vec<PathBuf> {
+        self.mount_points
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([Path::new("/.dockerenv"), Path::new("/dev/console")])
+            .filter_map(|path| path.strip_prefix("/").ok())
+            .map(Path::to_path_buf)
+            .collect()
     }
 }
 
@@ -123,9 +141,11 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
     ignored_process_fields(process, &mut warnings);
     let user = process.user();
     let mut inputs = Vec::new();
+    let mut mount_points = Vec::new();
     for (index, mount) in spec.mounts().iter().flatten().enumerate() {
-        if let Some(input) = mount_input(bundle, index, mount, &mut warnings)? {
-            inputs.push(input);
+        match mount_input(bundle, index, mount, &mut warnings)? {
+            Some(input) => inputs.push(input),
+            None => mount_points.push(mount.destination().clone()),
         }
     }
     if spec.hooks().is_some() {
@@ -150,6 +170,7 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
                 .then(|| format!("{}:{}", user.uid(), user.gid())),
             terminal: process.terminal().unwrap_or(false),
             inputs,
+            mount_points,
             cpus,
             memory_mib,
             annotations: spec

@@ -52,7 +52,8 @@ pub fn create(
     // after `start`, naming the command that builds it.
     kernel::find(kernel::Variant::for_cpus(plan.cpus.unwrap_or(1)))
         .map_err(|error| error.to_string())?;
-    let root = root_dir::resolve(&plan.rootfs).map_err(|error| error.to_string())?;
+    let root =
+        root_dir::resolve(&plan.rootfs, &plan.placeholders()).map_err(|error| error.to_string())?;
     let dir = containers.claim(id)?;
     let created = start_process(globals, args, plan, root, trace, &dir);
     if created.is_err() {

@@ -10,6 +10,7 @@ mod container_images;
 mod corpus;
 mod data_io;
 mod diff;
+mod docker;
 mod docs;
 mod e2e;
 mod fork;

@@ -124,7 +124,7 @@ fn podman() -> &'static Podman {
 /// into each container's root, which then makes a disk of its own and
 /// boots anew. Fixed times, so that every test run's image is the same
 /// and shares one disk and its booted guest.
-fn root_with_users(dir: &Path) -> PathBuf {
+pub fn root_with_users(dir: &Path) -> PathBuf {
     let root = dir.join("rootfs");
     let copied = Command::new("cp")
         .arg("-a")

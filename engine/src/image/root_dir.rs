@@ -10,7 +10,9 @@
 //! theirs: an engine adds an entry or two to the root it unpacks for each
 //! container (Podman its /etc/mtab link), which changes the times of the
 //! directories holding them, and would make every container's root a new
-//! disk that boots anew. A file's time is kept.
+//! disk that boots anew. So do the empty files an engine makes in each
+//! container's root as mount points or markers (Docker's /etc/hosts and
+//! /.dockerenv), which the caller names. Any other file's time is kept.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -30,12 +32,17 @@ pub struct RootDisk {
     pub digest: String,
 }
 
-/// The disk of the root directory `dir`, made unless provm's cache has it.
-pub fn resolve(dir: &Path) -> Result<RootDisk, ContainerError> {
-    resolve_in(dir, &cache_dir().join("container-disks"))
+/// The disk of the root directory `dir`, made unless provm's cache has it;
+/// `placeholders` (paths relative to `dir`) are the engine's empty files.
+pub fn resolve(dir: &Path, placeholders: &[PathBuf]) -> Result<RootDisk, ContainerError> {
+    resolve_in(dir, placeholders, &cache_dir().join("container-disks"))
 }
 
-fn resolve_in(dir: &Path, cache: &Path) -> Result<RootDisk, ContainerError> {
+fn resolve_in(
+    dir: &Path,
+    placeholders: &[PathBuf],
+    cache: &Path,
+) -> Result<RootDisk, ContainerError> {
     let write_error = |source| ContainerError::Write {
         path: cache.to_owned(),
         source,
@@ -50,10 +57,11 @@ fn resolve_in(dir: &Path, cache: &Path) -> Result<RootDisk, ContainerError> {
         .prefix(".root-layer-")
         .tempfile_in(cache)
         .map_err(write_error)?;
-    let sha256 = write_layer(dir, layer.as_file()).map_err(|source| ContainerError::Read {
-        path: dir.to_owned(),
-        source,
-    })?;
+    let sha256 =
+        write_layer(dir, placeholders, layer.as_file()).map_err(|source| ContainerError::Read {
+            path: dir.to_owned(),
+            source,
+        })?;
     let disk = cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"));
     if !disk.exists() {
         make_disk(&dir.display().to_string(), 1, &disk, |tree| {
@@ -68,7 +76,7 @@ fn resolve_in(dir: &Path, cache: &Path) -> Result<RootDisk, ContainerError> {
 }
 
 /// Writes the tree under `dir` as a tar to `file`; returns its SHA-256.
-fn write_layer(dir: &Path, file: &File) -> io::Result<String> {
+fn write_layer(dir: &Path, placeholders: &[PathBuf], file: &File) -> io::Result<String> {
     let mut builder = tar::Builder::new(HashingWriter::new(BufWriter::new(file)));
     builder.follow_symlinks(false);
     builder.mode(tar::HeaderMode::Complete);
@@ -78,7 +86,8 @@ fn write_layer(dir: &Path, file: &File) -> io::Result<String> {
         let mut header = tar::Header::new_gnu();
         header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
         header.set_mtime(FIXED_TIME);
-        if meta.is_dir() {
+        let placeholder = meta.is_file() && meta.len() == 0 && placeholders.contains(&relative);
+        if meta.is_dir() || placeholder {
             builder.append_data(&mut header, &relative, io::empty())?;
         } else if meta.file_type().is_symlink() {
             builder.append_link(&mut header, &relative, fs::read_link(&path)?)?;
@@ -135,9 +144,9 @@ mod tests {
         fs::write(root.join("etc/deep/file"), b"one\n").unwrap();
         std::os::unix::fs::symlink("deep/file", root.join("etc/link")).unwrap();
         let cache = dir.path().join("cache");
-        let first = resolve_in(&root, &cache).unwrap();
+        let first = resolve_in(&root, &[], &cache).unwrap();
         assert!(first.disk.exists());
-        let again = resolve_in(&root, &cache).unwrap();
+        let again = resolve_in(&root, &[], &cache).unwrap();
         assert_eq!(again.digest, first.digest);
         assert_eq!(again.disk, first.disk);
         // A directory's time is not the disk's.
@@ -148,9 +157,26 @@ mod tests {
             .unwrap()
             .set_modified(day_one)
             .unwrap();
-        assert_eq!(resolve_in(&root, &cache).unwrap().digest, first.digest);
+        assert_eq!(resolve_in(&root, &[], &cache).unwrap().digest, first.digest);
+        // Nor is an engine's empty placeholder's, but any other file's is.
+        let hosts = PathBuf::from("etc/hosts");
+        fs::write(root.join(&hosts), b"").unwrap();
+        let placeholders = [hosts.clone()];
+        let with_hosts = resolve_in(&root, &placeholders, &cache).unwrap().digest;
+        File::options()
+            .write(true)
+            .open(root.join(&hosts))
+            .unwrap()
+            .set_modified(day_one)
+            .unwrap();
+        assert_eq!(
+            resolve_in(&root, &placeholders, &cache).unwrap().digest,
+            with_hosts
+        );
+        assert_ne!(resolve_in(&root, &[], &cache).unwrap().digest, with_hosts);
+        fs::remove_file(root.join(&hosts)).unwrap();
         fs::write(root.join("etc/deep/file"), b"two\n").unwrap();
-        let changed = resolve_in(&root, &cache).unwrap();
+        let changed = resolve_in(&root, &[], &cache).unwrap();
         assert_ne!(changed.digest, first.digest);
         let listing = std::process::Command::new("debugfs")
             .arg("-R")
