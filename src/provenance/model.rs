@@ -61,6 +61,14 @@ pub enum EntityKind {
     VmOutput,
 }
 
+/// The SHA-256 of nothing: every empty file and stream has it, so it links
+/// no runs (`provm graph RUN...`, `export ro-crate RUN...`).
+pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// What separates the names of content several runs share (`provm graph
+/// RUN...`): a file one run wrote at one path and another read at another.
+pub const NAME_SEPARATOR: &str = " | ";
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entity {
     pub id: String,
@@ -74,6 +82,13 @@ pub struct Entity {
     /// Small textual content: an environment's entries, the command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub content: Vec<String>,
+}
+
+impl Entity {
+    /// Its names: one, or one per path the runs sharing it gave it.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.name.split(NAME_SEPARATOR)
+    }
 }
 
 /// The PROV relations provm records, by their PROV-DM names.
