@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use provm_engine::image::ImageRef;
 
 pub use guest::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs, TimingArgs};
-pub use trace::{BlameArgs, GraphArgs, QueryArgs, ReplayArgs, TraceArgs, VerdictFormat};
+pub use trace::{BlameArgs, GraphArgs, QueryArgs, ReplayArgs, RunsArgs, TraceArgs, VerdictFormat};
 
 #[derive(Parser)]
 #[command(
@@ -204,7 +204,7 @@ pub enum ExportCommand {
     /// start and end. `scripts/check-ro-crate DIR` validates it.
     RoCrate {
         #[command(flatten)]
-        run: TraceArgs,
+        runs: RunsArgs,
         /// The directory to write the crate into: new or empty.
         #[arg(short, long, value_name = "DIR")]
         output: PathBuf,
