@@ -161,3 +161,89 @@ fn renamed(relation: &Relation, id: &impl Fn(&str) -> String) -> Relation {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provenance::model::Activity;
+
+    fn file(id: &str, path: &str, sha256: &str) -> Entity {
+        Entity {
+            id: id.into(),
+            kind: EntityKind::File,
+            name: path.into(),
+            sha256: Some(sha256.into()),
+            size: 1,
+            content: Vec::new(),
+        }
+    }
+
+    /// A run whose one process read `read` and wrote `wrote`.
+    fn run(name: &str, read: Entity, wrote: Entity) -> NamedRun {
+        let relations = vec![
+            Relation::Used {
+                activity: "process/0".into(),
+                entity: read.id.clone(),
+                role: "read".into(),
+            },
+            Relation::WasGeneratedBy {
+                entity: wrote.id.clone(),
+                activity: "process/0".into(),
+            },
+        ];
+        let process = |id: &str| Activity {
+            id: id.into(),
+            exe: "provm run".into(),
+            ..Activity::default()
+        };
+        NamedRun {
+            name: name.into(),
+            graph: Provenance {
+                activities: vec![process(VM_ACTIVITY), process("process/0")],
+                entities: vec![read, wrote],
+                relations,
+            },
+        }
+    }
+
+    #[test]
+    fn what_one_run_wrote_and_the_next_read_is_one_node() {
+        let first = run(
+            "a.provm",
+            file("file/0", "/data/in.txt", "11"),
+            file("file/1", "/out/sorted.txt", "22"),
+        );
+        let second = run(
+            "b.provm",
+            file("file/0", "/in/sorted.txt", "22"),
+            file("file/1", "/out/empty.txt", EMPTY_SHA256),
+        );
+        let alone = combine(vec![run(
+            "a.provm",
+            file("file/0", "/data/in.txt", "11"),
+            file("file/1", "/out/sorted.txt", "22"),
+        )]);
+        assert_eq!(alone, first.graph, "one run's graph is its own");
+
+        let both = combine(vec![first, second]);
+        let shared = both.entity("sha256/22").expect("the shared node");
+        assert_eq!(shared.name, "/out/sorted.txt | /in/sorted.txt");
+        assert!(both.relations.contains(&Relation::WasGeneratedBy {
+            entity: "sha256/22".into(),
+            activity: "run1/process/0".into(),
+        }));
+        assert!(both.relations.contains(&Relation::Used {
+            activity: "run2/process/0".into(),
+            entity: "sha256/22".into(),
+            role: "read".into(),
+        }));
+        let ids: Vec<&str> = both.entities.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["run1/file/0", "sha256/22", "run2/file/1"]);
+        assert_eq!(both.activity("run2/vm").unwrap().exe, "provm run b.provm");
+        // The lineage of a shared file follows it by either name.
+        let upstream =
+            super::super::lineage(&both, "/in/sorted.txt", super::super::Direction::Inputs)
+                .unwrap();
+        assert!(upstream.entity("run1/file/0").is_some(), "{upstream:#?}");
+    }
+}
