@@ -89,6 +89,19 @@ impl Entity {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.name.split(NAME_SEPARATOR)
     }
+
+    /// A version of the file at `path` with content `sha256`, for tests.
+    #[cfg(test)]
+    pub fn test_file(id: &str, path: &str, sha256: &str) -> Entity {
+        Entity {
+            id: id.into(),
+            kind: EntityKind::File,
+            name: path.into(),
+            sha256: Some(sha256.into()),
+            size: 1,
+            content: Vec::new(),
+        }
+    }
 }
 
 /// The PROV relations provm records, by their PROV-DM names.

@@ -168,14 +168,7 @@ mod tests {
     use crate::provenance::model::Activity;
 
     fn file(id: &str, path: &str, sha256: &str) -> Entity {
-        Entity {
-            id: id.into(),
-            kind: EntityKind::File,
-            name: path.into(),
-            sha256: Some(sha256.into()),
-            size: 1,
-            content: Vec::new(),
-        }
+        Entity::test_file(id, path, sha256)
     }
 
     /// A run whose one process read `read` and wrote `wrote`.

@@ -171,32 +171,21 @@ fn two_runs_make_a_provenance_run_crate_linked_by_the_file_they_share() {
     let sorted = out.join("sorted.txt");
     let input = format!("{}:/in/sorted.txt", path(&sorted));
     let output = format!("/out:{}", path(&out));
+    let record = |trace: &Path, transfer: [&str; 2], script: &str| {
+        let prov = trace.with_extension("prov");
+        let mut extra = vec!["--prov", path(&prov)];
+        extra.extend(transfer);
+        let recorded = record_shell(&images().tiny_qcow2, trace, &extra, script);
+        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    };
     {
         let _guest = one_guest_at_a_time();
-        let recorded = record_shell(
-            &images().tiny_qcow2,
+        record(
             &first,
-            &[
-                "--prov",
-                path(&first.with_extension("prov")),
-                "--output",
-                &output,
-            ],
+            ["--output", &output],
             "sort /data/in.txt > /out/sorted.txt",
         );
-        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
-        let recorded = record_shell(
-            &images().tiny_qcow2,
-            &second,
-            &[
-                "--prov",
-                path(&second.with_extension("prov")),
-                "--input",
-                &input,
-            ],
-            "head -n 1 /in/sorted.txt",
-        );
-        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+        record(&second, ["--input", &input], "head -n 1 /in/sorted.txt");
     }
     let shared = sha256_of(b"apple\nfig\npear\n");
     assert_eq!(digest(&sorted), shared);
