@@ -112,7 +112,7 @@ pub const DEPENDS_ON: View = View {
     name: "depends_on",
     doc: "one row per use of content the run did not make: the guest files it read or ran, and the VM's inputs, by SHA-256",
     select: "SELECT f.run, f.sha256, f.kind, f.name AS path, e.source AS process, \
-             COALESCE(p.command, 'provm run') AS command, e.detail AS how \
+             CAST(COALESCE(p.command, 'provm run') AS TEXT) AS command, e.detail AS how \
              FROM files f \
              JOIN edges e ON e.run = f.run AND e.relation = 'used' AND e.target = f.id \
              LEFT JOIN processes p ON p.run = e.run AND p.id = e.source \
