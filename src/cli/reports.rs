@@ -16,7 +16,8 @@ pub fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     for replay in args.runs.replay_options()? {
         let graph = provenance::load_or_derive(&replay, args.from_replay)?;
         if !graph.has_processes() {
-            return Err(provenance::ProvenanceError::Empty.into());
+            let empty = provenance::ProvenanceError::Empty;
+            return Err(format!("{}: {empty}", replay.trace.display()).into());
         }
         let name = host_paths::file_name(&replay.trace);
         runs.push(provenance::NamedRun { name, graph });
