@@ -36,6 +36,9 @@ const PROFILES: [(&str, &str); 4] = [
     ),
 ];
 const SHELL: &str = "#shell";
+/// The Bioschemas profile a workflow entity follows.
+const BIOSCHEMAS_WORKFLOW: &str =
+    "https://bioschemas.org/profiles/ComputationalWorkflow/1.0-RELEASE";
 const ORGANIZE: &str = "#organize";
 
 /// The metadata of a crate of `steps`, in the order they ran, whose
@@ -109,7 +112,10 @@ pub fn metadata(steps: &[Step], workflow: &str, about: &About) -> Value {
         "conformsTo": PROFILES.map(|(profile, _)| json!({ "@id": profile })),
         "hasPart": parts,
         "mainEntity": { "@id": workflow },
-        "mentions": { "@id": ACTION },
+        "mentions": std::iter::once(ACTION)
+            .chain(ids.iter().map(|ids| ids.run.as_str()))
+            .map(|action| json!({ "@id": action }))
+            .collect::<Vec<_>>(),
     });
     let profiles = PROFILES.map(|(id, name)| metadata::profile(id, name));
     let mut graph = metadata::about(about, root, &profiles, provm_version);
@@ -120,6 +126,7 @@ pub fn metadata(steps: &[Step], workflow: &str, about: &About) -> Value {
             "name": "the runs, in the order they ran",
             "description": "A shell script that replays each step's trace in order with provm, which checks that each is the recorded run.",
             "encodingFormat": "text/x-shellscript",
+            "conformsTo": { "@id": BIOSCHEMAS_WORKFLOW },
             "programmingLanguage": { "@id": SHELL },
             "hasPart": ids.iter().map(|ids| json!({ "@id": ids.tool })).collect::<Vec<_>>(),
             "step": ids.iter().map(|ids| json!({ "@id": ids.step })).collect::<Vec<_>>(),
@@ -143,6 +150,7 @@ pub fn metadata(steps: &[Step], workflow: &str, about: &About) -> Value {
             "@id": ACTION,
             "@type": "CreateAction",
             "name": format!("the {} runs", steps.len()),
+            "description": format!("The steps run one after the other, each recorded by provm: {}.", commands.join("; then ")),
             "instrument": { "@id": workflow },
             "object": inputs,
             "result": distinct(results.into_iter()),
@@ -237,14 +245,19 @@ fn merged(entities: Vec<Value>) -> Vec<Value> {
             kept["description"] = json!("Content several steps used or made (see their actions' object and result), identified by its SHA-256; not in this crate.");
         }
         if kept["name"] != entity["name"] {
-            let mut names = kept["alternateName"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
+            let mut names: Vec<Value> = match kept["alternateName"].take() {
+                Value::Array(names) => names,
+                Value::Null => Vec::new(),
+                name => vec![name],
+            };
             if !names.contains(&entity["name"]) {
                 names.push(entity["name"].clone());
             }
-            kept["alternateName"] = json!(names);
+            // One name as a value, not a list of one (RO-Crate's advice).
+            kept["alternateName"] = match names.len() {
+                1 => names.remove(0),
+                _ => json!(names),
+            };
         }
     }
     merged
@@ -266,7 +279,7 @@ mod tests {
         let merged = merged(entities);
         assert_eq!(merged.len(), 2, "{merged:#?}");
         assert_eq!(merged[0]["name"], "/tmp/out.txt");
-        assert_eq!(merged[0]["alternateName"], json!(["/data/in.txt"]));
+        assert_eq!(merged[0]["alternateName"], "/data/in.txt");
         assert!(merged[0]["description"]
             .as_str()
             .unwrap()
