@@ -89,7 +89,7 @@ pub fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error
             );
         }
         ExportCommand::RoCrate {
-            run,
+            runs,
             output,
             license,
             force,
@@ -101,12 +101,7 @@ pub fn export(what: ExportCommand) -> Result<ExitCode, Box<dyn std::error::Error
                 },
                 License::Chosen,
             );
-            provm::export::ro_crate::ro_crate(
-                &run.replay_options(false)?,
-                &output,
-                force,
-                &license,
-            )?;
+            provm::export::ro_crate::ro_crate(&runs.replay_options()?, &output, force, &license)?;
             eprintln!(
                 "provm: wrote the RO-Crate {}; scripts/check-ro-crate validates it",
                 output.display()

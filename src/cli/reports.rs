@@ -6,16 +6,23 @@ use std::process::ExitCode;
 
 use provm::output::refuse_existing;
 use provm::provenance::{self, Direction};
+use provm_engine::host_paths;
 
 use super::args::{BlameArgs, GraphArgs, QueryArgs};
 
 pub fn graph(args: GraphArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_existing(args.force, [args.output.as_deref()])?;
-    let replay = args.run.replay_options(false)?;
-    let mut document = provenance::load_or_derive(&replay, args.from_replay)?;
-    if !document.has_processes() {
-        return Err(provenance::ProvenanceError::Empty.into());
+    let mut runs = Vec::new();
+    for replay in args.runs.replay_options()? {
+        let graph = provenance::load_or_derive(&replay, args.from_replay)?;
+        if !graph.has_processes() {
+            let empty = provenance::ProvenanceError::Empty;
+            return Err(format!("{}: {empty}", replay.trace.display()).into());
+        }
+        let name = host_paths::file_name(&replay.trace);
+        runs.push(provenance::NamedRun { name, graph });
     }
+    let mut document = provenance::combine(runs);
     let query = match (args.inputs_of, args.outputs_of) {
         (Some(path), _) => Some((path, Direction::Inputs)),
         (None, Some(path)) => Some((path, Direction::Outputs)),

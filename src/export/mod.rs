@@ -39,6 +39,8 @@ pub enum ExportError {
     Files(String),
     #[error("export oci: {0}")]
     Oci(String),
+    #[error("{0}: another run of the crate has its file name, which the crate keeps it under; copy one under another name")]
+    SameName(PathBuf),
     #[error("{0}: no such trace; name the .provm files that provm record wrote")]
     NoTrace(PathBuf),
     #[error(

@@ -13,6 +13,7 @@ mod noise;
 mod prov_json;
 mod query;
 mod record;
+mod runs;
 mod store;
 
 use std::path::PathBuf;
@@ -21,11 +22,12 @@ pub use capture::{build, Boundary, VmBoundary};
 pub use derived::{load_or_derive, of_trace, DerivedProvenance};
 pub use files::{inputs as input_files, outputs as output_files, Output};
 pub use inputs::{of_machine as machine_inputs, of_trace as trace_inputs};
-pub use model::{Activity, Entity, EntityKind, Provenance, Relation, VM_ACTIVITY};
+pub use model::{Activity, Entity, EntityKind, Provenance, Relation, EMPTY_SHA256, VM_ACTIVITY};
 pub use noise::noise_kind;
 pub use prov_json::NAMESPACE;
 pub use query::{lineage, Direction};
 pub use record::ProvenanceCapture;
+pub use runs::{combine, NamedRun};
 pub use store::{load, save, text_boundary};
 
 #[derive(Debug, thiserror::Error)]

@@ -61,6 +61,14 @@ pub enum EntityKind {
     VmOutput,
 }
 
+/// The SHA-256 of nothing: every empty file and stream has it, so it links
+/// no runs (`provm graph RUN...`, `export ro-crate RUN...`).
+pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// What separates the names of content several runs share (`provm graph
+/// RUN...`): a file one run wrote at one path and another read at another.
+pub const NAME_SEPARATOR: &str = " | ";
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entity {
     pub id: String,
@@ -74,6 +82,26 @@ pub struct Entity {
     /// Small textual content: an environment's entries, the command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub content: Vec<String>,
+}
+
+impl Entity {
+    /// Its names: one, or one per path the runs sharing it gave it.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.name.split(NAME_SEPARATOR)
+    }
+
+    /// A version of the file at `path` with content `sha256`, for tests.
+    #[cfg(test)]
+    pub fn test_file(id: &str, path: &str, sha256: &str) -> Entity {
+        Entity {
+            id: id.into(),
+            kind: EntityKind::File,
+            name: path.into(),
+            sha256: Some(sha256.into()),
+            size: 1,
+            content: Vec::new(),
+        }
+    }
 }
 
 /// The PROV relations provm records, by their PROV-DM names.

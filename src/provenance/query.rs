@@ -25,7 +25,7 @@ pub fn lineage(
     let versions: Vec<&str> = document
         .entities
         .iter()
-        .filter(|entity| entity.kind == EntityKind::File && entity.name == path)
+        .filter(|entity| entity.kind == EntityKind::File && entity.names().any(|name| name == path))
         .map(|entity| entity.id.as_str())
         .collect();
     let start: Vec<&str> = match direction {
@@ -60,8 +60,9 @@ fn not_touched(document: &Provenance, path: &str) -> ProvenanceError {
         .entities
         .iter()
         .filter(|entity| entity.kind == EntityKind::File)
-        .filter(|entity| entity.name.rsplit('/').next() == Some(name))
-        .map(|entity| entity.name.clone())
+        .flat_map(|entity| entity.names())
+        .filter(|touched| touched.rsplit('/').next() == Some(name))
+        .map(str::to_owned)
         .collect();
     similar.sort();
     similar.dedup();

@@ -131,17 +131,10 @@ pub fn files_written(run: &Provenance) -> BTreeMap<String, Written> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provenance::{Activity, Entity, EntityKind, Relation};
+    use crate::provenance::{Activity, Entity, Relation};
 
     fn file(id: &str, path: &str, sha256: &str) -> Entity {
-        Entity {
-            id: id.into(),
-            kind: EntityKind::File,
-            name: path.into(),
-            sha256: Some(sha256.into()),
-            size: 1,
-            content: Vec::new(),
-        }
+        Entity::test_file(id, path, sha256)
     }
 
     fn generated(entity: &str) -> Relation {

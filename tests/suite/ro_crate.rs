@@ -2,7 +2,10 @@
 //! Process Run Crate under roc-validator and loads with ro-crate-py
 //! (`scripts/check-ro-crate`, which installs both from PyPI into provm's
 //! cache on first use), and the same crate without the profile's
-//! conformsTo is refused by the validator.
+//! conformsTo is refused by the validator. Two runs, the second reading
+//! what the first wrote, make a valid Provenance Run Crate in which that
+//! file is one entity; `provm graph` draws it as one node and `provm
+//! query` names the run that depends on it.
 
 use crate::common;
 
@@ -158,6 +161,138 @@ fn a_recorded_runs_crate_is_a_valid_process_run_crate() {
     assert!(forced.stderr.contains("no --license"), "{}", forced.stderr);
 }
 
+/// Run 1 sorts a file into /out, which --output copies to the host; run 2
+/// gets that copy with --input at another path and reads it.
+#[test]
+fn two_runs_make_a_provenance_run_crate_linked_by_the_file_they_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("sort.provm"), dir.path().join("head.provm"));
+    let out = dir.path().join("out");
+    let sorted = out.join("sorted.txt");
+    let input = format!("{}:/in/sorted.txt", path(&sorted));
+    let output = format!("/out:{}", path(&out));
+    let record = |trace: &Path, transfer: [&str; 2], script: &str| {
+        let prov = trace.with_extension("prov");
+        let mut extra = vec!["--prov", path(&prov)];
+        extra.extend(transfer);
+        let recorded = record_shell(&images().tiny_qcow2, trace, &extra, script);
+        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    };
+    {
+        let _guest = one_guest_at_a_time();
+        record(
+            &first,
+            ["--output", &output],
+            "sort /data/in.txt > /out/sorted.txt",
+        );
+        record(&second, ["--input", &input], "head -n 1 /in/sorted.txt");
+    }
+    let shared = sha256_of(b"apple\nfig\npear\n");
+    assert_eq!(digest(&sorted), shared);
+
+    let crate_dir = dir.path().join("crate");
+    let exported = provm(&[
+        "export",
+        "ro-crate",
+        path(&first),
+        path(&second),
+        "-o",
+        path(&crate_dir),
+    ]);
+    assert_eq!(exported.status, 0, "{}", exported.stderr);
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(crate_dir.join("ro-crate-metadata.json")).unwrap())
+            .unwrap();
+    // One entity for the file, whatever each run called it: a result of
+    // step 1 and an object of step 2.
+    let file_id = format!("#sha256-{shared}");
+    let file = entity(&metadata, &file_id);
+    assert_eq!(file["name"], "/out/sorted.txt");
+    assert_eq!(file["alternateName"], "/in/sorted.txt");
+    let ids = |action: &str, property: &str| -> Vec<String> {
+        referred(&metadata, entity(&metadata, action), property)
+            .iter()
+            .map(|entity| entity["@id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(ids("#step-1/run", "result").contains(&file_id));
+    assert!(ids("#step-2/run", "object").contains(&file_id));
+    assert!(
+        !ids("#run", "object").contains(&file_id),
+        "made by a step, not the workflow's input"
+    );
+    assert_eq!(
+        ids("#organize", "object"),
+        ["#step-1/control", "#step-2/control"]
+    );
+    let workflow = entity(&metadata, "workflow.sh");
+    assert!(std::fs::read_to_string(crate_dir.join("workflow.sh"))
+        .unwrap()
+        .contains("provm replay head.provm"));
+    assert_eq!(workflow["step"].as_array().unwrap().len(), 2);
+
+    let (valid, report) = check_ro_crate(&crate_dir);
+    assert!(valid, "the crate is not valid: {report}");
+    assert!(
+        report.contains("RO-Crate is a valid provenance-run-crate"),
+        "{report}"
+    );
+    // The check can fail: a workflow that does not name its steps is not
+    // a Provenance Run Crate.
+    let broken = edited_copy(&crate_dir, &dir.path().join("broken"), |graph| {
+        let workflow = graph
+            .iter_mut()
+            .find(|e| e["@id"] == "workflow.sh")
+            .unwrap();
+        workflow.as_object_mut().unwrap().remove("step").unwrap();
+    });
+    let (valid, report) = check_ro_crate(&broken);
+    assert!(!valid, "a workflow without its steps passed: {report}");
+    assert!(report.contains("HowToStep"), "{report}");
+
+    // The graph of both runs: one node for the file, written by run 1 and
+    // read by run 2.
+    let graph = provm(&["graph", path(&first), path(&second)]);
+    assert_eq!(graph.status, 0, "{}", graph.stderr);
+    let node = format!("\"sha256/{shared}\"");
+    let drawn = |what: &str| {
+        graph
+            .stdout
+            .lines()
+            .filter(|line| line.contains(what))
+            .count()
+    };
+    assert_eq!(
+        drawn(&format!("{node} [shape=ellipse")),
+        1,
+        "{}",
+        graph.stdout
+    );
+    assert_eq!(drawn(&format!("{node} -> \"run1/")), 1, "{}", graph.stdout);
+    assert_eq!(
+        drawn(&format!("\"run2/process/0\" -> {node} [label=\"used\"]")),
+        1,
+        "{}",
+        graph.stdout
+    );
+
+    // Which runs depend on the file: the second.
+    let sql = format!("SELECT DISTINCT run, path FROM depends_on WHERE sha256 = '{shared}'");
+    let query = provm(&[
+        "query",
+        "--format",
+        "csv",
+        path(&first),
+        path(&second),
+        &sql,
+    ]);
+    assert_eq!(query.status, 0, "{}", query.stderr);
+    assert_eq!(
+        query.stdout,
+        format!("run,path\n{},/in/sorted.txt\n", path(&second))
+    );
+}
+
 fn sha256_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     provm_trace::hex(&sha2::Sha256::digest(bytes))
@@ -165,6 +300,17 @@ fn sha256_of(bytes: &[u8]) -> String {
 
 /// A copy of the crate in `copy` whose root no longer names the profile.
 fn without_conforms_to(crate_dir: &Path, copy: &Path) -> PathBuf {
+    edited_copy(crate_dir, copy, |graph| {
+        let root = graph
+            .iter_mut()
+            .find(|entity| entity["@id"] == "./")
+            .unwrap();
+        root.as_object_mut().unwrap().remove("conformsTo").unwrap();
+    })
+}
+
+/// A copy of the crate in `copy` whose metadata's graph `edit` changed.
+fn edited_copy(crate_dir: &Path, copy: &Path, edit: impl FnOnce(&mut Vec<Value>)) -> PathBuf {
     std::fs::create_dir(copy).unwrap();
     for entry in std::fs::read_dir(crate_dir).unwrap() {
         let entry = entry.unwrap();
@@ -173,12 +319,7 @@ fn without_conforms_to(crate_dir: &Path, copy: &Path) -> PathBuf {
     let metadata_path = copy.join("ro-crate-metadata.json");
     let mut metadata: Value =
         serde_json::from_slice(&std::fs::read(&metadata_path).unwrap()).unwrap();
-    let graph = metadata["@graph"].as_array_mut().unwrap();
-    let root = graph
-        .iter_mut()
-        .find(|entity| entity["@id"] == "./")
-        .unwrap();
-    root.as_object_mut().unwrap().remove("conformsTo").unwrap();
+    edit(metadata["@graph"].as_array_mut().unwrap());
     // Replaced, not written through the hard link into the original.
     std::fs::remove_file(&metadata_path).unwrap();
     std::fs::write(&metadata_path, serde_json::to_vec(&metadata).unwrap()).unwrap();

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use provm_engine::image::ImageRef;
 
 pub use guest::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs, TimingArgs};
-pub use trace::{BlameArgs, GraphArgs, QueryArgs, ReplayArgs, TraceArgs, VerdictFormat};
+pub use trace::{BlameArgs, GraphArgs, QueryArgs, ReplayArgs, RunsArgs, TraceArgs, VerdictFormat};
 
 #[derive(Parser)]
 #[command(
@@ -80,7 +80,8 @@ pub enum Command {
     },
     /// Show the provenance of a run captured with `--prov` (RUN: the file it
     /// wrote, or the trace of `provm record --prov`): which processes read
-    /// and wrote which files.
+    /// and wrote which files. Several runs make one graph, in which a file
+    /// one run left written and another read is one node (by SHA-256).
     Graph(GraphArgs),
     /// Ask recorded runs a question in SQL (SQLite's): `provm query
     /// run.provm "SELECT kind, count(*) FROM events GROUP BY kind"`. Several
@@ -201,10 +202,13 @@ pub enum ExportCommand {
     /// ro-crate-metadata.json, a Workflow Run RO-Crate (Process Run Crate)
     /// describing the run: the command, its inputs and outputs (from its
     /// provenance: recorded with --prov, else derived by replaying it), its
-    /// start and end. `scripts/check-ro-crate DIR` validates it.
+    /// start and end. Several runs (in the order they ran) make a
+    /// Provenance Run Crate: each run a step, its files identified by
+    /// SHA-256, so that a file one run left written and a later one read is
+    /// one entity. `scripts/check-ro-crate DIR` validates either.
     RoCrate {
         #[command(flatten)]
-        run: TraceArgs,
+        runs: RunsArgs,
         /// The directory to write the crate into: new or empty.
         #[arg(short, long, value_name = "DIR")]
         output: PathBuf,

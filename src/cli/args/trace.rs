@@ -46,6 +46,37 @@ impl TraceArgs {
     }
 }
 
+/// One run or several (`graph`, `export ro-crate`): TraceArgs' trace, then
+/// more, each read as that one is.
+#[derive(clap::Args)]
+pub struct RunsArgs {
+    #[command(flatten)]
+    pub first: TraceArgs,
+    /// More runs, in the order they ran: a file one left written and a
+    /// later one read, with the same SHA-256, is one entity.
+    #[arg(value_name = "RUN")]
+    pub more: Vec<PathBuf>,
+}
+
+impl RunsArgs {
+    /// How to read each run, in order (`--image` and `--timeout` apply to
+    /// every run that is replayed).
+    pub fn replay_options(self) -> Result<Vec<ReplayOptions>, ContainerError> {
+        let first = self.first.replay_options(false)?;
+        let more: Vec<ReplayOptions> = self
+            .more
+            .into_iter()
+            .map(|trace| ReplayOptions {
+                trace,
+                image: first.image.clone(),
+                timeout: first.timeout,
+                echo_console: false,
+            })
+            .collect();
+        Ok(std::iter::once(first).chain(more).collect())
+    }
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum VerdictFormat {
     Text,
@@ -163,11 +194,11 @@ impl BlameArgs {
 
 #[derive(clap::Args)]
 pub struct GraphArgs {
-    /// RUN: the run's provenance, as `provm run --prov` wrote it, or a
+    /// TRACE: the run's provenance, as `provm run --prov` wrote it, or a
     /// trace: its embedded provenance (`provm record --prov`), else the
     /// provenance derived from its system calls by replaying it.
     #[command(flatten)]
-    pub run: TraceArgs,
+    pub runs: RunsArgs,
     /// Derive the graph from a replay of the trace even if it embeds the
     /// in-guest tracer's (to compare the two).
     #[arg(long)]

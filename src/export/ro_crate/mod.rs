@@ -3,10 +3,14 @@
 //! ro-crate-metadata.json describing the run as a Workflow Run RO-Crate
 //! (Process Run Crate profile): the command as a CreateAction whose
 //! instrument is provm, its inputs and outputs from the run's provenance,
-//! its start and end. `scripts/check-ro-crate` validates it.
+//! its start and end. Several runs make a Provenance Run Crate instead,
+//! each run a step of a workflow (workflow.rs). `scripts/check-ro-crate`
+//! validates either.
 
 mod metadata;
 mod readme;
+mod step;
+mod workflow;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,27 +23,60 @@ pub use metadata::License;
 use super::ExportError;
 use crate::output::AtomicFile;
 use crate::provenance::{self, Provenance};
-use metadata::{CrateFile, Run};
+use metadata::{About, Run};
 use provm_engine::digest::file_sha256;
 use provm_engine::host_paths;
 use provm_engine::replay::ReplayOptions;
+use step::{CrateFile, Step};
 
 const METADATA: &str = "ro-crate-metadata.json";
 const README: &str = "README.md";
+const WORKFLOW: &str = "workflow.sh";
 
-/// Writes the RO-Crate of the run `run` names into `dir` (new or empty,
-/// unless `force`), under `license`; the trace is read and verified once
-/// (and replayed if its provenance must be derived).
+/// Writes the RO-Crate of the runs `runs` name (in the order they ran)
+/// into `dir` (new or empty, unless `force`), under `license`; each trace
+/// is read and verified once (and replayed if its provenance must be
+/// derived).
 pub fn ro_crate(
-    run: &ReplayOptions,
+    runs: &[ReplayOptions],
     dir: &Path,
     force: bool,
     license: &License,
 ) -> Result<PathBuf, ExportError> {
+    refuse_same_names(runs)?;
     let dir = CrateDir::claim(dir, force)?;
-    let trace = Trace::open(&run.trace)?;
-    let graph = provenance::of_trace(&trace, run, false)?;
-    dir.write(&run.trace, &trace, &graph, license)
+    let mut recorded = Vec::new();
+    for run in runs {
+        let trace = Trace::open(&run.trace)?;
+        let graph = provenance::of_trace(&trace, run, false)?;
+        recorded.push(Recorded {
+            path: &run.trace,
+            trace,
+            graph,
+        });
+    }
+    dir.write(&recorded, license)
+}
+
+/// The traces are copied into the crate under their file names: two runs
+/// may not share one.
+fn refuse_same_names(runs: &[ReplayOptions]) -> Result<(), ExportError> {
+    let mut names = std::collections::HashSet::new();
+    match runs
+        .iter()
+        .find(|run| !names.insert(host_paths::file_name(&run.trace)))
+    {
+        Some(again) => Err(ExportError::SameName(again.trace.clone())),
+        None => Ok(()),
+    }
+}
+
+/// A run to put in a crate: where its trace is, the trace read, its
+/// provenance.
+pub struct Recorded<'a> {
+    pub path: &'a Path,
+    pub trace: Trace,
+    pub graph: Provenance,
 }
 
 /// The directory a crate is written into: empty or new, unless forced.
@@ -67,16 +104,57 @@ impl CrateDir {
         Ok(CrateDir(dir.to_owned()))
     }
 
-    /// Writes the crate of the run `trace` (read from `run`) whose
-    /// provenance is `graph`: the trace copied, the README, the metadata,
-    /// each file whole or not at all. Returns the metadata's path.
-    pub fn write(
-        self,
-        run: &Path,
-        trace: &Trace,
-        graph: &Provenance,
-        license: &License,
-    ) -> Result<PathBuf, ExportError> {
+    /// Writes the crate of `runs`: each trace copied, the README, the
+    /// metadata (and with several runs the workflow script), each file
+    /// whole or not at all. Returns the metadata's path.
+    pub fn write(self, runs: &[Recorded], license: &License) -> Result<PathBuf, ExportError> {
+        let copies = runs
+            .iter()
+            .map(|run| self.copy(run.path))
+            .collect::<Result<Vec<CrateFile>, ExportError>>()?;
+        let steps: Vec<Step> = runs
+            .iter()
+            .zip(&copies)
+            .map(|(run, trace)| Step {
+                manifest: &run.trace.manifest,
+                outcome: &run.trace.outcome,
+                graph: &run.graph,
+                trace,
+                embeds_image: run.trace.has_image,
+            })
+            .collect();
+        let about = About {
+            readme: README,
+            license,
+            published_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs()),
+        };
+        let (readme, metadata) = match steps.as_slice() {
+            [step] => (
+                readme::readme(step),
+                metadata::metadata(&Run {
+                    step,
+                    about: &about,
+                }),
+            ),
+            steps => {
+                let script = workflow::script(steps);
+                AtomicFile::write(&self.0.join(WORKFLOW), true, script.as_bytes())?;
+                (
+                    readme::workflow_readme(steps, WORKFLOW),
+                    workflow::metadata(steps, WORKFLOW, &about),
+                )
+            }
+        };
+        AtomicFile::write(&self.0.join(README), true, readme.as_bytes())?;
+        let mut json = serde_json::to_vec_pretty(&metadata).expect("a JSON value serialises");
+        json.push(b'\n');
+        Ok(AtomicFile::write(&self.0.join(METADATA), true, &json)?)
+    }
+
+    /// Copies the trace at `run` into the crate, under its file name.
+    fn copy(&self, run: &Path) -> Result<CrateFile, ExportError> {
         let io_error = |path: &Path| {
             let path = path.to_owned();
             move |source| ExportError::Io { path, source }
@@ -89,28 +167,11 @@ impl CrateDir {
             .and_then(|mut trace| std::io::copy(&mut trace, copy.file()))
             .map_err(io_error(run))?;
         let copied = copy.commit()?;
-        let trace_file = CrateFile {
+        Ok(CrateFile {
             size: fs::metadata(&copied).map_err(io_error(&copied))?.len(),
             sha256: file_sha256(&copied).map_err(io_error(&copied))?,
             name,
-        };
-        let readme = readme::readme(&trace.manifest, &trace_file, trace.has_image);
-        AtomicFile::write(&self.0.join(README), true, readme.as_bytes())?;
-        let published_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs());
-        let metadata = metadata::metadata(&Run {
-            manifest: &trace.manifest,
-            outcome: &trace.outcome,
-            graph,
-            trace: &trace_file,
-            readme: README,
-            license,
-            published_unix,
-        });
-        let mut json = serde_json::to_vec_pretty(&metadata).expect("a JSON value serialises");
-        json.push(b'\n');
-        Ok(AtomicFile::write(&self.0.join(METADATA), true, &json)?)
+        })
     }
 }
 

@@ -31,7 +31,7 @@ pub const TABLES: &[Table] = &[
 ];
 
 /// Every view.
-pub const VIEWS: &[View] = &[events::EXITS];
+pub const VIEWS: &[View] = &[events::EXITS, provenance::DEPENDS_ON];
 
 pub struct Column {
     pub name: &'static str,

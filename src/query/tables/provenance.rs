@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::Kind::{Integer, Text, UnixNanos};
-use super::{column, Rows, Table};
+use super::{column, Rows, Table, View};
 use crate::provenance::{Provenance, Relation, VM_ACTIVITY};
 use crate::query::{QueryError, Run};
 
@@ -102,6 +102,30 @@ pub const EDGES: Table = Table {
     indexes: &["source", "target"],
     fill: fill_edges,
     from_replay: false,
+};
+
+/// Content a run depends on, by digest: across runs, "which runs depend on
+/// this file" is `SELECT DISTINCT run FROM depends_on WHERE sha256 = ?`.
+/// Only the run's own rows (what it made itself is left out), so each
+/// run's Parquet partition holds its part of the view.
+pub const DEPENDS_ON: View = View {
+    name: "depends_on",
+    doc: "one row per use of content the run did not make: the guest files it read or ran, and the VM's inputs, by SHA-256",
+    select: "SELECT f.run, f.sha256, f.kind, f.name AS path, e.source AS process, \
+             CAST(COALESCE(p.command, 'provm run') AS TEXT) AS command, e.detail AS how \
+             FROM files f \
+             JOIN edges e ON e.run = f.run AND e.relation = 'used' AND e.target = f.id \
+             LEFT JOIN processes p ON p.run = e.run AND p.id = e.source \
+             WHERE f.sha256 IS NOT NULL AND f.kind IN ('file', 'vm-input') AND NOT EXISTS \
+             (SELECT 1 FROM edges g WHERE g.run = f.run AND g.relation = 'wasGeneratedBy' AND g.source = f.id)",
+    columns: &[
+        column("sha256", Text, "the content's SHA-256: the same in every run that used it"),
+        column("kind", Text, "file or vm-input"),
+        column("path", Text, "its path in the guest as this run saw it, or the VM input's name"),
+        column("process", Text, "the id of the process that used it (processes.id; vm: the VM)"),
+        column("command", Text, "that process's command, for people"),
+        column("how", Text, "read, execute, or input (the VM's)"),
+    ],
 };
 
 fn graph(run: &Run) -> Option<&Provenance> {
