@@ -757,6 +757,8 @@ pub struct ContainerImage {
     pub oci: String,
     /// `docker-archive:FILE:NAME:TAG`.
     pub docker_archive: String,
+    /// That FILE, as `docker save` writes one.
+    pub archive: PathBuf,
     /// The layout's directory.
     pub layout: PathBuf,
 }
@@ -793,6 +795,7 @@ pub fn container_image() -> &'static ContainerImage {
         ContainerImage {
             oci: format!("oci:{}:test", layout.display()),
             docker_archive: format!("docker-archive:{}:provm/test:1", archive.display()),
+            archive,
             layout,
         }
     })

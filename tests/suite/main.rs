@@ -7,6 +7,7 @@
 mod analysis;
 mod blame;
 mod container_images;
+mod containerd;
 mod corpus;
 mod data_io;
 mod diff;

@@ -91,6 +91,13 @@ fn write_layer(dir: &Path, placeholders: &[PathBuf], file: &File) -> io::Result<
             builder.append_data(&mut header, &relative, io::empty())?;
         } else if meta.file_type().is_symlink() {
             builder.append_link(&mut header, &relative, fs::read_link(&path)?)?;
+        } else if is_special(&meta) {
+            // The tar crate's own append of a device node or a FIFO names
+            // it by its host path, absolute, which it then refuses.
+            use std::os::unix::fs::MetadataExt;
+            header.set_device_major(libc::major(meta.rdev()))?;
+            header.set_device_minor(libc::minor(meta.rdev()))?;
+            builder.append_data(&mut header, &relative, io::empty())?;
         } else {
             builder.append_path_with_name(&path, &relative)?;
         }
@@ -98,6 +105,12 @@ fn write_layer(dir: &Path, placeholders: &[PathBuf], file: &File) -> io::Result<
     let (mut writer, digested) = builder.into_inner()?.into_parts();
     writer.flush()?;
     Ok(digested.sha256)
+}
+
+/// A device node or a FIFO: an entry with no content.
+fn is_special(meta: &fs::Metadata) -> bool {
+    let kind = meta.file_type();
+    kind.is_char_device() || kind.is_block_device() || kind.is_fifo()
 }
 
 /// Every entry under `dir`, relative to it, each directory before what it
@@ -192,6 +205,27 @@ mod tests {
             .filter(|name| name.to_string_lossy().starts_with(".root-layer-"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// A FIFO, as a device node (an image's /dev/null), is an entry of the
+    /// disk, as the tree has it.
+    #[test]
+    fn a_fifo_in_the_root_is_made_into_one_on_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        fs::create_dir_all(root.join("srv")).unwrap();
+        let fifo = std::ffi::CString::new(root.join("srv/fifo").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated name, which outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+        let made = resolve_in(&root, &dir.path().join("cache")).unwrap();
+        let shown = std::process::Command::new("debugfs")
+            .arg("-R")
+            .arg("stat /srv/fifo")
+            .arg(&made.disk)
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&shown.stdout);
+        assert!(shown.contains("Type: FIFO"), "{shown}");
     }
 
     #[test]
