@@ -24,8 +24,8 @@ pub enum KernelError {
     SourceMissing,
     #[error("`{0}` is needed to build the kernel; install the build tools with: apt-get install {BUILD_PACKAGES}")]
     ToolMissing(&'static str),
-    #[error("the guest kernel has not been built yet; build it (a few minutes, once) with: provm kernel build")]
-    NotBuilt,
+    #[error("the guest kernel{} has not been built yet; build it (a few minutes, once) with: provm kernel build{}", .0.described(), .0.build_flag())]
+    NotBuilt(Variant),
     #[error("the kernel build failed (exit status {0}); its output is above")]
     BuildFailed(std::process::ExitStatus),
     #[error("kernel build: {0}")]
@@ -78,6 +78,23 @@ impl Variant {
             Variant::Smp
         } else {
             Variant::Up
+        }
+    }
+
+    /// How `NotBuilt` names it: the SMP one, for a guest of more than one
+    /// vCPU, is a kernel of its own.
+    fn described(self) -> &'static str {
+        match self {
+            Variant::Up => "",
+            Variant::Smp => " for more than one vCPU (--cpus N)",
+        }
+    }
+
+    /// The `provm kernel build` flag that builds it.
+    fn build_flag(self) -> &'static str {
+        match self {
+            Variant::Up => "",
+            Variant::Smp => " --smp",
         }
     }
 
@@ -152,7 +169,7 @@ pub fn find(variant: Variant) -> Result<PathBuf, KernelError> {
     if vmlinux.exists() {
         Ok(vmlinux)
     } else {
-        Err(KernelError::NotBuilt)
+        Err(KernelError::NotBuilt(variant))
     }
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use provm_engine::machine::Prepared;
 use provm_engine::session::GuestSession;
@@ -186,7 +187,7 @@ pub fn record_until_warned(
 /// beside other work, whose whole machine is emulated): three times this
 /// run's time, plus 5 s.
 pub fn warm_then_time_limit(image: &Path, floor: u64) -> String {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let warm = provm(&["run", path(image), "--", "true"]);
     assert_eq!(warm.status, 0, "{}", warm.stderr);
     (3 * started.elapsed().as_secs() + 5).max(floor).to_string()
@@ -195,7 +196,7 @@ pub fn warm_then_time_limit(image: &Path, floor: u64) -> String {
 /// The guest `options` run in, on the image `prepared` checked, started
 /// from the booted guest's snapshot with nothing observing it.
 pub fn start_guest(options: &RunOptions, prepared: &Prepared) -> GuestSession {
-    let deadline = std::time::Instant::now() + options.timeout;
+    let deadline = Instant::now() + options.timeout;
     let booted = Booted::of(prepared, deadline).unwrap();
     provm_engine::start::start(
         options,
@@ -846,4 +847,17 @@ fn container_layers() -> Vec<Vec<u8>> {
     });
     let top = written(&|l| l.file("work/hello", 0o644, b"hello\n"));
     vec![base, middle, top]
+}
+
+/// Stops a daemon a test started: SIGTERM, then SIGKILL if it is still
+/// there `grace` later.
+pub fn stop_daemon(daemon: &mut Child, grace: Duration) {
+    // SAFETY: kill(2) on our child's PID, which it keeps until waited for.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while daemon.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
 }

@@ -150,14 +150,7 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our child's PID, which it keeps until waited for.
-        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.daemon.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
+        common::stop_daemon(&mut self.daemon, Duration::from_secs(10));
     }
 }
 

@@ -120,14 +120,7 @@ impl Drop for Docker {
     /// SIGTERM, which stops dockerd's containers and its containerd; SIGKILL
     /// if it is still there 20 s on.
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our child's PID, which it keeps until waited for.
-        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.daemon.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
+        common::stop_daemon(&mut self.daemon, Duration::from_secs(20));
     }
 }
 
@@ -138,16 +131,7 @@ fn docker_runs_a_recorded_container_and_docker_stop_signals_its_command() {
     let scratch = common::scratch(module_path!());
     let traces = scratch.join("traces");
     let docker = Docker::start(&runtime, &scratch.join("docker"), &traces);
-    let tar = scratch.join("busybox.tar");
-    let packed = Command::new("tar")
-        .arg("-C")
-        .arg(crate::runtime::root_with_users(&scratch))
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(packed.success());
+    let tar = crate::runtime::image_tar(&scratch);
     docker.expect(&["import", tar.to_str().unwrap(), IMAGE], 0);
 
     let provm = ["--runtime", "provm", "--network", "none"];

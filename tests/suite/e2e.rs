@@ -393,17 +393,20 @@ fn bad_input_gets_a_clear_error() {
     );
     assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
 
-    // A machine where the kernel was never built: both commands say what to run.
+    // A machine where the kernel was never built: each command says what
+    // to run, the SMP kernel's for a guest of more than one vCPU.
     let empty_cache = dir.join("empty-cache");
-    for args in [&["kernel", "path"][..], &["run", tiny, "--", "true"]] {
+    let single =
+        "has not been built yet; build it (a few minutes, once) with: provm kernel build\n";
+    let smp = "for more than one vCPU (--cpus N) has not been built yet; build it (a few minutes, once) with: provm kernel build --smp\n";
+    for (args, told) in [
+        (&["kernel", "path"][..], single),
+        (&["run", tiny, "--", "true"], single),
+        (&["run", "--cpus", "2", tiny, "--", "true"], smp),
+    ] {
         let run = provm_with_env(args, &[("PROVM_CACHE", &empty_cache)]);
         assert_eq!(run.status, PROVM_FAILED, "{}", run.stderr);
-        assert!(
-            run.stderr.contains("has not been built yet")
-                && run.stderr.contains("provm kernel build"),
-            "{}",
-            run.stderr
-        );
+        assert!(run.stderr.contains(told), "{}", run.stderr);
     }
 }
 

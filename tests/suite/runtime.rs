@@ -92,16 +92,7 @@ fn podman() -> &'static Podman {
             traces,
             runtime,
         };
-        let tar = podman.dir.join("busybox.tar");
-        let packed = Command::new("tar")
-            .arg("-C")
-            .arg(root_with_users(&podman.dir))
-            .arg("-cf")
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap();
-        assert!(packed.success());
+        let tar = image_tar(&podman.dir);
         let imported = podman
             .command()
             .args(["import"])
@@ -124,7 +115,22 @@ fn podman() -> &'static Podman {
 /// into each container's root, which then makes a disk of its own and
 /// boots anew. Fixed times, so that every test run's image is the same
 /// and shares one disk and its booted guest.
-pub fn root_with_users(dir: &Path) -> PathBuf {
+/// The image the engines import, in `dir`: `root_with_users` as a tar.
+pub fn image_tar(dir: &Path) -> PathBuf {
+    let tar = dir.join("busybox.tar");
+    let packed = Command::new("tar")
+        .arg("-C")
+        .arg(root_with_users(dir))
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    tar
+}
+
+fn root_with_users(dir: &Path) -> PathBuf {
     let root = dir.join("rootfs");
     let copied = Command::new("cp")
         .arg("-a")
@@ -314,6 +320,51 @@ fn a_terminal_and_a_user_and_recording_turned_off() {
     // Through the terminal, whose line discipline ends lines with CR LF.
     assert_eq!(text(&output.stdout), "uid 1000:100\r\n");
     assert!(!podman.trace(&id).exists());
+}
+
+/// `scripts/install-node` puts provm, the runtime and the shim where the
+/// engines find them, the very files the build made, and builds both
+/// guest kernels (here already built, so it only finds them).
+#[test]
+fn a_node_is_made_ready_in_one_step() {
+    let prefix = scratch(module_path!()).join("node");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-node");
+    let installed = Command::new(script).arg(&prefix).output().unwrap();
+    assert!(installed.status.success(), "{}", text(&installed.stderr));
+    let built = binary().with_file_name("");
+    for program in ["provm", "provm-runtime", "containerd-shim-provm-v1"] {
+        let copy = prefix.join("bin").join(program);
+        assert!(
+            std::fs::read(&copy).unwrap() == std::fs::read(built.join(program)).unwrap(),
+            "{program} differs from the build's"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o111, 0o111, "{program} is not executable");
+    }
+    for variant in [&["kernel", "path"][..], &["kernel", "path", "--smp"]] {
+        let found = provm(variant);
+        assert_eq!(found.status, 0, "{variant:?}: {}", found.stderr);
+    }
+    // Nothing built to install from: the error names the build.
+    let empty = scratch(module_path!()).join("no-build");
+    std::fs::create_dir_all(empty.join("scripts")).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-node"),
+        empty.join("scripts/install-node"),
+    )
+    .unwrap();
+    let refused = Command::new(empty.join("scripts/install-node"))
+        .arg(empty.join("prefix"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("build it first with cargo build --release"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(!empty.join("prefix").exists());
 }
 
 /// What the command writes to its root comes back to the bundle's root

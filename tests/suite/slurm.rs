@@ -187,14 +187,7 @@ impl Drop for Slurm {
     fn drop(&mut self) {
         let _ = self.command("scancel").args(["--user", "root"]).status();
         for daemon in self.daemons.iter_mut().rev() {
-            // SAFETY: kill(2) on our child's PID, which it keeps until waited for.
-            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while daemon.try_wait().unwrap().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = daemon.kill();
-            let _ = daemon.wait();
+            common::stop_daemon(daemon, Duration::from_secs(10));
         }
     }
 }

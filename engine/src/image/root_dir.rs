@@ -217,7 +217,7 @@ mod tests {
         let fifo = std::ffi::CString::new(root.join("srv/fifo").to_str().unwrap()).unwrap();
         // SAFETY: mkfifo reads the NUL-terminated name, which outlives the call.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
-        let made = resolve_in(&root, &dir.path().join("cache")).unwrap();
+        let made = resolve_in(&root, &[], &dir.path().join("cache")).unwrap();
         let shown = std::process::Command::new("debugfs")
             .arg("-R")
             .arg("stat /srv/fifo")
