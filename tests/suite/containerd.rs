@@ -14,7 +14,7 @@ use crate::common;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{assert_replay_matches, container_image, one_guest_at_a_time, scratch};
@@ -43,25 +43,28 @@ fn shim() -> PathBuf {
     shim
 }
 
-/// One containerd for the module's tests, with the image imported.
-fn containerd() -> &'static Containerd {
-    static CONTAINERD: OnceLock<Containerd> = OnceLock::new();
-    CONTAINERD.get_or_init(|| {
-        let containerd = Containerd::start();
-        let imported = containerd
-            .ctr()
-            .args(["images", "import"])
-            .arg(&container_image().archive)
-            .output()
-            .unwrap();
-        assert_success("ctr images import", &imported);
-        containerd
-    })
+/// A containerd of the test's own, with the image imported, stopped when
+/// the test ends (a daemon shared in a static would outlive the tests).
+fn containerd() -> Containerd {
+    let containerd = Containerd::start();
+    let imported = containerd
+        .ctr()
+        .args(["images", "import"])
+        .arg(&container_image().archive)
+        .output()
+        .unwrap();
+    assert_success("ctr images import", &imported);
+    containerd
 }
 
 impl Containerd {
     fn start() -> Containerd {
-        let dir = scratch(module_path!());
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let dir = scratch(module_path!()).join(format!(
+            "containerd-{}",
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
         let traces = dir.join("traces");
         std::fs::create_dir_all(&traces).unwrap();
         let config = dir.join("config.toml");
