@@ -1,15 +1,14 @@
 //! What the host asks of a recording from outside its thread, from a
 //! signal handler (so only atomics): that it end at the guest's next exit
 //! (Ctrl-C), or that a signal go to the guest's command there (a container
-//! runtime's `kill`). The recorder stops the guest at its next exit while
-//! either is due (`Recorder::stop_reason`); the session then sends the
-//! signal to the agent, which the log keeps as the host's input there, so
-//! that a replay sends it at the same exit.
+//! runtime's `kill`). The recorder stops the guest while either is due: to
+//! end, at once (`Recorder::stop_reason`); for a signal, right after its
+//! next exit, never at a kick, which a replay does not meet again
+//! (`Recorder::host_input_due`). The session then sends the signal to the
+//! agent, which the log keeps as the host's input there, so that a replay
+//! sends it after the same exit.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-
-/// Why the recorder stopped the guest while a signal is due.
-pub const SIGNAL_DUE: &str = "a signal for the command is due";
 
 pub struct HostRequests {
     end: AtomicBool,

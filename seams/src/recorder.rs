@@ -20,7 +20,7 @@ use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 use crate::clock::RecorderClock;
 use crate::exit_event;
-use crate::host_requests::{HostRequests, SIGNAL_DUE};
+use crate::host_requests::HostRequests;
 use crate::state_check;
 
 pub struct Recorder {
@@ -297,10 +297,11 @@ impl Seam for Recorder {
         if self.requests.ended() {
             return Some("interrupted (Ctrl-C, or a signal that ends the recording)".into());
         }
-        if self.requests.signal_due() {
-            return Some(SIGNAL_DUE.into());
-        }
         self.log.lock().unwrap().error.clone()
+    }
+
+    fn host_input_due(&self) -> bool {
+        self.requests.signal_due()
     }
 
     fn memory_check_due(&self) -> bool {

@@ -17,6 +17,9 @@ use crate::network::{HostNetwork, Network};
 use crate::state_digest::{MemoryDigest, StateDigest};
 pub use crate::vcpu::Place;
 
+/// Why `Vm::run` stopped when the seam said the host's input is due.
+pub const HOST_INPUT_DUE: &str = "the host's input for the guest agent is due";
+
 /// What the guest did to cause a VM exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit<'a> {
@@ -187,6 +190,15 @@ pub trait Seam: Clock {
     /// Why the run must stop now, if it must: a replay diverged, or the user
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
+
+    /// Whether the host has input for the guest agent now, so that the run
+    /// stops for it to be sent (`HOST_INPUT_DUE`). Asked right after an
+    /// exit only, never at a kick, which a replay does not meet again: a
+    /// recorder says so while a signal for the command is due, a replayer
+    /// where the log has the host's input next.
+    fn host_input_due(&self) -> bool {
+        false
+    }
 
     /// Whether the disk access about to be made (a read or a `write` of up
     /// to 64 KiB of a request) fails, a fault injected into a fork of a

@@ -52,7 +52,7 @@ use crate::preemption;
 use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
-use crate::seam::{Delivery, Exit, Instance, LoggedStop, ObservedDisk, Seam};
+use crate::seam::{Delivery, Exit, Instance, LoggedStop, ObservedDisk, Seam, HOST_INPUT_DUE};
 use crate::spin_watch::SpinWatch;
 use crate::state_digest;
 use crate::vcpu::{self, Kicker, Vcpu};
@@ -549,6 +549,9 @@ impl Vm {
             }
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
+            }
+            if self.at_exit && self.seam.host_input_due() {
+                return Err(VmError::Stopped(HOST_INPUT_DUE.into()));
             }
             // At the same log position in a recording and its replay: right
             // after an exit, never on a host timer.

@@ -161,12 +161,15 @@ impl Seam for Replayer {
         if state.divergence.is_some() {
             return Some("the replay diverged".into());
         }
-        // A recording's host sends between runs of the VM; a fork's live
-        // part may send where the replayed part stopped (see `fork`).
-        if matches!(state.events.peek(), Ok(Some(Event::AgentInput(_)))) {
-            return Some("the host's input is due".into());
-        }
         state.at_end_of_log().then(|| "the end of the log".into())
+    }
+
+    /// A recording's host sends between runs of the VM, after an exit; a
+    /// fork's live part may send where the replayed part paused (see
+    /// `fork`).
+    fn host_input_due(&self) -> bool {
+        let mut state = self.state.lock().unwrap();
+        matches!(state.events.peek(), Ok(Some(Event::AgentInput(_))))
     }
 
     fn disk_access_fails(&self, _write: bool) -> bool {
