@@ -88,15 +88,15 @@ mod tests {
     #[test]
     fn an_image_stays_found_after_a_copy_seen_later_is_removed() {
         let (_dir, paths) = images(&["image.qcow2", "copy.qcow2"]);
-        let [image, copy] = [&paths[0], &paths[1]];
+        let [image, copy] = [paths[0].clone(), paths[1].clone()];
         let text = noted(parse(&noted(Vec::new(), image.clone())), copy.clone());
         assert_eq!(parse(&text), [image.clone(), copy.clone()]);
-        std::fs::remove_file(copy).unwrap();
+        std::fs::remove_file(&copy).unwrap();
         let found = parse(&text).into_iter().rev().find(|path| path.exists());
-        assert_eq!(found.as_ref(), Some(image));
+        assert_eq!(found.as_ref(), Some(&image));
         // Seen again, a path moves to the end instead of repeating; a
         // removed one is dropped.
-        assert_eq!(parse(&noted(parse(&text), image.clone())), [image.clone()]);
+        assert_eq!(parse(&noted(parse(&text), image.clone())), [image]);
     }
 
     #[test]
