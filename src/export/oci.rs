@@ -135,7 +135,7 @@ impl Layer<'_> {
                     })?
                     .to_owned();
                 let rest = components[index + 1..].join("/");
-                let resolved = normalize(parent.as_bytes(), format!("{target}/{rest}").as_bytes());
+                let resolved = resolve(parent, &format!("{target}/{rest}"));
                 self.entries.insert(candidate, Entry::Symlink { target });
                 return self.add_within(&String::from_utf8_lossy(&resolved), links + 1);
             }
@@ -165,8 +165,7 @@ impl Layer<'_> {
         search: &[String],
     ) -> Result<(), ExportError> {
         if program.contains('/') {
-            let path = normalize(cwd.as_bytes(), program.as_bytes());
-            return self.add(&String::from_utf8_lossy(&path));
+            return self.add(&String::from_utf8_lossy(&resolve(cwd, program)));
         }
         for directory in search {
             if self.add_within(&format!("{directory}/{program}"), 0)? {
@@ -199,6 +198,14 @@ impl Layer<'_> {
         }
         tar.finish().map_err(tar_error)
     }
+}
+
+/// `name` as a path lookup from the directory `base` finds it: an absolute
+/// name (a link to `/lib/...`, a program run as `/bin/sh`) starts at the
+/// root, not at `base`, which `normalize` would join it to.
+fn resolve(base: &str, name: &str) -> Vec<u8> {
+    let base = if name.starts_with('/') { "/" } else { base };
+    normalize(base.as_bytes(), name.as_bytes())
 }
 
 /// PT_INTERP of an ELF program: the dynamic linker the kernel maps.

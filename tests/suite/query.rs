@@ -810,6 +810,48 @@ fn export_oci_holds_what_the_run_read_and_runs_it_again() {
     );
 }
 
+/// A dynamically linked program on a merged-/usr Debian (coreutils'
+/// `date`): its ELF
+/// interpreter, which the kernel maps with no system call of the
+/// program's, is reached through links to absolute paths (/lib64 ->
+/// usr/lib64, ld-linux-x86-64.so.2 -> /lib/x86_64-linux-gnu/...), each
+/// followed from the root; the image runs under runc as it ran recorded.
+#[test]
+fn export_oci_of_a_dynamically_linked_program_runs_it_again() {
+    let image = common::debian_image();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("date.provm");
+    let archive = dir.path().join("date.tar");
+    {
+        let _guest = one_guest_at_a_time();
+        let recorded = provm(&[
+            "record",
+            "-o",
+            path(&trace),
+            path(image),
+            "--",
+            "date",
+            "-u",
+            "-d",
+            "@0",
+            "+%Y",
+        ]);
+        assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+        assert_eq!(recorded.stdout, "1970\n");
+        succeeds(&["export", "oci", path(&trace), "-o", path(&archive)]);
+    }
+    let bundle = oci_bundle(&archive, dir.path());
+    let interpreter = bundle.join("rootfs/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2");
+    assert!(interpreter.is_file(), "no {}", interpreter.display());
+    let rerun = runc_run(&bundle);
+    assert_eq!(
+        String::from_utf8_lossy(&rerun.stdout),
+        "1970\n",
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
+}
+
 #[test]
 fn a_query_that_reads_the_syscalls_table_replays_the_run_to_fill_it() {
     let Recorded { pipeline, .. } = recorded();
