@@ -115,6 +115,7 @@ pub fn record(
         path: options.output.clone(),
         source,
     };
+    let started = Instant::now();
     let leading = leading(
         options, &prepared, &job, &data, &identity, &snapshot, encoded,
     )?;
@@ -124,6 +125,11 @@ pub fn record(
     let trace = TraceWriter::create(&options.output, &leading)
         .map_err(trace_error)?
         .into_sections();
+    tracing::debug!(
+        phase = "trace start",
+        ms = started.elapsed().as_millis() as u64,
+        "the trace's leading sections written"
+    );
 
     install_interrupt_handler();
     let recording_start = Instant::now();
@@ -145,6 +151,7 @@ pub fn record(
     )?
     .run_job(job, &mut data, &prepared, observers, (stdout, stderr));
 
+    let finishing = Instant::now();
     let recorder = ended.recorder.expect("a recording's seam is its recorder");
     let (trace, totals) = recorder.finish().map_err(trace_error)?;
     let trace = trace.expect("a recording's log goes to its trace");
@@ -192,6 +199,11 @@ pub fn record(
         )
     };
     let path = TraceWriter::finish(trace, outcome, &after).map_err(trace_error)?;
+    tracing::debug!(
+        phase = "trace end",
+        ms = finishing.elapsed().as_millis() as u64,
+        "the trace finished and renamed into place"
+    );
     match result {
         Ok(outcome) => {
             transfer::deliver(data.outputs).map_err(RunError::from)?;

@@ -18,6 +18,8 @@ pub enum DecodeError {
     UnknownKind(u8),
     TooLong(usize),
     Truncated,
+    /// A field whose value is out of its range: what it is.
+    Malformed(&'static str),
 }
 
 impl std::fmt::Display for DecodeError {
@@ -26,6 +28,7 @@ impl std::fmt::Display for DecodeError {
             DecodeError::UnknownKind(kind) => write!(f, "unknown message kind {kind}"),
             DecodeError::TooLong(len) => write!(f, "payload of {len} bytes exceeds {MAX_PAYLOAD}"),
             DecodeError::Truncated => write!(f, "payload ends inside a field"),
+            DecodeError::Malformed(field) => write!(f, "{field} is out of range"),
         }
     }
 }

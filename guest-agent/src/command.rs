@@ -52,6 +52,9 @@ pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, Str
     })?;
     let env = environment(&job.env)?;
     let ids = crate::user::ids(&job.user)?;
+    crate::limits::set_hostname(&job.hostname)?;
+    // Held until the command is spawned, which inherits them.
+    let limited = crate::limits::set(&job.rlimits)?;
     let not_started = |error: io::Error| {
         let program = String::from_utf8_lossy(program);
         spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"))
@@ -69,7 +72,9 @@ pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, Str
         Ok(command)
     };
     if job.provenance {
-        let mut traced = match provenance::spawn(command_of(program)?) {
+        let traced = provenance::spawn(command_of(program)?);
+        drop(limited);
+        let mut traced = match traced {
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
@@ -83,7 +88,9 @@ pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, Str
             .for_each(|message| host.send(message));
         return Ok(outcome);
     }
-    let mut child = match spawn(program, search_path(&env), command_of)? {
+    let child = spawn(program, search_path(&env), command_of)?;
+    drop(limited);
+    let mut child = match child {
         Ok(child) => child,
         Err(error) => return not_started(error),
     };

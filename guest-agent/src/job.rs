@@ -42,6 +42,21 @@ pub struct Job {
     /// the image's /etc/passwd and /etc/group) or a number, as a container
     /// image's `User` says it; empty: root.
     pub user: Vec<u8>,
+    /// The host name the guest takes before the command starts (a
+    /// container's `hostname`); empty: the guest keeps its own.
+    pub hostname: Vec<u8>,
+    /// The resource limits the command starts with (a container's
+    /// `rlimits`); the others stay the guest's defaults.
+    pub rlimits: Vec<Rlimit>,
+}
+
+/// A resource limit, as setrlimit(2) takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rlimit {
+    /// Linux's number for the resource (`RLIMIT_NOFILE` is 7).
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
 }
 
 /// How the command ended, as the agent saw it.

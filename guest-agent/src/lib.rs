@@ -19,7 +19,7 @@ pub mod records;
 pub mod tree;
 
 pub use codec::{DecodeError, FrameReader, HEADER_LEN, MAX_PAYLOAD};
-pub use job::{Job, Outcome};
+pub use job::{Job, Outcome, Rlimit};
 pub use message::{provenance_messages, GuestMessage, HostMessage};
 pub use records::{FileVersion, Process, ProvRecord};
 pub use tree::{Entry, EntryContent};

@@ -21,6 +21,7 @@ mod command;
 mod cpu;
 mod entropy;
 mod inputs;
+mod limits;
 mod network;
 mod outputs;
 mod provenance;

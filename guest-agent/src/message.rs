@@ -3,7 +3,7 @@
 use crate::codec::{
     frame, frame_head, put_bytes, put_list, put_u64, DecodeError, FrameReader, Reader, MAX_PAYLOAD,
 };
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Rlimit};
 use crate::records::ProvRecord;
 use crate::tree::Entry;
 
@@ -94,13 +94,23 @@ impl HostMessage {
                 put_list(&mut payload, &job.inputs);
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
-                // Only when set: a job as root, with no input disk,
-                // encodes as it did before.
-                if !job.user.is_empty() || job.input_disk {
+                // Only when set: a job as root, with no input disk, no
+                // host name and no limits, encodes as it did before.
+                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty();
+                if !job.user.is_empty() || job.input_disk || limits {
                     put_bytes(&mut payload, &job.user);
                 }
-                if job.input_disk {
-                    payload.push(1);
+                if job.input_disk || limits {
+                    payload.push(job.input_disk.into());
+                }
+                if limits {
+                    put_bytes(&mut payload, &job.hostname);
+                    put_u64(&mut payload, job.rlimits.len() as u64);
+                    for limit in &job.rlimits {
+                        put_u64(&mut payload, limit.resource.into());
+                        put_u64(&mut payload, limit.soft);
+                        put_u64(&mut payload, limit.hard);
+                    }
                 }
                 kind::RUN
             }
@@ -167,6 +177,17 @@ impl HostMessage {
                 }
                 if !reader.is_empty() {
                     job.input_disk = reader.bool()?;
+                }
+                if !reader.is_empty() {
+                    job.hostname = reader.bytes()?;
+                    for _ in 0..reader.u64()? {
+                        job.rlimits.push(Rlimit {
+                            resource: u32::try_from(reader.u64()?)
+                                .map_err(|_| DecodeError::Malformed("a resource limit's number"))?,
+                            soft: reader.u64()?,
+                            hard: reader.u64()?,
+                        });
+                    }
                 }
                 HostMessage::Run(job)
             }
@@ -408,6 +429,12 @@ mod tests {
             outputs: vec![b"/out".to_vec(), b"/tmp/result.csv".to_vec()],
             user: b"app:staff".to_vec(),
             input_disk: false,
+            hostname: b"box".to_vec(),
+            rlimits: vec![Rlimit {
+                resource: 7,
+                soft: 1024,
+                hard: u64::MAX,
+            }],
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{Linux, Mount, Process, Spec};
+use oci_spec::runtime::{Linux, Mount, PosixRlimit, PosixRlimitType, Process, Spec};
 use serde::{Deserialize, Serialize};
 
 /// The annotation that turns recording off for one container.
@@ -30,6 +30,10 @@ pub struct Plan {
     pub cwd: String,
     /// `UID:GID`; `None`: root.
     pub user: Option<String>,
+    /// The guest's host name for the command; `None`: provm's.
+    pub hostname: Option<String>,
+    /// The command's resource limits, set in the guest (see `rlimit`).
+    pub rlimits: Vec<PosixRlimit>,
     /// The command's standard streams are a terminal (`--console-socket`).
     pub terminal: bool,
     /// Read-only host files and folders: (host path, guest path).
@@ -151,11 +155,6 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
     if spec.hooks().is_some() {
         warnings.push("hooks: ignored; they would run on the host, not in the VM".into());
     }
-    if spec.hostname().is_some() {
-        warnings.push(
-            "hostname: ignored; the guest keeps provm's (HOSTNAME is in the environment)".into(),
-        );
-    }
     let (cpus, memory_mib) = match spec.linux() {
         Some(linux) => linux_fields(linux, &mut warnings)?,
         None => (None, None),
@@ -168,6 +167,8 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
             cwd,
             user: (user.uid() != 0 || user.gid() != 0)
                 .then(|| format!("{}:{}", user.uid(), user.gid())),
+            hostname: spec.hostname().clone().filter(|name| !name.is_empty()),
+            rlimits: process.rlimits().clone().unwrap_or_default(),
             terminal: process.terminal().unwrap_or(false),
             inputs,
             mount_points,
@@ -184,13 +185,38 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
     })
 }
 
+/// Linux's number for the resource `kind` (setrlimit(2)). The guest's
+/// kernel is x86-64 Linux, as is this host's: libc's constants are its.
+pub fn rlimit(limit: &PosixRlimit) -> provm_guest_agent::Rlimit {
+    let resource = match limit.typ() {
+        PosixRlimitType::RlimitCpu => libc::RLIMIT_CPU,
+        PosixRlimitType::RlimitFsize => libc::RLIMIT_FSIZE,
+        PosixRlimitType::RlimitData => libc::RLIMIT_DATA,
+        PosixRlimitType::RlimitStack => libc::RLIMIT_STACK,
+        PosixRlimitType::RlimitCore => libc::RLIMIT_CORE,
+        PosixRlimitType::RlimitRss => libc::RLIMIT_RSS,
+        PosixRlimitType::RlimitNproc => libc::RLIMIT_NPROC,
+        PosixRlimitType::RlimitNofile => libc::RLIMIT_NOFILE,
+        PosixRlimitType::RlimitMemlock => libc::RLIMIT_MEMLOCK,
+        PosixRlimitType::RlimitAs => libc::RLIMIT_AS,
+        PosixRlimitType::RlimitLocks => libc::RLIMIT_LOCKS,
+        PosixRlimitType::RlimitSigpending => libc::RLIMIT_SIGPENDING,
+        PosixRlimitType::RlimitMsgqueue => libc::RLIMIT_MSGQUEUE,
+        PosixRlimitType::RlimitNice => libc::RLIMIT_NICE,
+        PosixRlimitType::RlimitRtprio => libc::RLIMIT_RTPRIO,
+        PosixRlimitType::RlimitRttime => libc::RLIMIT_RTTIME,
+    };
+    provm_guest_agent::Rlimit {
+        resource: resource as u32,
+        soft: limit.soft(),
+        hard: limit.hard(),
+    }
+}
+
 fn ignored_process_fields(process: &Process, warnings: &mut Vec<String>) {
     let mut moot = Vec::new();
     if process.capabilities().is_some() {
         moot.push("capabilities");
-    }
-    if process.rlimits().is_some() {
-        moot.push("rlimits");
     }
     if process.no_new_privileges().is_some() {
         moot.push("noNewPrivileges");

@@ -24,7 +24,9 @@ pub struct Cli {
     /// Accepted for runc's sake; a VM has no host cgroup to place.
     #[arg(long = "systemd-cgroup", global = true)]
     pub systemd_cgroup: bool,
-    /// Show warnings on standard error when there is no --log.
+    /// Debug lines, in the log or else on standard error: warnings, and
+    /// the engine's phases with their times (the root's disk, the restore,
+    /// the command, the trace).
     #[arg(long, global = true)]
     pub debug: bool,
     #[command(subcommand)]

@@ -25,6 +25,7 @@ pub struct Globals<'a> {
     pub root: &'a Path,
     pub log: Option<&'a Path>,
     pub log_format: LogFormat,
+    pub debug: bool,
 }
 
 /// `create`: checks the bundle, makes the root's disk, starts the
@@ -97,7 +98,11 @@ fn start_process(
         LogFormat::Text => "text",
         LogFormat::Json => "json",
     };
-    command.args(["--log-format", format, "init", &args.id]);
+    command.args(["--log-format", format]);
+    if globals.debug {
+        command.arg("--debug");
+    }
+    command.args(["init", &args.id]);
     if terminal {
         let socket = args.console_socket.as_ref().expect("checked by create");
         let pty = console::open().map_err(|error| format!("cannot make a terminal: {error}"))?;

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use provm_engine::disk::file_system;
 use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind, ImageRef};
@@ -16,6 +16,7 @@ use provm_engine::run;
 use provm_engine::start::RunOptions;
 use provm_engine::transfer::Input;
 
+use crate::bundle;
 use crate::fifo;
 use crate::rootfs;
 use crate::signals;
@@ -52,10 +53,16 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     stdout.flush().ok();
     // A run that never started its VM made no overlay.
     if overlay.exists() {
+        let started = Instant::now();
         // The command's status stands: its run is over, whatever this gives.
         if let Err(error) = write_back_root(&container, &overlay) {
             eprintln!("provm-runtime: {error}");
         }
+        tracing::debug!(
+            phase = "write back",
+            ms = started.elapsed().as_millis() as u64,
+            "the root's changes written back to the bundle"
+        );
         std::fs::remove_file(&overlay).ok();
     }
     status
@@ -136,6 +143,8 @@ fn run_options(container: &Container, stdin: Option<Vec<u8>>) -> RunOptions {
         env: plan.env.clone(),
         cwd: plan.cwd.clone(),
         user: plan.user.clone(),
+        hostname: plan.hostname.clone(),
+        rlimits: plan.rlimits.iter().map(bundle::rlimit).collect(),
         inputs: plan
             .inputs
             .iter()

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cli::LogFormat;
 
+#[derive(Clone)]
 pub struct Log {
     file: Option<PathBuf>,
     format: LogFormat,
@@ -42,6 +43,16 @@ impl Log {
         }
     }
 
+    /// A debug line (`--debug` only): in the log, else on standard error,
+    /// as runc writes its own.
+    pub fn debug(&self, message: &str) {
+        match (&self.file, self.debug) {
+            (_, false) => {}
+            (Some(_), true) => self.write("debug", message),
+            (None, true) => eprintln!("provm-runtime: debug: {message}"),
+        }
+    }
+
     fn write(&self, level: &str, message: &str) {
         let Some(path) = &self.file else { return };
         let line = line(self.format, level, message, &now());
@@ -55,6 +66,47 @@ impl Log {
                 "provm-runtime: cannot write the log {}: {error}",
                 path.display()
             );
+        }
+    }
+}
+
+/// Sends the engine's debug events (its phases and their times: the
+/// root's disk, the booted guest, the restore, the command, the trace) to
+/// `log`'s debug lines, one line an event, its fields after its message.
+pub fn engine_debug_into(log: Log) {
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    // provm's own events, not its libraries' tracing.
+    let provm = tracing_subscriber::filter::filter_fn(|event| {
+        event.target().starts_with("provm") && *event.level() <= tracing::Level::DEBUG
+    });
+    let subscriber = tracing_subscriber::registry().with(DebugLines(log).with_filter(provm));
+    // Only fails if one is already installed, which nothing else does.
+    tracing::subscriber::set_global_default(subscriber).ok();
+}
+
+/// Writes each event as a debug line of the runtime's log.
+struct DebugLines(Log);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DebugLines {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut line = Line::default();
+        event.record(&mut line);
+        self.0.debug(&format!("{}{}", line.message, line.fields));
+    }
+}
+
+/// An event's message and its other fields as ` name=value`.
+#[derive(Default)]
+struct Line {
+    message: String,
+    fields: String,
+}
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            name => self.fields.push_str(&format!(" {name}={value:?}")),
         }
     }
 }

@@ -30,6 +30,9 @@ use state::Containers;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let log = log::Log::new(cli.log.clone(), cli.log_format, cli.debug);
+    if cli.debug {
+        log::engine_debug_into(log.clone());
+    }
     match execute(&cli, &log) {
         Ok(status) => ExitCode::from(status.clamp(0, 255) as u8),
         Err(message) => {
@@ -45,6 +48,7 @@ fn execute(cli: &Cli, log: &log::Log) -> Result<i32, String> {
         root: &cli.root,
         log: cli.log.as_deref(),
         log_format: cli.log_format,
+        debug: cli.debug,
     };
     match &cli.command {
         Command::Create { create } => {

@@ -251,6 +251,9 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Its host name and resource limits too, set in the guest as runc sets
+/// them in the container (`--ulimit` beside the tests' own nofile and
+/// nproc ones).
 #[test]
 fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replays() {
     let _guest = one_guest_at_a_time();
@@ -259,11 +262,16 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
     std::fs::create_dir_all(&volume).unwrap();
     std::fs::write(volume.join("data.txt"), "from the host\n").unwrap();
     let mount = format!("{}:/data:ro", volume.display());
-    let script = "cat; echo $GREETING; pwd; cat /data/data.txt; id -u; exit 3";
+    let script = "cat; echo $GREETING; pwd; cat /data/data.txt; id -u; hostname; \
+                  grep 'Max file locks' /proc/self/limits | tr -s ' '; exit 3";
     let (output, id) = podman.run(
         &[
             "-i",
             "--rm",
+            "--hostname",
+            "box",
+            "--ulimit",
+            "locks=77:88",
             "-e",
             "GREETING=hello",
             "-w",
@@ -280,7 +288,7 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
     assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
     assert_eq!(
         text(&output.stdout),
-        "piped in\nhello\n/tmp\nfrom the host\n0\n"
+        "piped in\nhello\n/tmp\nfrom the host\n0\nbox\nMax file locks 77 88 locks \n"
     );
     let trace = podman.trace(&id);
     assert!(trace.exists(), "no trace {}", trace.display());

@@ -18,6 +18,7 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use super::ext4::FIXED_TIME;
 use super::{make_disk, ContainerError, DISK_FORMAT};
@@ -47,6 +48,7 @@ fn resolve_in(
         path: cache.to_owned(),
         source,
     };
+    let started = Instant::now();
     if !dir.is_dir() {
         return Err(ContainerError::NotADirectory {
             image: dir.display().to_string(),
@@ -63,12 +65,19 @@ fn resolve_in(
             source,
         })?;
     let disk = cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"));
-    if !disk.exists() {
+    let cached = disk.exists();
+    if !cached {
         make_disk(&dir.display().to_string(), 1, &disk, |tree| {
             let layer = File::open(layer.path()).map_err(write_error)?;
             tree.apply(1, io::BufReader::new(layer))
         })?;
     }
+    tracing::debug!(
+        phase = "root disk",
+        ms = started.elapsed().as_millis() as u64,
+        cached,
+        "the root directory's disk"
+    );
     Ok(RootDisk {
         disk,
         digest: format!("sha256:{sha256}"),

@@ -34,6 +34,8 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         env: env.into_iter().map(String::into_bytes).collect(),
         cwd: options.cwd.clone().into_bytes(),
         user: options.user.clone().unwrap_or_default().into_bytes(),
+        hostname: options.hostname.clone().unwrap_or_default().into_bytes(),
+        rlimits: options.rlimits.clone(),
         root_device: root_device.as_bytes().to_vec(),
         entropy: match &options.pinned {
             Some(pinning) => pinning.entropy(),

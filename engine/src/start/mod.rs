@@ -131,9 +131,15 @@ impl Booted {
     /// The booted guest of the machine `prepared`: from the cache, or booted
     /// now (by `deadline`) and cached.
     pub fn of(prepared: &Prepared, deadline: Instant) -> Result<Booted, RunError> {
+        let started = Instant::now();
         let identity = Identity::of(prepared)?;
         let encoded = fast_start::booted(prepared, &identity, deadline)?;
         let snapshot = encoded.decode(prepared.memory_mib)?;
+        tracing::debug!(
+            phase = "booted guest",
+            ms = started.elapsed().as_millis() as u64,
+            "the booted guest's snapshot, from the cache or booted now"
+        );
         Ok(Booted {
             identity,
             encoded,
@@ -160,6 +166,7 @@ pub fn start(
             recording.requests,
         ),
     };
+    let started = Instant::now();
     let machine = prepared.machine(options.overlay_location(), exitless_limit);
     let (mut vm, recorder) = restore(machine, snapshot, options, logging)?;
     if let Some(seed) = chaos {
@@ -173,6 +180,11 @@ pub fn start(
     if let Some(pinning) = &options.pinned {
         session.pin_wall_clock(pinning.epoch_ns);
     }
+    tracing::debug!(
+        phase = "restore",
+        ms = started.elapsed().as_millis() as u64,
+        "the guest restored from its snapshot"
+    );
     Ok(Started { session, recorder })
 }
 
@@ -270,12 +282,24 @@ impl Started {
         observers: &mut [&mut dyn Observer],
         streams: (&mut dyn Write, &mut dyn Write),
     ) -> Ended {
+        let started = Instant::now();
         let command = run_job(&mut self.session, job, data, prepared, observers, streams);
+        let ran = started.elapsed();
+        tracing::debug!(
+            phase = "command",
+            ms = ran.as_millis() as u64,
+            "the job ran"
+        );
         let command_ended = command.as_ref().ok().copied();
         let outcome = command.and_then(|outcome| {
             self.session.power_off()?;
             Ok(outcome)
         });
+        tracing::debug!(
+            phase = "power off",
+            ms = (started.elapsed() - ran).as_millis() as u64,
+            "the guest synced its disk and powered off"
+        );
         Ended {
             outcome,
             command: command_ended,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use provm_cpu_model::Baseline;
+use provm_guest_agent::Rlimit;
 
 use crate::disk::overlay::OverlayLocation;
 use crate::host_paths::HostPaths;
@@ -29,6 +30,11 @@ pub struct RunOptions {
     /// Who the command runs as, `USER[:GROUP]` (a container image's
     /// `User`); `None`: root.
     pub user: Option<String>,
+    /// The guest's host name for the command (a container's `hostname`);
+    /// `None`: the guest's own.
+    pub hostname: Option<String>,
+    /// Resource limits the command starts with (a container's `rlimits`).
+    pub rlimits: Vec<Rlimit>,
     pub root: Option<String>,
     pub keep_overlay: Option<PathBuf>,
     pub memory_mib: u64,
@@ -72,6 +78,8 @@ impl RunOptions {
             env: Vec::new(),
             cwd: "/".into(),
             user: None,
+            hostname: None,
+            rlimits: Vec::new(),
             root: None,
             keep_overlay: None,
             memory_mib: DEFAULT_MEMORY_MIB,

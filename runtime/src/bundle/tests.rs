@@ -58,11 +58,19 @@ fn a_podman_bundle_becomes_a_plan() {
     );
     assert_eq!(plan.cpus, Some(2));
     assert_eq!(plan.memory_mib, Some(512));
+    assert_eq!(plan.hostname.as_deref(), Some("f88863cd15b1"));
+    assert_eq!(
+        plan.rlimits.iter().map(rlimit).collect::<Vec<_>>(),
+        [provm_guest_agent::Rlimit {
+            resource: 7,
+            soft: 1024,
+            hard: 1024
+        }]
+    );
     assert!(plan.recorded());
     let warnings = read.warnings.join("\n");
     for field in [
         "process.capabilities",
-        "process.rlimits",
         "mounts[1] (/proc)",
         "mounts[2] (/dev/pts)",
         "mounts[3] (/etc/hosts)",
@@ -70,11 +78,17 @@ fn a_podman_bundle_becomes_a_plan() {
         "linux.namespaces",
         "linux.seccomp",
         "linux.resources",
-        "hostname",
     ] {
         assert!(
             warnings.contains(field),
             "no warning for {field}: {warnings}"
+        );
+    }
+    // Set in the guest, not ignored.
+    for field in ["rlimits", "hostname"] {
+        assert!(
+            !warnings.contains(field),
+            "a warning for {field}: {warnings}"
         );
     }
 }
