@@ -9,10 +9,10 @@
 
 use std::collections::HashMap;
 
-use provm_guest_agent::records::{assemble, Relations};
+use provm_guest_agent::records::{assemble, Change, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
 
-use super::files::{Change, Files, Holder};
+use super::files::{Files, Holder};
 use super::ptrace::{now_ns, Pid};
 
 /// What exec put in a process.

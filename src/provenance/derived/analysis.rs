@@ -15,15 +15,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 
-use provm_guest_agent::records::{assemble, Relations};
+use provm_guest_agent::records::{assemble, Change, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
 use provm_seams::Position;
 use serde_json::json;
 use syscalls::x86_64::Sysno;
 
 use super::versions::{
-    is_kernel_file, Change, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY,
-    O_PATH, O_RDONLY, O_TRUNC, O_WRONLY,
+    is_kernel_file, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY, O_PATH,
+    O_RDONLY, O_TRUNC, O_WRONLY,
 };
 use provm_analysis::api::{Analysis, ProcessEvent};
 use provm_analysis::syscall::{Arg, Syscall};
