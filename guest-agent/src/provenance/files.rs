@@ -13,8 +13,11 @@
 //! when its stat (inode, size, times) changed; a held one always, because
 //! file times have the kernel tick's resolution and two writes within a
 //! tick look the same to stat.
+//!
+//! The versions themselves, and what renames, links and deletions do to
+//! them, are the provenance model's (`records::Versions`), which the
+//! host's replay shares.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -22,6 +25,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use provm_guest_agent::paths::is_kernel_file;
+use provm_guest_agent::records::{Change, PathState, Versions};
 use provm_guest_agent::FileVersion;
 use sha2::{Digest, Sha256};
 
@@ -34,29 +38,43 @@ pub struct Holder {
     pub process: u32,
 }
 
-/// A new version found by an observation, and who wrote it (none for a
-/// file first seen, or changed by no holder: an input).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Change {
-    pub version: u32,
-    pub writer: Option<u32>,
-}
-
 /// Inode, size and change times: equal keys mean an unchanged file, as far
 /// as stat can tell.
 type StatKey = (u64, u64, u64, i64, i64, i64, i64);
 
+/// What the agent keeps of a path: its stat at its current version, and
+/// who holds it for writing.
 #[derive(Default)]
-struct PathState {
-    current: Option<u32>,
+struct Watched {
     key: Option<StatKey>,
     holders: Vec<Holder>,
 }
 
+impl PathState for Watched {
+    /// The stat no longer describes the current version: read it again.
+    fn replaced(&mut self) {
+        self.key = None;
+    }
+}
+
+impl Watched {
+    /// Who wrote a change found now: `prefer` if it holds the file, else
+    /// the latest holder.
+    fn writer(&self, prefer: Option<Pid>) -> Option<u32> {
+        prefer
+            .and_then(|tgid| self.holders.iter().find(|holder| holder.tgid == tgid))
+            .or(self.holders.last())
+            .map(|holder| holder.process)
+    }
+
+    fn held_by(&self, tgid: Pid) -> bool {
+        self.holders.iter().any(|holder| holder.tgid == tgid)
+    }
+}
+
 #[derive(Default)]
 pub struct Files {
-    paths: HashMap<Vec<u8>, PathState>,
-    versions: Vec<FileVersion>,
+    versions: Versions<Watched>,
 }
 
 impl Files {
@@ -64,22 +82,15 @@ impl Files {
     /// reading it if it may have changed; a new version comes back as a
     /// [`Change`]. `prefer` names the holder being observed.
     pub fn observe(&mut self, path: &[u8], prefer: Option<Pid>) -> (Option<u32>, Option<Change>) {
-        let state = self.paths.entry(path.to_vec()).or_default();
         if is_kernel_file(path) {
-            return (
-                Some(Self::contentless(&mut self.versions, state, path)),
-                None,
-            );
+            return (Some(self.contentless(path)), None);
         }
         let Ok(metadata) = std::fs::metadata(Path::new(std::ffi::OsStr::from_bytes(path))) else {
-            (state.current, state.key) = (None, None);
+            self.versions.vanished(path);
             return (None, None);
         };
         if !metadata.is_file() {
-            return (
-                Some(Self::contentless(&mut self.versions, state, path)),
-                None,
-            );
+            return (Some(self.contentless(path)), None);
         }
         let key = (
             metadata.dev(),
@@ -90,39 +101,37 @@ impl Files {
             metadata.ctime(),
             metadata.ctime_nsec(),
         );
+        let current = self.versions.current(path);
+        let state = self.versions.state(path);
         if state.holders.is_empty() && state.key == Some(key) {
-            return (state.current, None);
+            return (current, None);
         }
         let Ok((sha256, size)) = digest(path) else {
-            return (state.current, None);
+            return (current, None);
         };
         state.key = Some(key);
-        let current = state.current.map(|id| &self.versions[id as usize]);
-        if current.is_some_and(|version| version.sha256 == sha256) {
-            return (state.current, None);
+        let writer = state.writer(prefer);
+        if current.is_some_and(|version| self.versions.version(version).sha256 == sha256) {
+            return (current, None);
         }
-        let writer = prefer
-            .and_then(|tgid| state.holders.iter().find(|holder| holder.tgid == tgid))
-            .or(state.holders.last())
-            .map(|holder| holder.process);
-        let version = push_version(&mut self.versions, path, sha256, size);
-        state.current = Some(version);
-        (Some(version), Some(Change { version, writer }))
+        let change = self.versions.add(path, sha256, size, writer);
+        (Some(change.version), Some(change))
     }
 
     /// The current version of a path without content (a device, a
     /// directory, a kernel file), made the first time it is needed.
-    fn contentless(versions: &mut Vec<FileVersion>, state: &mut PathState, path: &[u8]) -> u32 {
-        *state
-            .current
-            .get_or_insert_with(|| push_version(versions, path, Vec::new(), 0))
+    fn contentless(&mut self, path: &[u8]) -> u32 {
+        match self.versions.current(path) {
+            Some(version) => version,
+            None => self.versions.add(path, Vec::new(), 0, None).version,
+        }
     }
 
     pub fn add_holder(&mut self, path: &[u8], holder: Holder) {
         if is_kernel_file(path) {
             return;
         }
-        let holders = &mut self.paths.entry(path.to_vec()).or_default().holders;
+        let holders = &mut self.versions.state(path).holders;
         if !holders.contains(&holder) {
             holders.push(holder);
         }
@@ -130,24 +139,23 @@ impl Files {
 
     /// The paths `tgid` holds for writing.
     pub fn held_by(&self, tgid: Pid) -> Vec<Vec<u8>> {
-        self.paths
-            .iter()
-            .filter(|(_, state)| state.holders.iter().any(|holder| holder.tgid == tgid))
-            .map(|(path, _)| path.clone())
+        self.versions
+            .states()
+            .filter(|(_, state)| state.held_by(tgid))
+            .map(|(path, _)| path.to_vec())
             .collect()
     }
 
     /// `tgid` lets go of `path` (it exited, or closed it).
     pub fn remove_holder(&mut self, path: &[u8], tgid: Pid) {
-        if let Some(state) = self.paths.get_mut(path) {
-            state.holders.retain(|holder| holder.tgid != tgid);
-        }
+        let holders = &mut self.versions.state(path).holders;
+        holders.retain(|holder| holder.tgid != tgid);
     }
 
     /// A new process holds what its parent holds.
     pub fn inherit(&mut self, parent: Pid, child: Holder) {
-        for state in self.paths.values_mut() {
-            if state.holders.iter().any(|holder| holder.tgid == parent) {
+        for state in self.versions.states_mut() {
+            if state.held_by(parent) {
                 state.holders.push(child);
             }
         }
@@ -155,7 +163,7 @@ impl Files {
 
     /// `tgid` now runs as `process` (it exec'd).
     pub fn rename_holder(&mut self, tgid: Pid, process: u32) {
-        for state in self.paths.values_mut() {
+        for state in self.versions.states_mut() {
             for holder in state
                 .holders
                 .iter_mut()
@@ -168,81 +176,41 @@ impl Files {
 
     /// `from` was renamed to `to`, both observed just before: `to` gets a
     /// version with `from`'s content and holders, returned with the
-    /// version it came from. A directory moves every path under it.
+    /// version it came from. A directory moves every path under it, and
+    /// its own version, which has no content, makes none.
     pub fn renamed(&mut self, from: &[u8], to: &[u8]) -> Option<(u32, u32)> {
-        let moved = self.paths.remove(from).unwrap_or_default();
         let is_directory = std::fs::metadata(Path::new(std::ffi::OsStr::from_bytes(to)))
             .is_ok_and(|metadata| metadata.is_dir());
         if is_directory {
-            self.move_tree(from, to);
+            self.versions.unlinked(from);
+            self.versions.moved_tree(from, to);
             return None;
         }
-        let (version, source) = self.copy_version(moved.current?, to)?;
-        let state = self.paths.entry(to.to_vec()).or_default();
-        state.holders = moved.holders;
-        Some((version, source))
+        self.versions.renamed(from, to)
     }
 
     /// `to` is a new link to `from`'s file.
     pub fn linked(&mut self, from: &[u8], to: &[u8]) -> Option<(u32, u32)> {
-        let current = self.paths.get(from)?.current?;
-        self.copy_version(current, to)
+        self.versions.linked(from, to)
     }
 
     /// `path` was deleted: its last version, now gone.
     pub fn unlinked(&mut self, path: &[u8]) -> Option<u32> {
-        self.paths.remove(path)?.current
-    }
-
-    /// The version of `source`'s content at `to`, made `to`'s current one.
-    fn copy_version(&mut self, source: u32, to: &[u8]) -> Option<(u32, u32)> {
-        let original = &self.versions[source as usize];
-        let (sha256, size) = (original.sha256.clone(), original.size);
-        let version = push_version(&mut self.versions, to, sha256, size);
-        let state = self.paths.entry(to.to_vec()).or_default();
-        state.current = Some(version);
-        state.key = None;
-        Some((version, source))
-    }
-
-    fn move_tree(&mut self, from: &[u8], to: &[u8]) {
-        let under = |path: &[u8]| path.starts_with(from) && path.get(from.len()) == Some(&b'/');
-        let moved: Vec<Vec<u8>> = self
-            .paths
-            .keys()
-            .filter(|path| under(path))
-            .cloned()
-            .collect();
-        for old in moved {
-            let state = self.paths.remove(&old).unwrap();
-            let new = [to, &old[from.len()..]].concat();
-            self.paths.insert(new, state);
-        }
+        self.versions.unlinked(path)
     }
 
     /// Every path someone still holds (at the end of the job).
     pub fn held_paths(&self) -> Vec<Vec<u8>> {
-        self.paths
-            .iter()
+        self.versions
+            .states()
             .filter(|(_, state)| !state.holders.is_empty())
-            .map(|(path, _)| path.clone())
+            .map(|(path, _)| path.to_vec())
             .collect()
     }
 
     pub fn into_versions(self) -> Vec<FileVersion> {
-        self.versions
+        self.versions.into_versions()
     }
-}
-
-fn push_version(versions: &mut Vec<FileVersion>, path: &[u8], sha256: Vec<u8>, size: u64) -> u32 {
-    let id = versions.len() as u32;
-    versions.push(FileVersion {
-        id,
-        path: path.to_vec(),
-        sha256,
-        size,
-    });
-    id
 }
 
 /// SHA-256 and length of a file's content.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use provm_guest_agent::records::{assemble, Relations};
 use provm_guest_agent::{Outcome, Process, ProvRecord};
 
-use super::files::{Change, Files, Holder};
+use super::files::{Files, Holder};
 use super::ptrace::{now_ns, Pid};
 
 /// What exec put in a process.
@@ -136,7 +136,7 @@ impl Recorder {
         for path in self.files.held_by(tgid) {
             if !open.contains(&path) {
                 let (_, change) = self.files.observe(&path, Some(tgid));
-                self.record_change(change);
+                self.relations.changed(change);
                 self.files.remove_holder(&path, tgid);
             }
         }
@@ -172,7 +172,7 @@ impl Recorder {
             self.read(process, &path);
         }
         let (exe, change) = self.files.observe(&image.exe, None);
-        self.record_change(change);
+        self.relations.changed(change);
         if let Some(exe) = exe {
             self.use_file(process, exe, true);
         }
@@ -235,7 +235,7 @@ impl Recorder {
     /// Before a call that changes `path`'s name: its content as it is.
     pub fn touch(&mut self, path: &[u8]) {
         let (_, change) = self.files.observe(path, None);
-        self.record_change(change);
+        self.relations.changed(change);
     }
 
     pub fn renamed(&mut self, tgid: Pid, from: &[u8], to: &[u8]) {
@@ -296,13 +296,13 @@ impl Recorder {
     fn observe_held(&mut self, tgid: Pid) {
         for path in self.files.held_by(tgid) {
             let (_, change) = self.files.observe(&path, Some(tgid));
-            self.record_change(change);
+            self.relations.changed(change);
         }
     }
 
     fn read(&mut self, process: u32, path: &[u8]) {
         let (version, change) = self.files.observe(path, None);
-        self.record_change(change);
+        self.relations.changed(change);
         if let Some(version) = version {
             self.use_file(process, version, false);
         }
@@ -310,16 +310,6 @@ impl Recorder {
 
     fn use_file(&mut self, process: u32, file: u32, execute: bool) {
         self.relations.used(process, file, execute);
-    }
-
-    fn record_change(&mut self, change: Option<Change>) {
-        if let Some(Change {
-            version,
-            writer: Some(process),
-        }) = change
-        {
-            self.relations.generated(version, process);
-        }
     }
 
     fn derived(&mut self, tgid: Pid, file: u32, from: u32) {

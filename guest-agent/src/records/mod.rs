@@ -3,11 +3,14 @@
 //! one form that the agent's in-guest tracer (guest-agent's `provenance`),
 //! the host's replay (src/provenance's `replay`) and the host's graph
 //! (src/provenance's `capture`) share; their wire form; and how a tracer
-//! assembles them (`relations`).
+//! assembles them (`relations`) and numbers the file versions they name
+//! (`versions`).
 
 mod relations;
+mod versions;
 
 pub use relations::{assemble, Relations};
+pub use versions::{Change, PathState, Versions};
 
 use crate::codec::{put_bytes, put_list, put_u32, put_u64, DecodeError, Reader};
 use crate::job::Outcome;

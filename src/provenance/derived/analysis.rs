@@ -22,8 +22,8 @@ use serde_json::json;
 use syscalls::x86_64::Sysno;
 
 use super::versions::{
-    is_kernel_file, Change, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY,
-    O_PATH, O_RDONLY, O_TRUNC, O_WRONLY,
+    is_kernel_file, Copy, Files, Transfer, O_ACCMODE, O_CREAT_WRONLY_TRUNC, O_DIRECTORY, O_PATH,
+    O_RDONLY, O_TRUNC, O_WRONLY,
 };
 use provm_analysis::api::{Analysis, ProcessEvent};
 use provm_analysis::syscall::{Arg, Syscall};
@@ -144,7 +144,7 @@ impl DerivedProvenance {
         let live = self.live.get_mut(&pid).unwrap();
         (live.process, live.execed) = (process, true);
         let (version, change) = self.files.observe_existing(exe);
-        self.record_change(change);
+        self.relations.changed(change);
         self.relations.used(process, version, true);
     }
 
@@ -286,7 +286,7 @@ impl DerivedProvenance {
         let access = flags & O_ACCMODE;
         if access != O_WRONLY {
             let (version, change) = self.files.observe_existing(path);
-            self.record_change(change);
+            self.relations.changed(change);
             self.relations.used(process, version, false);
             self.files.start_read(tgid, path, version);
             self.read_paths.insert((process, path.to_owned()));
@@ -308,7 +308,7 @@ impl DerivedProvenance {
     fn use_once(&mut self, process: u32, path: &str) {
         if self.read_paths.insert((process, path.to_owned())) {
             let (version, change) = self.files.observe_existing(path);
-            self.record_change(change);
+            self.relations.changed(change);
             self.relations.used(process, version, false);
         }
     }
@@ -331,17 +331,7 @@ impl DerivedProvenance {
 
     fn observe(&mut self, path: &str) {
         let (_, change) = self.files.observe(path);
-        self.record_change(change);
-    }
-
-    fn record_change(&mut self, change: Option<Change>) {
-        if let Some(Change {
-            version,
-            writer: Some(process),
-        }) = change
-        {
-            self.relations.generated(version, process);
-        }
+        self.relations.changed(change);
     }
 
     fn new_process(&mut self, pid: i32, env: u32, at: Position) -> u32 {
