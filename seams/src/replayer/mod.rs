@@ -1,8 +1,14 @@
 //! The replayer seam: at replay time the clock and every input come from
 //! the trace's log, and every output the guest produces is compared with
-//! it. Its jobs, a module each:
-//! - here: the replayer's state and the one step every crossing takes,
-//!   consuming the log's next event if it matches (`expect`);
+//! it. Its state has three parts, a module each:
+//! - `cursor`: where the replay stands in the log, and its pause points;
+//! - `checks`: what the replay is compared with beyond the log's events,
+//!   what it has produced so far, and the first divergence;
+//! - `agent`: the agent's frames, read for the command's exit status.
+//!
+//! Its jobs, a module each:
+//! - here: the replayer and the one step every crossing takes, consuming
+//!   the log's next event if it matches (`expect`);
 //! - `seam`: the crossings themselves (`Seam` and `Clock`);
 //! - `driver`: the loops that drive a restored VM through the log, handing
 //!   debug stops to an observer;
@@ -10,28 +16,27 @@
 //!   travel);
 //! - `verdict`: how a replay ended, and where it diverged.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::Instant;
 
-use provm_guest_agent::FrameReader;
-use provm_trace::event_log::{DiskWritesDigest, EventStream};
+use provm_trace::event_log::EventStream;
 use provm_trace::events::Event;
-use provm_trace::manifest::FinalStateCheck;
 use provm_trace::page_digests::PageDigests;
 use provm_vmm::seam::Delivery;
 
+mod agent;
+mod checks;
+mod cursor;
 mod driver;
 mod rewind;
 mod seam;
 mod verdict;
 
+use agent::AgentFrames;
+use checks::Checks;
+use cursor::Cursor;
 pub use driver::{ObservedError, StopHandler, Stopped};
 pub use rewind::Checkpoint;
 pub use verdict::{Divergence, Expected, RecordedEnd, ReplayEnd};
-
-/// How many events before a divergence its report shows.
-const CONTEXT: usize = 12;
 
 /// How far a replay has got: the point an observer stands at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,40 +67,15 @@ pub struct Replayer {
     delivery: Delivery,
 }
 
+/// One lock over the three parts, not one each: a crossing looks at the
+/// checks (no divergence yet), takes the log's next event and records the
+/// divergence it makes in one step, and a checkpoint or a rewind takes or
+/// puts back all three at one point of the log. Separate locks would let
+/// another thread see the parts at different points.
 struct State {
-    events: EventStream,
-    recorded: RecordedEnd,
-    /// Events consumed so far.
-    position: u64,
-    exits: u64,
-    /// When the guest last exited (host time), to notice it spinning.
-    last_exit: Instant,
-    clock_ns: u64,
-    recent: VecDeque<(u64, Event)>,
-    /// The running vCPU, once the log switched vCPUs (`Event::Switch`).
-    vcpu: Option<u8>,
-    divergence: Option<Divergence>,
-    /// A trace that could not be read mid-replay.
-    error: Option<String>,
-    disk_writes: DiskWritesDigest,
-    agent_frames: FrameReader,
-    /// The exit status the replayed agent reported, once it has.
-    exit_status: Option<i32>,
-    /// Pause at the first exit at or after this event (`pause_at`).
-    pause_at: Option<u64>,
-    /// Events consumed at the last place the replay could pause (see
-    /// `Replayer::pause_place`).
-    pause_place: u64,
-    /// The state checks that matched so far.
-    state_checks: u64,
-    /// The replayed machine's state at its power-off, once it powered off.
-    final_check: Option<FinalStateCheck>,
-    /// See `Replayer::skip_register_check`.
-    registers_unchecked: bool,
-    /// The recording's page digests, check by check (`with_page_digests`).
-    page_digests: Vec<PageDigests>,
-    /// The replayed memory's piece digests at its power-off.
-    final_pieces: Option<Vec<u16>>,
+    cursor: Cursor,
+    checks: Checks,
+    agent: AgentFrames,
 }
 
 impl Replayer {
@@ -104,26 +84,9 @@ impl Replayer {
     pub fn new(events: EventStream, start_ns: u64, recorded: RecordedEnd) -> Self {
         Replayer {
             state: Mutex::new(State {
-                events,
-                recorded,
-                position: 0,
-                exits: 0,
-                last_exit: Instant::now(),
-                clock_ns: start_ns,
-                recent: VecDeque::with_capacity(CONTEXT),
-                vcpu: None,
-                divergence: None,
-                error: None,
-                disk_writes: DiskWritesDigest::default(),
-                agent_frames: FrameReader::default(),
-                exit_status: None,
-                pause_at: None,
-                pause_place: 0,
-                state_checks: 0,
-                final_check: None,
-                registers_unchecked: false,
-                page_digests: Vec::new(),
-                final_pieces: None,
+                cursor: Cursor::new(events, start_ns),
+                checks: Checks::new(recorded),
+                agent: AgentFrames::default(),
             }),
             tap: Mutex::new(None),
             disk_error: Mutex::new((None, 0)),
@@ -142,7 +105,7 @@ impl Replayer {
     /// against the recording's `checks` (the trace's page digests), so
     /// that the divergence names the pages.
     pub fn with_page_digests(self, checks: Vec<PageDigests>) -> Self {
-        self.state.lock().unwrap().page_digests = checks;
+        self.state.lock().unwrap().checks.set_page_digests(checks);
         self
     }
 
@@ -155,7 +118,7 @@ impl Replayer {
     /// recorded on Linux 6.12 differed on 6.1, and one recorded on QEMU's
     /// EPYC-Milan differed on its EPYC, outputs and memory matching).
     pub fn skip_register_check(&self) {
-        self.state.lock().unwrap().registers_unchecked = true;
+        self.state.lock().unwrap().checks.skip_register_check();
     }
 
     /// Fails the `access`th disk access, counted from 1 (a fork's trace:
@@ -170,32 +133,26 @@ impl Replayer {
     }
 
     pub fn position(&self) -> Position {
-        let state = self.state.lock().unwrap();
-        Position {
-            events: state.position,
-            exits: state.exits,
-            guest_ns: state.clock_ns,
-        }
+        self.state.lock().unwrap().cursor.position()
     }
 
     /// Bytes the host sent to the agent at this point of the recording, if
     /// the next logged event is such an input.
     pub fn pending_agent_input(&self) -> Option<Vec<u8>> {
-        let mut state = self.state.lock().unwrap();
-        match state.events.peek() {
-            Ok(Some(Event::AgentInput(bytes))) => Some(bytes.clone()),
+        match self.state.lock().unwrap().cursor.peek() {
+            Some(Event::AgentInput(bytes)) => Some(bytes.clone()),
             _ => None,
         }
     }
 
     /// The first divergence, once there is one.
     pub fn divergence(&self) -> Option<Divergence> {
-        self.state.lock().unwrap().divergence.clone()
+        self.state.lock().unwrap().checks.divergence().cloned()
     }
 
     /// Whether the log has no event left.
     pub fn at_end_of_log(&self) -> bool {
-        self.state.lock().unwrap().at_end_of_log()
+        self.state.lock().unwrap().cursor.at_end()
     }
 
     /// Consumes the next event, which must satisfy `matches`; otherwise
@@ -208,50 +165,24 @@ impl Replayer {
         matches: impl FnOnce(&Event) -> bool,
     ) -> Option<Event> {
         let mut state = self.state.lock().unwrap();
-        if state.divergence.is_some() || state.error.is_some() {
+        let State { cursor, checks, .. } = &mut *state;
+        if checks.diverged() || cursor.error().is_some() {
             return None;
         }
-        let next = match state.events.next_event() {
-            Ok(next) => next,
-            Err(error) => {
-                state.error = Some(format!("cannot read the trace: {error}"));
-                return None;
-            }
-        };
-        match next {
+        match cursor.take()? {
             Some(event) if matches(&event) => {
                 if let Some(tap) = self.tap.lock().unwrap().as_mut() {
-                    tap.event(state.position, &event);
+                    tap.event(cursor.position().events, &event);
                 }
-                state.consumed(event.clone());
+                cursor.consumed(event.clone());
                 Some(event)
             }
-            None if !state.recorded.complete => None,
+            None if !checks.recorded().complete => None,
             other => {
                 let expected = other.map_or(Expected::EndOfLog, Expected::Event);
-                state.divergence = Some(state.divergence_at(expected, actual()));
+                checks.diverge(cursor.divergence_at(expected, actual()));
                 None
             }
         }
-    }
-}
-
-impl State {
-    fn consumed(&mut self, event: Event) {
-        self.exits += u64::from(event.is_exit());
-        match event {
-            Event::Clock(ns) => self.clock_ns = ns,
-            Event::Switch(cpu) => self.vcpu = Some(cpu),
-            _ => {}
-        }
-        if self.recent.len() == CONTEXT {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((self.position, event));
-        self.position += 1;
-    }
-
-    fn at_end_of_log(&mut self) -> bool {
-        matches!(self.events.peek(), Ok(None))
     }
 }

@@ -3,16 +3,13 @@
 
 use std::time::Instant;
 
-use provm_guest_agent::GuestMessage;
 use provm_trace::events::{self, Event};
-use provm_trace::page_digests::CheckPoint;
 use provm_vmm::clock::Clock;
 use provm_vmm::seam::{Delivery, Exit, Instance, LoggedStop, Place, Seam};
 use provm_vmm::state_digest::{MemoryDigest, StateDigest};
 
 use super::{Replayer, State};
 use crate::exit_event;
-use crate::state_check;
 
 impl Clock for Replayer {
     fn monotonic_ns(&self) -> u64 {
@@ -21,7 +18,7 @@ impl Clock for Replayer {
             |e| matches!(e, Event::Clock(_)),
         ) {
             Some(Event::Clock(ns)) => ns,
-            _ => self.state.lock().unwrap().clock_ns,
+            _ => self.position().guest_ns,
         }
     }
 
@@ -48,19 +45,19 @@ impl Seam for Replayer {
             rip: at.rip,
             registers: at.registers,
         };
-        match self.state.lock().unwrap().events.peek() {
-            Ok(Some(Event::Preempted {
+        match self.state.lock().unwrap().cursor.peek() {
+            Some(Event::Preempted {
                 at,
                 pages,
                 instance,
-            })) => Some(LoggedStop::Preemption(
+            }) => Some(LoggedStop::Preemption(
                 place(at),
                 Instance {
                     pages: pages.clone(),
                     digest: *instance,
                 },
             )),
-            Ok(Some(Event::InterruptWindow { at })) if self.delivery == Delivery::LoggedWindow => {
+            Some(Event::InterruptWindow { at }) if self.delivery == Delivery::LoggedWindow => {
                 Some(LoggedStop::Window(place(at)))
             }
             _ => None,
@@ -71,7 +68,7 @@ impl Seam for Replayer {
     fn wait_until(&self, _: u64, _: Instant) {}
 
     fn exit(&self, exit: Exit<'_>, at: Place) {
-        self.state.lock().unwrap().last_exit = Instant::now();
+        self.state.lock().unwrap().cursor.restart_exitless();
         let actual = exit_event(exit, at);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
@@ -90,15 +87,7 @@ impl Seam for Replayer {
     /// did: the schedule is the log's. A switch the log has at another
     /// exit shows as the next exit differing, on the vCPU named.
     fn schedule(&self, _proposed: Option<usize>) -> Option<usize> {
-        let next = self
-            .state
-            .lock()
-            .unwrap()
-            .events
-            .peek()
-            .ok()
-            .flatten()
-            .cloned();
+        let next = self.state.lock().unwrap().cursor.peek().cloned();
         let Some(Event::Switch(cpu)) = next else {
             return None;
         };
@@ -114,11 +103,14 @@ impl Seam for Replayer {
     fn agent_output(&self, bytes: &[u8]) {
         let actual = Event::AgentOutput(bytes.to_vec());
         self.expect(|| actual.to_string(), |e| *e == actual);
-        self.state.lock().unwrap().watch_agent(bytes);
+        let mut state = self.state.lock().unwrap();
+        if let Some(exit_status) = state.agent.exit_status_in(bytes) {
+            state.checks.agent_finished(exit_status);
+        }
     }
 
     fn disk_write(&self, offset: u64, data: &[u8]) {
-        self.state.lock().unwrap().disk_writes.add(offset, data);
+        self.state.lock().unwrap().checks.disk_write(offset, data);
         let actual = Event::disk_write(offset, data);
         self.expect(|| actual.to_string(), |e| *e == actual);
     }
@@ -132,8 +124,8 @@ impl Seam for Replayer {
     /// replay needs no network.
     fn net_receive(&self) -> Option<Vec<u8>> {
         let next_is_frame = matches!(
-            self.state.lock().unwrap().events.peek(),
-            Ok(Some(Event::NetReceived(_)))
+            self.state.lock().unwrap().cursor.peek(),
+            Some(Event::NetReceived(_))
         );
         if !next_is_frame {
             return None;
@@ -154,14 +146,19 @@ impl Seam for Replayer {
     /// exit and every kick of the vCPU.
     fn stop_reason(&self) -> Option<String> {
         let mut state = self.state.lock().unwrap();
-        if let Some(error) = &state.error {
-            return Some(error.clone());
+        let State { cursor, checks, .. } = &mut *state;
+        if let Some(error) = cursor.error() {
+            return Some(error.to_owned());
         }
-        state.check_spinning();
-        if state.divergence.is_some() {
+        if !checks.diverged() {
+            if let Some(spins) = cursor.spinning(checks.recorded().exitless_limit) {
+                checks.diverge(spins);
+            }
+        }
+        if checks.diverged() {
             return Some("the replay diverged".into());
         }
-        state.at_end_of_log().then(|| "the end of the log".into())
+        cursor.at_end().then(|| "the end of the log".into())
     }
 
     /// A recording's host sends between runs of the VM, after an exit; a
@@ -169,7 +166,7 @@ impl Seam for Replayer {
     /// `fork`).
     fn host_input_due(&self) -> bool {
         let mut state = self.state.lock().unwrap();
-        matches!(state.events.peek(), Ok(Some(Event::AgentInput(_))))
+        matches!(state.cursor.peek(), Some(Event::AgentInput(_)))
     }
 
     fn disk_access_fails(&self, _write: bool) -> bool {
@@ -182,8 +179,7 @@ impl Seam for Replayer {
     /// this exit.
     fn memory_check_due(&self) -> bool {
         let mut state = self.state.lock().unwrap();
-        state.divergence.is_none()
-            && matches!(state.events.peek(), Ok(Some(Event::StateCheck { .. })))
+        !state.checks.diverged() && matches!(state.cursor.peek(), Some(Event::StateCheck { .. }))
     }
 
     fn memory_checked(&self, digest: MemoryDigest) {
@@ -194,71 +190,24 @@ impl Seam for Replayer {
             || format!("state check at event {event}: memory differs (digest {whole:016x})"),
             |e| *e == actual,
         );
-        let mut state = self.state.lock().unwrap();
+        let checks = &mut self.state.lock().unwrap().checks;
         if matched.is_some() {
-            state.state_checks += 1;
-            return;
-        }
-        let pages = state.pages_differing(CheckPoint::Event(event), &digest.pieces);
-        if let Some(divergence) = state.divergence.as_mut() {
-            if divergence.event == event && divergence.actual.starts_with("state check") {
-                divergence.pages = pages;
-            }
+            checks.state_check_matched();
+        } else {
+            checks.memory_differs(event, &digest.pieces);
         }
     }
 
     fn final_check_due(&self) -> bool {
-        self.state.lock().unwrap().recorded.final_check.is_some()
+        let state = self.state.lock().unwrap();
+        state.checks.recorded().final_check.is_some()
     }
 
     fn final_state(&self, digest: &StateDigest) {
-        let mut state = self.state.lock().unwrap();
-        // Registers left unchecked need no search for an older trace's
-        // TSC rate.
-        let recorded = state.recorded.final_check.as_ref();
-        let compared = recorded.filter(|_| !state.registers_unchecked);
-        let replayed = state_check::replayed(digest, compared);
-        state.final_check = Some(replayed);
-        state.final_pieces = Some(digest.memory.pieces.clone());
+        self.state.lock().unwrap().checks.final_state(digest);
     }
 
     fn pause_here(&self) -> bool {
-        let mut state = self.state.lock().unwrap();
-        state.pause_place = state.position;
-        let due = state.pause_at.is_some_and(|event| state.position >= event);
-        if due {
-            state.pause_at = None;
-        }
-        due
-    }
-}
-
-impl State {
-    /// Notes the command's exit status when the agent's output reports it.
-    /// A bad frame is said once; the output is still compared with the log.
-    fn watch_agent(&mut self, bytes: &[u8]) {
-        let already_broken = self.agent_frames.is_broken();
-        self.agent_frames.push(bytes);
-        loop {
-            match self.agent_frames.next_frame() {
-                Ok(Some((kind, payload))) => {
-                    if let Ok(GuestMessage::Finished(outcome)) =
-                        GuestMessage::decode(kind, &payload)
-                    {
-                        self.exit_status = Some(outcome.shell_status());
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    if !already_broken {
-                        tracing::warn!(
-                            "the agent's output cannot be read past a bad frame ({error}): \
-                             the replay compares its bytes but cannot tell the command's exit status"
-                        );
-                    }
-                    break;
-                }
-            }
-        }
+        self.state.lock().unwrap().cursor.pause_here()
     }
 }

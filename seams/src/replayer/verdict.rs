@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use provm_trace::events::Event;
 use provm_trace::manifest::{FinalStateCheck, Outcome};
-use provm_trace::page_digests::{CheckPoint, PageDifference};
+use provm_trace::page_digests::PageDifference;
 use provm_vmm::vm::{VmError, VmEvent};
 
-use super::{Replayer, State};
+use super::{Position, Replayer, State};
 
 /// The shortest time a replayed guest may go without the exit the log
 /// says comes next before it is taken for spinning (see `RecordedEnd`).
@@ -161,7 +161,7 @@ impl Replayer {
                 false
             }
         };
-        if let Some(error) = self.state.lock().unwrap().error.take() {
+        if let Some(error) = self.state.lock().unwrap().cursor.take_error() {
             return Err(VmError::Stopped(error));
         }
         Ok(self.verdict(powered_off, rip))
@@ -171,8 +171,9 @@ impl Replayer {
     /// divergence unless the log of a recording cut short ends here.
     fn vm_ended(&self, why: String) {
         let mut state = self.state.lock().unwrap();
-        if state.divergence.is_none() && (state.recorded.complete || !state.at_end_of_log()) {
-            state.diverge(why);
+        let State { cursor, checks, .. } = &mut *state;
+        if !checks.diverged() && (checks.recorded().complete || !cursor.at_end()) {
+            checks.diverge(cursor.ended_here(why));
         }
     }
 
@@ -180,21 +181,25 @@ impl Replayer {
     /// guest halted for good, with `rip` its instruction pointer.
     fn verdict(&self, powered_off: bool, rip: u64) -> ReplayEnd {
         let mut state = self.state.lock().unwrap();
-        if state.divergence.is_none() {
-            if !state.at_end_of_log() {
-                state.diverge(if powered_off {
+        let State { cursor, checks, .. } = &mut *state;
+        if !checks.diverged() {
+            if !cursor.at_end() {
+                checks.diverge(cursor.ended_here(if powered_off {
                     "the guest halted for good".into()
                 } else {
                     "the replay stopped".into()
-                });
-            } else if state.recorded.complete {
-                state.check_outcome(powered_off);
+                }));
+            } else if checks.recorded().complete {
+                checks.check_outcome(cursor, powered_off);
             }
         }
-        let (events, guest_ns, state_checks) = (state.position, state.clock_ns, state.state_checks);
-        match state.divergence.clone() {
+        let Position {
+            events, guest_ns, ..
+        } = cursor.position();
+        let state_checks = checks.state_checks();
+        match checks.divergence().cloned() {
             Some(divergence) => ReplayEnd::Diverged { divergence, rip },
-            None if state.recorded.complete => ReplayEnd::Matched {
+            None if checks.recorded().complete => ReplayEnd::Matched {
                 events,
                 guest_ns,
                 state_checks,
@@ -204,112 +209,6 @@ impl Replayer {
                 guest_ns,
                 state_checks,
             },
-        }
-    }
-}
-
-impl State {
-    pub(super) fn divergence_at(&self, expected: Expected, actual: String) -> Divergence {
-        Divergence {
-            event: self.position,
-            exit: self.exits,
-            expected,
-            actual,
-            recent: self.recent.iter().cloned().collect(),
-            pages: None,
-            vcpu: self.vcpu,
-        }
-    }
-
-    /// The pages whose digests differ at the check `at` from `replayed`'s,
-    /// if the recording kept that check's.
-    pub(super) fn pages_differing(
-        &self,
-        at: CheckPoint,
-        replayed: &[u16],
-    ) -> Option<Vec<PageDifference>> {
-        let recorded = self.page_digests.iter().find(|check| check.at == at)?;
-        Some(recorded.differences(replayed))
-    }
-
-    /// The replay ended (`why`) where the log holds its next event, or ends.
-    fn diverge(&mut self, why: String) {
-        let expected = match self.events.next_event() {
-            Ok(Some(event)) => Expected::Event(event),
-            _ => Expected::EndOfLog,
-        };
-        self.divergence = Some(self.divergence_at(expected, why));
-    }
-
-    /// At the end of a complete trace's log: the guest must have powered
-    /// off, with the recorded exit status and disk writes.
-    fn check_outcome(&mut self, powered_off: bool) {
-        let status = |status: Option<i32>| {
-            status.map_or("no exit status".to_owned(), |s| format!("exit status {s}"))
-        };
-        let replayed_disk = self.disk_writes.hex();
-        let (expected, actual) = if !powered_off {
-            (
-                "the guest's power-off".to_owned(),
-                "the replay stopped".to_owned(),
-            )
-        } else if self.exit_status != self.recorded.exit_status {
-            (status(self.recorded.exit_status), status(self.exit_status))
-        } else if replayed_disk != self.recorded.disk_writes_sha256 {
-            let digest = |sha256: &str| format!("disk writes with SHA-256 {sha256}");
-            (
-                digest(&self.recorded.disk_writes_sha256),
-                digest(&replayed_disk),
-            )
-        } else if let Some(differs) = self.final_check_difference() {
-            (
-                "the recorded machine state at the guest's power-off".to_owned(),
-                format!("state check at event {}: {differs}", self.position),
-            )
-        } else {
-            return;
-        };
-        let mut divergence = self.divergence_at(Expected::Outcome(expected), actual);
-        let memory_differs = matches!(
-            (&self.recorded.final_check, &self.final_check),
-            (Some(recorded), Some(replayed)) if recorded.memory != replayed.memory
-        );
-        if let (true, Some(pieces)) = (memory_differs, &self.final_pieces) {
-            divergence.pages = self.pages_differing(CheckPoint::PowerOff, pieces);
-        }
-        self.divergence = Some(divergence);
-    }
-
-    /// What differs in the replayed machine's final state from the
-    /// recorded one, if the recording checked it; counts the check if
-    /// nothing does.
-    fn final_check_difference(&mut self) -> Option<String> {
-        let recorded = self.recorded.final_check.as_ref()?;
-        let Some(replayed) = &self.final_check else {
-            return Some("the machine state (not taken at the replay's power-off) differs".into());
-        };
-        let mut replayed = replayed.clone();
-        if self.registers_unchecked {
-            replayed.registers.clone_from(&recorded.registers);
-        }
-        let differs = recorded.first_difference(&replayed);
-        self.state_checks += u64::from(differs.is_none());
-        differs
-    }
-
-    /// A divergence if the guest has run longer than the recording allows
-    /// without the exit the log says comes next: it diverged and spins.
-    pub(super) fn check_spinning(&mut self) {
-        let spinning = self.last_exit.elapsed();
-        if self.divergence.is_some() || spinning < self.recorded.exitless_limit {
-            return;
-        }
-        let next_is_exit = matches!(self.events.peek(), Ok(Some(event)) if event.is_exit());
-        if next_is_exit {
-            self.diverge(format!(
-                "no VM exit for {} s: the guest spins where the recording exited",
-                spinning.as_secs()
-            ));
         }
     }
 }
