@@ -89,9 +89,9 @@ mod tests {
 
     #[test]
     fn limits_are_set_for_the_spawn_and_put_back() {
-        let before = get(libc::RLIMIT_NOFILE as u32).unwrap();
+        let before = get(libc::RLIMIT_NOFILE).unwrap();
         let lower = Rlimit {
-            resource: libc::RLIMIT_NOFILE as u32,
+            resource: libc::RLIMIT_NOFILE,
             soft: 64.min(before.rlim_cur),
             hard: before.rlim_max,
         };

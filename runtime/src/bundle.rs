@@ -207,7 +207,7 @@ pub fn rlimit(limit: &PosixRlimit) -> provm_guest_agent::Rlimit {
         PosixRlimitType::RlimitRttime => libc::RLIMIT_RTTIME,
     };
     provm_guest_agent::Rlimit {
-        resource: resource as u32,
+        resource,
         soft: limit.soft(),
         hard: limit.hard(),
     }
