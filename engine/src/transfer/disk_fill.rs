@@ -257,3 +257,72 @@ impl Filler<'_> {
         Ok(self.written)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+    use crate::transfer::survey::{Input, Survey};
+    use crate::transfer::tree_messages;
+
+    /// Two inputs: a folder with a file of several chunks and blocks, an
+    /// empty file and a link; and a file of its own.
+    fn inputs(at: &Path) -> Vec<Input> {
+        let folder = at.join("folder");
+        fs::create_dir_all(folder.join("sub")).unwrap();
+        let big: Vec<u8> = (0..3 * ext4::BLOCK + 5).map(|i| (i % 251) as u8).collect();
+        fs::write(folder.join("sub/big"), big).unwrap();
+        fs::write(folder.join("empty"), b"").unwrap();
+        symlink("sub/big", folder.join("link")).unwrap();
+        fs::write(at.join("alone"), b"one file\n").unwrap();
+        [("folder", "/data"), ("alone", "/alone")]
+            .map(|(host, guest)| Input {
+                host: at.join(host),
+                guest: guest.into(),
+            })
+            .to_vec()
+    }
+
+    #[test]
+    fn the_disk_holds_the_inputs_and_their_digests_are_the_channels() {
+        let (host, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let survey = Survey::of(&inputs(host.path()), None, 128, 0).unwrap();
+        let made = make(&survey.trees, cache.path()).unwrap();
+        let on_channel: Vec<DataDigest> = survey
+            .trees
+            .iter()
+            .map(|tree| tree_messages::digest(&tree.entries).unwrap())
+            .collect();
+        assert_eq!(made.digests, on_channel);
+        drop(made.file);
+        for (on_disk, on_host) in [("0/sub/big", "folder/sub/big"), ("1", "alone")] {
+            let out = cache.path().join("out");
+            let dumped = Command::new("debugfs")
+                .arg("-R")
+                .arg(format!("dump /{on_disk} {}", out.display()))
+                .arg(&made.path)
+                .output()
+                .unwrap();
+            assert!(dumped.status.success(), "{dumped:?}");
+            let expected = fs::read(host.path().join(on_host)).unwrap();
+            assert_eq!(fs::read(&out).unwrap(), expected, "{on_disk}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_changed_length_since_its_survey_fails_the_making() {
+        for len in [3 * ext4::BLOCK, 4 * ext4::BLOCK + 1] {
+            let (host, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let survey = Survey::of(&inputs(host.path()), None, 128, 0).unwrap();
+            fs::write(host.path().join("folder/sub/big"), vec![1; len as usize]).unwrap();
+            let Err(refused) = make(&survey.trees, cache.path()) else {
+                panic!("a file of {len} bytes, surveyed at another length, is refused");
+            };
+            assert!(
+                matches!(&refused, DataError::InputChanged(path) if path.ends_with("folder")),
+                "{refused}"
+            );
+        }
+    }
+}
