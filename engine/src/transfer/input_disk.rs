@@ -4,6 +4,12 @@
 //! same inputs make the same bytes on any host. Every entry is root's, of
 //! provm's pinned time, with the input's permission bits.
 //!
+//! Made from the survey alone (`survey::Surveyed`: entries, lengths), it
+//! gives back the disk and the inputs' digests, which its making takes as
+//! it writes (`disk_fill`): each input is read once, as the channel would
+//! send it, and nothing is asked of the plan, which is made from what the
+//! builder gives.
+//!
 //! Built once per content: cached as `inputs/KEY.ext4`, KEY a digest of
 //! the inputs' digests (which the manifest records too), so an unchanged
 //! input is neither built nor stored twice, and a replay finds the disk
@@ -11,28 +17,21 @@
 //! is digested whenever it is used (`file_sha256`, cached while the file
 //! is unchanged) and checked against the manifest's digest.
 
-use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Seek, Write};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use provm_trace::manifest::DataDigest;
 use provm_trace::reader::Trace;
 
-use super::inputs::{InputPlan, Planned};
-use super::DataError;
+use super::disk_fill::{self, WRITE_SIZE};
+use super::survey::Surveyed;
+use super::{input_identity, DataError};
 use crate::compress::compress_where_it_pays;
 use crate::digest::{bytes_sha256, file_identity, file_sha256, HashingWriter};
-use crate::image::flatten::{Kind, Node, Tree};
-use crate::image::{ext4, ContainerError};
 use crate::kernel::cache_dir;
 use crate::notice;
-
-/// How much of the disk is written at a time.
-const WRITE_SIZE: usize = 4 << 20;
 
 /// The zstd level the trace's copy is compressed at: fast, as the image
 /// is mostly the user's data, often compressed already.
@@ -48,7 +47,7 @@ fn dir() -> PathBuf {
     cache_dir().join("inputs")
 }
 
-/// Where the disk of the inputs with these survey digests is cached.
+/// Where the disk of the inputs with these digests is cached.
 fn cached_path<'a>(input_digests: impl Iterator<Item = &'a str>) -> PathBuf {
     let mut key = String::from("provm input disk 2\n");
     for sha256 in input_digests {
@@ -56,6 +55,11 @@ fn cached_path<'a>(input_digests: impl Iterator<Item = &'a str>) -> PathBuf {
         key.push('\n');
     }
     dir().join(format!("{}.ext4", &bytes_sha256(key.as_bytes())[..32]))
+}
+
+/// Where the disk of inputs of `digests` is cached.
+fn cached_path_of(digests: &[DataDigest]) -> PathBuf {
+    cached_path(digests.iter().map(|digest| digest.sha256.as_str()))
 }
 
 /// The image at `path`, digested, if it is there.
@@ -68,219 +72,55 @@ fn cached(path: PathBuf) -> Option<InputDisk> {
     })
 }
 
-/// The input disk of `plan`'s trees, if they go by disk, and their
-/// digests (in `plan`): built, each file read once, digested and written
-/// in one pass, then kept in the cache under those digests, or dropped for
+/// The input disk of the surveyed `trees`, and their digests (one per
+/// tree, in order): built, each file read once, digested and written in
+/// one pass, then kept in the cache under those digests, or dropped for
 /// the disk the cache has of them already.
 ///
 /// Why one pass, and a disk made before the digests are known: a second
 /// read of every input (a survey for the cache's key, then the build)
 /// cost a pass over the data (1 GiB: 20 s on the SVM test bed). Inputs
-/// whose files are as a run that read them left them (`identity`: inode,
-/// size and times, as the cache of image digests trusts) are not read at
-/// all when the cache has their disk; others changed in name only (a copy
-/// of a folder) cost a scratch disk, dropped for the cached one.
-pub fn build(plan: &mut InputPlan) -> Result<Option<InputDisk>, DataError> {
-    if !plan.by_disk() {
-        return Ok(None);
-    }
-    // Inputs unchanged since a run that digested them: their disk, if the
-    // cache has it, with nothing read.
-    let identity = plan.identity();
-    if let Some(digests) = identity.as_deref().and_then(remembered) {
-        if digests.len() == plan.trees().len() {
-            let path = cached_path(digests.iter().map(|digest| digest.sha256.as_str()));
-            if let Some(disk) = cached(path) {
-                plan.set_digests(digests);
-                return Ok(Some(disk));
-            }
-        }
+/// whose files are as a run that read them left them (`input_identity`)
+/// are not read at all when the cache has their disk; others changed in
+/// name only (a copy of a folder) cost a scratch disk, dropped for the
+/// cached one.
+pub(super) fn build(trees: &[Surveyed]) -> Result<(InputDisk, Vec<DataDigest>), DataError> {
+    let identity = input_identity::identity(trees);
+    if let Some(found) = identity
+        .as_deref()
+        .and_then(|identity| unread(identity, trees.len()))
+    {
+        return Ok(found);
     }
     let started = Instant::now();
-    let failed = |error: io::Error| DataError::InputDisk(format!("{}: {error}", dir().display()));
-    fs::create_dir_all(dir()).map_err(failed)?;
-    let scratch = tempfile::Builder::new()
-        .prefix(".making-")
-        .tempdir_in(dir())
-        .map_err(failed)?;
-    let staging = scratch.path().join("root");
-    fs::create_dir(&staging).map_err(failed)?;
-    let mut tree = Tree::new(&staging);
-    let mut placed = Vec::new();
-    for (number, input) in plan.trees().iter().enumerate() {
-        let at = Path::new(&number.to_string()).to_owned();
-        stage(&mut tree, &at, &input.entries, &mut placed).map_err(failed)?;
-    }
-    let built = scratch.path().join("inputs.ext4");
-    let extents = ext4::build_placed(&tree, scratch.path(), &built, &placed).map_err(|error| {
-        DataError::InputDisk(match error {
-            ContainerError::Unsupported(name) => format!("{name}: rename it"),
-            other => other.to_string(),
-        })
-    })?;
-    // The files' bytes, digested as they go in: the disk holds what the
-    // digests (the manifest's, the cache's key) are of.
-    let disk = fs::OpenOptions::new()
-        .write(true)
-        .open(&built)
-        .map_err(failed)?;
-    // Each placed file's input and path in it, in `placed`'s order (the
-    // order `stage` went through them).
-    let owners: Vec<(usize, Vec<u8>)> = plan
-        .trees()
-        .iter()
-        .enumerate()
-        .flat_map(|(index, tree)| {
-            tree.entries.iter().filter_map(move |entry| match entry {
-                Planned::File { path, .. } => Some((index, path.clone())),
-                _ => None,
-            })
-        })
-        .collect();
-    let files: HashMap<(usize, &[u8]), usize> = owners
-        .iter()
-        .enumerate()
-        .map(|(position, (index, path))| ((*index, path.as_slice()), position))
-        .collect();
-    let mut written = vec![0u64; placed.len()];
-    // Writes that follow one another go out as one: under emulation each
-    // write costs more than its copy.
-    let mut out = io::BufWriter::with_capacity(WRITE_SIZE, &disk);
-    let mut next_at = None;
-    let mut write_at = |bytes: &[u8], at: u64| -> io::Result<()> {
-        if next_at != Some(at) {
-            out.seek(io::SeekFrom::Start(at))?;
-        }
-        out.write_all(bytes)?;
-        next_at = Some(at + bytes.len() as u64);
-        Ok(())
-    };
-    plan.digest_into(|index, path, data| {
-        let position = files[&(index, path)];
-        let offset = &mut written[position];
-        let mut data = data;
-        while !data.is_empty() {
-            let (at, room) = extents[position]
-                .iter()
-                .find_map(|extent| extent.locate(*offset))
-                .ok_or(io::ErrorKind::WriteZero)?;
-            let len = data.len().min(room as usize);
-            write_at(&data[..len], at)?;
-            data = &data[len..];
-            *offset += len as u64;
-        }
-        // The rest of the file's last block: zeros, whatever the disk held.
-        let len = placed[position].1;
-        if *offset == len {
-            let tail = len.next_multiple_of(ext4::BLOCK) - len;
-            if let Some((at, _)) = extents[position].iter().find_map(|e| e.locate(len)) {
-                write_at(&vec![0; tail as usize], at)?;
-            }
-        }
-        Ok(())
-    })?;
-    out.into_inner()
-        .map_err(|error| failed(error.into_error()))?;
-    // A file that shrank since its survey.
-    for (((_, len), written), (index, _)) in placed.iter().zip(&written).zip(&owners) {
-        if len != written {
-            return Err(plan.changed(*index));
-        }
-    }
+    let dir = dir();
+    let made = disk_fill::make(trees, &dir)?;
+    let digests = made.digests;
     if let Some(identity) = &identity {
-        remember(identity, &plan.digests());
+        input_identity::remember(identity, &digests);
     }
-    let path = cached_path(plan.trees().iter().map(|tree| tree.digest.sha256.as_str()));
+    let path = cached_path_of(&digests);
     if let Some(disk) = cached(path.clone()) {
         // Built before: the scratch disk goes with its directory.
-        return Ok(Some(disk));
+        return Ok((disk, digests));
     }
-    disk.sync_all().map_err(failed)?;
-    fs::rename(&built, &path).map_err(failed)?;
+    let failed = DataError::input_disk_at(&dir);
+    made.file.sync_all().map_err(failed)?;
+    fs::rename(&made.path, &path).map_err(failed)?;
     let disk = cached(path).ok_or_else(|| failed(io::ErrorKind::NotFound.into()))?;
     notice!(
         "made the input disk ({} MiB) in {:.1} s",
         disk.digest.bytes >> 20,
         started.elapsed().as_secs_f64()
     );
-    Ok(Some(disk))
+    Ok((disk, digests))
 }
 
-/// Where the digests of inputs of this identity are kept.
-fn remembered_path(identity: &str) -> PathBuf {
-    cache_dir().join("input-identities").join(identity)
-}
-
-/// The digests of the inputs of `identity`, as a run that read them
-/// remembered them: a line "SHA256 BYTES" per input.
-fn remembered(identity: &str) -> Option<Vec<DataDigest>> {
-    let text = fs::read_to_string(remembered_path(identity)).ok()?;
-    text.lines()
-        .map(|line| {
-            let (sha256, bytes) = line.split_once(' ')?;
-            (sha256.len() == 64).then_some(())?;
-            Some(DataDigest {
-                sha256: sha256.to_owned(),
-                bytes: bytes.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-fn remember(identity: &str, digests: &[DataDigest]) {
-    let text: String = digests
-        .iter()
-        .map(|digest| format!("{} {}\n", digest.sha256, digest.bytes))
-        .collect();
-    // A cache that cannot be written only costs the next run a read.
-    let _ = crate::digest::write_atomically(&remembered_path(identity), text.as_bytes());
-}
-
-/// Puts one input's `entries` in the staging directory under `at`, and
-/// their metadata in `tree`: files empty, each added to `placed` with its
-/// length (their bytes are written into the built disk).
-fn stage(
-    tree: &mut Tree,
-    at: &Path,
-    entries: &[Planned],
-    placed: &mut Vec<(PathBuf, u64)>,
-) -> io::Result<()> {
-    let staged = |path: &[u8]| match path {
-        [] => at.to_owned(),
-        path => at.join(std::ffi::OsStr::from_bytes(path)),
-    };
-    for entry in entries {
-        let (path, kind, mode) = match entry {
-            Planned::Dir { path, mode } => {
-                fs::create_dir(tree.staging().join(staged(path)))?;
-                (path, Kind::Directory, *mode)
-            }
-            Planned::File {
-                path, mode, len, ..
-            } => {
-                fs::File::create(tree.staging().join(staged(path)))?;
-                placed.push((staged(path), *len));
-                (path, Kind::File, *mode)
-            }
-            Planned::Symlink { path, target } => {
-                symlink(
-                    std::ffi::OsStr::from_bytes(target),
-                    tree.staging().join(staged(path)),
-                )?;
-                (path, Kind::Symlink, 0o777)
-            }
-        };
-        let node = Node {
-            kind,
-            mode,
-            uid: 0,
-            gid: 0,
-            mtime: ext4::FIXED_TIME,
-            xattrs: Default::default(),
-        };
-        tree.nodes.insert(staged(path), node);
-    }
-    Ok(())
+/// The disk of `inputs` inputs of `identity`, and their digests, when a
+/// run remembered those and the cache has their disk: nothing read.
+fn unread(identity: &str, inputs: usize) -> Option<(InputDisk, Vec<DataDigest>)> {
+    let digests = input_identity::remembered(identity).filter(|digests| digests.len() == inputs)?;
+    Some((cached(cached_path_of(&digests))?, digests))
 }
 
 /// The input disk compressed for the trace (what does not compress stored
@@ -329,7 +169,7 @@ pub fn of_trace(trace: &Trace) -> Result<Option<InputDisk>, DataError> {
             "the trace names an input disk but does not hold it: the trace is incomplete".into(),
         ));
     }
-    let failed = |error: io::Error| DataError::InputDisk(format!("{}: {error}", path.display()));
+    let failed = DataError::input_disk_at(&path);
     fs::create_dir_all(dir()).map_err(failed)?;
     let file = tempfile::NamedTempFile::new_in(dir()).map_err(failed)?;
     // The decoder's writes are of 128 KiB: gathered, as the disk's making

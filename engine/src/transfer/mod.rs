@@ -15,16 +15,50 @@
 //! have, in a booted snapshot of its own that serves every input (the
 //! device boots empty, at a fixed size). The trace embeds the image under
 //! its digest, so a replay still needs no host file.
+//!
+//! The path of one `--input`, room by room; its data goes one way, each
+//! room taking what the rooms before it made, none asking a later one:
+//!
+//! 1. The command line parses it (`Input::parse`, in `survey`) into
+//!    `RunOptions::inputs`; `start::job_with_data` asks for the job's data
+//!    (`JobData::prepare`, below) before anything is written.
+//! 2. `survey`: the host path walked into plain data (entries, files,
+//!    bytes), the route of all inputs chosen (by disk from `DISK_FROM`
+//!    bytes) and what goes by channel checked against the guest's memory.
+//!    No content is read yet.
+//! 3. The route reads it, through `tree_messages`, for its digest: on the
+//!    channel, `InputPlan::on_channel`; by disk, `input_disk::build`, which
+//!    finds the disk in the cache (`input_identity`: nothing read) or
+//!    makes it (`disk_fill`: read once, written and digested), and gives
+//!    back the disk and the digests.
+//! 4. `inputs`: the `InputPlan`, the survey and the digests, unchanged from
+//!    then on. It gives the manifest its records (`record.rs`), the job
+//!    its input paths and route (`JobData::describe`), and the session
+//!    (`session.rs`) the messages that follow the job: a channel input
+//!    read again and checked against its digest as it is sent.
+//! 5. By disk, the machine gets the disk as its second, read-only
+//!    virtio-blk device (`start::job_with_data`, `machine.rs`), from a
+//!    booted snapshot that booted with it empty (`fast_start.rs`); a
+//!    recording embeds it in the trace (`input_disk::embed`) and a replay
+//!    takes it from the cache or the trace (`input_disk::of_trace`), where
+//!    a channel input comes from the log. The guest's agent fills each
+//!    input into a tmpfs, or binds it from the disk, at its guest path.
 
+mod disk_fill;
 pub mod input_disk;
+mod input_identity;
 pub mod inputs;
 pub mod outputs;
+mod survey;
+mod tree_messages;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use input_disk::InputDisk;
-pub use inputs::{Input, InputPlan, DISK_FROM};
+pub use inputs::InputPlan;
 pub use outputs::{Delivered, Output, OutputSink};
+use survey::Survey;
+pub use survey::{Input, DISK_FROM};
 
 /// A job's data: the inputs and standard input that follow it, and where
 /// its outputs go.
@@ -47,10 +81,18 @@ impl JobData {
         memory_mib: u64,
     ) -> Result<JobData, DataError> {
         let outputs = OutputSink::new(outputs, force)?;
-        let mut inputs = InputPlan::survey(inputs, stdin, memory_mib, DISK_FROM)?;
+        let survey = Survey::of(inputs, stdin, memory_mib, DISK_FROM)?;
+        // The digests, from the inputs' route: read for them on the
+        // channel, or taken as their disk is made (or found).
+        let (inputs, input_disk) = if survey.by_disk {
+            let (disk, digests) = input_disk::build(&survey.trees)?;
+            (InputPlan::new(survey, digests), Some(disk))
+        } else {
+            (InputPlan::on_channel(survey)?, None)
+        };
         Ok(JobData {
-            input_disk: input_disk::build(&mut inputs)?,
             inputs,
+            input_disk,
             outputs,
         })
     }
@@ -124,6 +166,14 @@ pub enum DataError {
     },
     #[error("the guest sent an output entry {0:?}, which is not part of any output: refusing to write it")]
     OutputOutside(String),
+}
+
+impl DataError {
+    /// What makes an error of the input disk's at `path` (a file, or the
+    /// folder being written in).
+    fn input_disk_at(path: &Path) -> impl Fn(std::io::Error) -> DataError + Copy + '_ {
+        move |error| DataError::InputDisk(format!("{}: {error}", path.display()))
+    }
 }
 
 /// Splits `spec` at its ':' into two non-empty halves (`first` at the
