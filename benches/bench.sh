@@ -13,7 +13,8 @@
 # (benches/state_check.rs), a 100 MB download through the guest's
 # network under run and record (benches/net.rs), and --input's rate under
 # record and replay (benches/inputs.rs; 1 MiB here, by the input disk;
-# PROVM_INPUT_MIB says more).
+# PROVM_INPUT_MIB says more), and containers started by Podman with
+# provm-runtime against runc (benches/runtime.sh).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,3 +55,5 @@ echo
 cargo bench -q --bench net 2>/dev/null
 echo
 PROVM_INPUT_MIB="${PROVM_INPUT_MIB:-1}" cargo bench -q --bench inputs 2>/dev/null
+echo
+benches/runtime.sh
