@@ -8,6 +8,11 @@
 //! the host checks that the inputs fit the guest's memory. Large inputs
 //! come on the input disk instead (`Job::input_disk`): its file system is
 //! mounted read-only and each input bound from it to its guest path.
+//!
+//! An input whose guest path is an output too (a container's read-write
+//! volume: it goes in, and what the command left there comes back) is
+//! placed writable: its tmpfs is not sealed, and one from the input disk
+//! is copied into a tmpfs of its own first.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, Write};
@@ -41,8 +46,9 @@ const INPUT_DISK_READ_AHEAD_SECTORS: libc::c_ulong = (8 << 20) / 512;
 
 /// The inputs and standard input of one job, as they arrive.
 pub struct Inputs {
-    /// Each input's guest path and its staging directory.
-    trees: Vec<(PathBuf, PathBuf)>,
+    /// Each input's guest path, its staging directory, and whether it is
+    /// placed writable.
+    trees: Vec<(PathBuf, PathBuf, bool)>,
     stdin: Option<File>,
     /// The regular file `Data` entries go to, and its path.
     open_file: Option<(PathBuf, File)>,
@@ -53,27 +59,20 @@ impl Inputs {
     /// standard input if it has one.
     pub fn begin(job: &Job) -> Result<Inputs, String> {
         let mut trees = Vec::new();
+        let writable = |guest_path: &Vec<u8>| job.outputs.contains(guest_path);
         let on_channel = if job.input_disk {
-            place_from_disk(&job.inputs)?;
+            place_from_disk(&job.inputs, writable)?;
             &[][..]
         } else {
             &job.inputs[..]
         };
         for (index, guest_path) in on_channel.iter().enumerate() {
             let staging = Path::new(STAGING).join(index.to_string());
-            let mounted = fs::create_dir_all(&staging).and_then(|()| {
-                let target = staging.to_string_lossy();
-                mount(b"tmpfs", &target, "tmpfs", 0, "mode=0755")
-            });
-            mounted.map_err(|error| {
-                format!(
-                    "cannot make room for an input at {}: {error}",
-                    staging.display()
-                )
-            })?;
+            make_tmpfs(&staging)?;
             trees.push((
                 PathBuf::from(std::ffi::OsStr::from_bytes(guest_path)),
                 staging,
+                writable(guest_path),
             ));
         }
         let stdin = job.stdin.then(memory_file).transpose()?;
@@ -104,7 +103,7 @@ impl Inputs {
     }
 
     fn store(&mut self, entry: Entry) -> Result<(), String> {
-        let (_, staging) = self
+        let (_, staging, _) = self
             .trees
             .get(entry.tree as usize)
             .ok_or_else(|| format!("an entry for input {}, which the job lacks", entry.tree))?;
@@ -142,12 +141,12 @@ impl Inputs {
         Ok(())
     }
 
-    /// Mounts every input, read-only, at its guest path and gives the
-    /// command's standard input, from its start.
+    /// Mounts every input at its guest path, read-only unless it is
+    /// writable, and gives the command's standard input, from its start.
     pub fn finish(mut self) -> Result<Option<File>, String> {
         self.open_file = None;
-        for (guest_path, staging) in &self.trees {
-            place(guest_path, staging)?;
+        for (guest_path, staging, writable) in &self.trees {
+            place(guest_path, staging, *writable)?;
         }
         if !self.trees.is_empty() {
             // Empty now: each input's tmpfs went with its staging mount.
@@ -173,9 +172,24 @@ fn staged_path(staging: &Path, path: &[u8]) -> PathBuf {
     }
 }
 
-/// Makes the staged tree read-only and binds it over `guest_path` (made
-/// first when missing, with its parents, of the tree root's kind).
-fn place(guest_path: &Path, staging: &Path) -> Result<(), String> {
+/// A tmpfs of its own at `staging`, for one input.
+fn make_tmpfs(staging: &Path) -> Result<(), String> {
+    let mounted = fs::create_dir_all(staging).and_then(|()| {
+        let target = staging.to_string_lossy();
+        mount(b"tmpfs", &target, "tmpfs", 0, "mode=0755")
+    });
+    mounted.map_err(|error| {
+        format!(
+            "cannot make room for an input at {}: {error}",
+            staging.display()
+        )
+    })
+}
+
+/// Makes the staged tree read-only unless `writable`, and binds it over
+/// `guest_path` (made first when missing, with its parents, of the tree
+/// root's kind).
+fn place(guest_path: &Path, staging: &Path, writable: bool) -> Result<(), String> {
     let failed = |what: &str, error: std::io::Error| {
         format!(
             "cannot {what} the input at {}: {error}",
@@ -183,14 +197,16 @@ fn place(guest_path: &Path, staging: &Path) -> Result<(), String> {
         )
     };
     let staging_name = staging.to_string_lossy();
-    mount(
-        b"",
-        &staging_name,
-        "",
-        libc::MS_REMOUNT | libc::MS_RDONLY,
-        "",
-    )
-    .map_err(|error| failed("seal", error))?;
+    if !writable {
+        mount(
+            b"",
+            &staging_name,
+            "",
+            libc::MS_REMOUNT | libc::MS_RDONLY,
+            "",
+        )
+        .map_err(|error| failed("seal", error))?;
+    }
     bind(&staged_path(staging, b""), guest_path)?;
     // The bind keeps the tmpfs; its staging mount is no longer needed.
     detach(&staging_name).map_err(|error| failed("unstage", error))
@@ -214,8 +230,11 @@ fn bind(root: &Path, guest_path: &Path) -> Result<(), String> {
 }
 
 /// Mounts the input disk read-only and binds input N, its /N, over the
-/// Nth of `guest_paths`.
-fn place_from_disk(guest_paths: &[Vec<u8>]) -> Result<(), String> {
+/// Nth of `guest_paths`; a `writable` one is copied into a tmpfs first.
+fn place_from_disk(
+    guest_paths: &[Vec<u8>],
+    writable: impl Fn(&Vec<u8>) -> bool,
+) -> Result<(), String> {
     let failed =
         |what: &str, error: std::io::Error| format!("cannot {what} the input disk: {error}");
     // The kernel read the disk at boot, when it held only zeros: what it
@@ -233,13 +252,45 @@ fn place_from_disk(guest_paths: &[Vec<u8>]) -> Result<(), String> {
     mount(INPUT_DISK, &mounted_name, "ext4", libc::MS_RDONLY, "")
         .map_err(|error| failed("mount", error))?;
     for (index, guest_path) in guest_paths.iter().enumerate() {
-        let guest_path = Path::new(std::ffi::OsStr::from_bytes(guest_path));
-        bind(&mounted.join(index.to_string()), guest_path)?;
+        let on_disk = mounted.join(index.to_string());
+        let place_path = Path::new(std::ffi::OsStr::from_bytes(guest_path));
+        if !writable(guest_path) {
+            bind(&on_disk, place_path)?;
+            continue;
+        }
+        let staging = Path::new(STAGING).join(format!("writable-{index}"));
+        make_tmpfs(&staging)?;
+        copy_tree(&on_disk, &staged_path(&staging, b"")).map_err(|error| {
+            format!(
+                "cannot copy the input at {} to make it writable: {error}",
+                place_path.display()
+            )
+        })?;
+        place(place_path, &staging, true)?;
     }
     // The binds keep the file system mounted.
     detach(&mounted_name).map_err(|error| failed("unstage", error))?;
     let _ = fs::remove_dir_all(STAGING);
     Ok(())
+}
+
+/// Copies the tree at `from` (a file, a link or a directory) to `to`, with
+/// its permissions; the owner is root's, as the input disk's is.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let metadata = from.symlink_metadata()?;
+    if metadata.is_symlink() {
+        return symlink(fs::read_link(from)?, to);
+    }
+    if metadata.is_file() {
+        fs::copy(from, to)?;
+        return Ok(());
+    }
+    fs::create_dir(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+    }
+    fs::set_permissions(to, metadata.permissions())
 }
 
 /// A block device ioctl whose argument is a value, not a pointer

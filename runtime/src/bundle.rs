@@ -38,6 +38,10 @@ pub struct Plan {
     pub terminal: bool,
     /// Read-only host files and folders: (host path, guest path).
     pub inputs: Vec<(PathBuf, String)>,
+    /// Read-write host files and folders (host path, guest path): each
+    /// goes in as an input and comes back at exit as an output, replacing
+    /// the host's.
+    pub volumes: Vec<(PathBuf, String)>,
     /// Where the engine binds its own files, which the VM makes moot:
     /// the root holds an empty placeholder there (see `placeholders`).
     pub mount_points: Vec<PathBuf>,
@@ -49,6 +53,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Every host file and folder the guest gets, read-only or not.
+    pub fn host_folders(&self) -> impl Iterator<Item = &(PathBuf, String)> {
+        self.inputs.iter().chain(&self.volumes)
+    }
+
     /// Whether the container is recorded (unless `run.provm.record=false`).
     pub fn recorded(&self) -> bool {
         self.annotations.get(RECORD_ANNOTATION).map(String::as_str) != Some("false")
@@ -145,10 +154,12 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
     ignored_process_fields(process, &mut warnings);
     let user = process.user();
     let mut inputs = Vec::new();
+    let mut volumes = Vec::new();
     let mut mount_points = Vec::new();
     for (index, mount) in spec.mounts().iter().flatten().enumerate() {
         match mount_input(bundle, index, mount, &mut warnings)? {
-            Some(input) => inputs.push(input),
+            Some((host, guest, true)) => inputs.push((host, guest)),
+            Some((host, guest, false)) => volumes.push((host, guest)),
             None => mount_points.push(mount.destination().clone()),
         }
     }
@@ -171,6 +182,7 @@ fn plan(bundle: &Path, spec: &Spec) -> Result<Read, String> {
             rlimits: process.rlimits().clone().unwrap_or_default(),
             terminal: process.terminal().unwrap_or(false),
             inputs,
+            volumes,
             mount_points,
             cpus,
             memory_mib,
@@ -276,14 +288,15 @@ fn moot_mount(bundle: &Path, mount: &Mount) -> bool {
     system || pseudo || engine_file
 }
 
-/// A mount as an input (a read-only host folder), nothing (moot, with a
-/// warning), or a refusal naming it.
+/// A mount as a host folder or file for the guest (host path, guest path,
+/// whether it is read-only), nothing (moot, with a warning), or a refusal
+/// naming it.
 fn mount_input(
     bundle: &Path,
     index: usize,
     mount: &Mount,
     warnings: &mut Vec<String>,
-) -> Result<Option<(PathBuf, String)>, String> {
+) -> Result<Option<(PathBuf, String, bool)>, String> {
     let destination = mount.destination().to_string_lossy().into_owned();
     let field = format!("mounts[{index}] ({destination})");
     if moot_mount(bundle, mount) {
@@ -303,14 +316,8 @@ fn mount_input(
         .source()
         .clone()
         .ok_or_else(|| format!("{field}: a bind mount with no source"))?;
-    if !options.iter().any(|o| o == "ro") {
-        return Err(format!(
-            "{field}: {} is a read-write host folder, which a container would share live with the host, and a VM cannot; mount it read-only (-v {}:{destination}:ro)",
-            source.display(),
-            source.display()
-        ));
-    }
-    Ok(Some((source, destination)))
+    let read_only = options.iter().any(|o| o == "ro");
+    Ok(Some((source, destination, read_only)))
 }
 
 /// The vCPUs and memory `linux.resources` asks for; what else `linux`

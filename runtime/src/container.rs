@@ -14,7 +14,7 @@ use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind,
 use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
 use provm_engine::start::RunOptions;
-use provm_engine::transfer::Input;
+use provm_engine::transfer::{Input, Output};
 
 use crate::bundle;
 use crate::fifo;
@@ -79,10 +79,10 @@ fn write_back_root(container: &Container, overlay: &Path) -> Result<(), String> 
             )
         })
     };
+    // What is written back to the host's folders is not the root's.
     let inputs: Vec<String> = container
         .plan
-        .inputs
-        .iter()
+        .host_folders()
         .map(|(_, guest)| guest.clone())
         .collect();
     let changes = rootfs::write_back(
@@ -146,13 +146,23 @@ fn run_options(container: &Container, stdin: Option<Vec<u8>>) -> RunOptions {
         hostname: plan.hostname.clone(),
         rlimits: plan.rlimits.iter().map(bundle::rlimit).collect(),
         inputs: plan
-            .inputs
-            .iter()
+            .host_folders()
             .map(|(host, guest)| Input {
                 host: host.clone(),
                 guest: guest.clone(),
             })
             .collect(),
+        // A read-write volume comes back, replacing the host's folder, as
+        // if the command had written there.
+        outputs: plan
+            .volumes
+            .iter()
+            .map(|(host, guest)| Output {
+                guest: guest.clone(),
+                host: host.clone(),
+            })
+            .collect(),
+        force_outputs: true,
         stdin,
         cpus: plan.cpus.unwrap_or(defaults.cpus),
         memory_mib: plan.memory_mib.unwrap_or(defaults.memory_mib),

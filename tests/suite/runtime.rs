@@ -305,6 +305,31 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
     );
 }
 
+/// A read-write volume (`-v HOST:GUEST`): its folder goes in, and what the
+/// command left there comes back to the host's folder at exit (a file
+/// written, one removed), as runc's container would have left it; the
+/// replay makes the same folder again.
+#[test]
+fn a_read_write_volume_comes_back_at_exit() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let volume = podman.dir.join("read-write");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::write(volume.join("in.txt"), "in\n").unwrap();
+    std::fs::write(volume.join("gone.txt"), "gone\n").unwrap();
+    let mount = format!("{}:/work", volume.display());
+    let script = "cat /work/in.txt; echo out > /work/out.txt; rm /work/gone.txt";
+    let (output, id) = podman.run(&["--rm", "-v", &mount, IMAGE, "sh", "-c", script], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "in\n");
+    let read = |name: &str| std::fs::read_to_string(volume.join(name)).ok();
+    assert_eq!(read("in.txt").as_deref(), Some("in\n"));
+    assert_eq!(read("out.txt").as_deref(), Some("out\n"));
+    assert_eq!(read("gone.txt"), None);
+    let replayed = assert_replay_matches(&podman.trace(&id));
+    assert!(replayed.contains("/work"), "{replayed}");
+}
+
 #[test]
 fn a_terminal_and_a_user_and_recording_turned_off() {
     let _guest = one_guest_at_a_time();
