@@ -308,7 +308,8 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
 /// A read-write volume (`-v HOST:GUEST`): its folder goes in, and what the
 /// command left there comes back to the host's folder at exit (a file
 /// written, one removed), as runc's container would have left it; the
-/// replay makes the same folder again.
+/// replay makes the same folder again. Also one large enough to go on the
+/// input disk, which the guest copies to make it writable.
 #[test]
 fn a_read_write_volume_comes_back_at_exit() {
     let _guest = one_guest_at_a_time();
@@ -328,6 +329,18 @@ fn a_read_write_volume_comes_back_at_exit() {
     assert_eq!(read("gone.txt"), None);
     let replayed = assert_replay_matches(&podman.trace(&id));
     assert!(replayed.contains("/work"), "{replayed}");
+
+    let large = podman.dir.join("read-write-large");
+    std::fs::create_dir_all(&large).unwrap();
+    std::fs::write(large.join("large.txt"), vec![b'x'; 100 << 10]).unwrap();
+    let mount = format!("{}:/work", large.display());
+    let script = "wc -c < /work/large.txt; echo more >> /work/large.txt";
+    let (output, id) = podman.run(&["--rm", "-v", &mount, IMAGE, "sh", "-c", script], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).trim(), (100 << 10).to_string());
+    let grown = std::fs::metadata(large.join("large.txt")).unwrap().len();
+    assert_eq!(grown, (100 << 10) + 5);
+    assert_replay_matches(&podman.trace(&id));
 }
 
 #[test]
