@@ -102,8 +102,8 @@ fn a_read_write_bind_is_a_volume_in_and_back() {
     let plan = read(&bundle).unwrap().plan;
     assert!(plan.inputs.is_empty());
     let data = (PathBuf::from("/srv/data"), "/data".to_owned());
-    assert_eq!(plan.volumes, [data.clone()]);
     assert_eq!(plan.host_folders().collect::<Vec<_>>(), [&data]);
+    assert_eq!(plan.volumes, [data]);
 }
 
 #[test]
