@@ -19,8 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
-use provm_cpu_model::{self as cpu_model, baseline, hidden};
-use provm_cpu_model::{Baseline, CpuidEntry, Platform};
+use provm_cpu_model::{self as cpu_model, Baseline, CpuidEntry, GuestCpu, Platform};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::boot::{self, BootError};
@@ -267,40 +266,37 @@ impl Vm {
             source,
         })?;
         let kvm = open_kvm()?;
-        let platform = Platform::detect();
-        let model = baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
-        let net = config.net;
         let count = config.cpus;
-        let smp = count > 1;
+        let guest_cpu = GuestCpu::new(
+            &vcpu::supported_cpuid(&kvm)?,
+            Platform::detect(),
+            boot.cpu,
+            count,
+        )?;
         let max = kvm.get_max_vcpus();
         if usize::from(count) > max {
             return Err(VmError::TooManyVcpus { asked: count, max });
         }
-        let boot_cpuid = match smp {
-            true => cpus::cpuid_for(&model, 0),
-            false => model.clone(),
-        };
-        let mut vm = Self::build(kvm, config, &boot_cpuid, net)?;
-        if smp {
+        let net = config.net;
+        let mut vm = Self::build(kvm, config, &guest_cpu.vcpu_table(0), net)?;
+        if count > 1 {
             vm.cpus = Some(cpus::Cpus::create(
-                &vm.kvm, &vm.vm_fd, &model, count, &vm.vcpu,
+                &vm.kvm, &vm.vm_fd, &guest_cpu, count, &vm.vcpu,
             )?);
             mp_table::write(&vm.memory, count)
                 .map_err(|error| BootError::Memory(error.to_string()))?;
         }
-        let mut unenforced = hidden::unenforced(&vm.vcpu.cpuid, platform);
-        // The APIC the VMM emulates for them is what SMP guests need.
-        unenforced.retain(|feature| !smp || feature.name != "apic");
-        if !unenforced.is_empty() {
+        let ignored = guest_cpu.ignored_by_kernel(&vm.vcpu.cpuid);
+        if !ignored.is_empty() {
             tracing::debug!(
-                count = unenforced.len(),
+                count = ignored.len(),
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
         let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpu_model::kernel_args(&unenforced),
+            cpu_model::kernel_args(&ignored),
         );
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
