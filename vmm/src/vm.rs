@@ -43,12 +43,11 @@ use crate::disk::{Disk, InputMedium};
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug};
 use crate::host_core;
-use crate::logged_stop::{StopBreakpoint, StopKind};
+use crate::logged_stop::StopKind;
 use crate::memory::{self, GuestMemory, MMIO_DEVICE_SIZE};
 use crate::mp_table;
 use crate::msr;
 use crate::preemption;
-use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
 use crate::seam::{Delivery, Exit, Instance, LoggedStop, ObservedDisk, Seam, HOST_INPUT_DUE};
@@ -218,29 +217,10 @@ pub struct Vm {
     /// Whether they run side by side (`run_vcpus_in_parallel`).
     parallel: bool,
     smp_ports: Arc<Mutex<SmpPorts>>,
-    /// What the guest stops at (`set_guest_debug`).
-    guest_debug: GuestDebug,
+    /// What stops the guest, and the steps on the way (`debug`).
+    debug: debug::DebugState,
     /// Exit timing, when asked for (`time_exits`).
     exit_clock: Option<ExitClock>,
-    /// The guest stopped at a breakpoint and must step over it on re-entry.
-    step_over_due: bool,
-    /// It is stepping over one, with its breakpoints lifted.
-    stepping_over: bool,
-    /// How this host single-steps the guest unseen (`breakpoint_step`).
-    step_method: StepMethod,
-    /// While a step is made with breakpoints: how many of the armed ones
-    /// are the debugger's (the rest make the step).
-    step_breakpoints: Option<usize>,
-    /// The last entry ended without an exit or a debug stop (a signal
-    /// kicked the vCPU out), so a step made with breakpoints is still
-    /// under way: it goes on to the breakpoints it was armed with.
-    step_kicked: bool,
-    /// The logged stop a replay runs the guest to: a preemption, or an
-    /// interrupt window (`Delivery::LoggedWindow`).
-    logged_stop: StopBreakpoint,
-    /// The guest's debug registers before the logged stop's breakpoint
-    /// was armed, for the stops it makes (see `Vm::logged_stop_made`).
-    logged_stop_debugregs: Option<kvm_bindings::kvm_debugregs>,
     /// Whether KVM logs the pages the guest writes, for the preemptions
     /// of a recording (`preemption`).
     logging_written_pages: bool,
@@ -363,7 +343,7 @@ impl Vm {
         memory::register(&vm, &memory).map_err(VmError::Kvm)?;
         let vcpu = Box::new(Vcpu::new(&kvm, &vm, cpuid)?);
         let out_exit_rip = port_exit::host_convention(&kvm)?;
-        let step_method = breakpoint_step::host_method(&kvm)?;
+        let debug = debug::DebugState::for_host(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
         host_core::keep_vcpu_on_one_core();
 
@@ -472,15 +452,8 @@ impl Vm {
             cpus: None,
             parallel: false,
             smp_ports,
-            guest_debug: GuestDebug::default(),
+            debug,
             exit_clock: None,
-            step_over_due: false,
-            stepping_over: false,
-            step_method,
-            step_breakpoints: None,
-            step_kicked: false,
-            logged_stop: StopBreakpoint::default(),
-            logged_stop_debugregs: None,
             logging_written_pages: false,
             written: preemption::WrittenPages::default(),
             repeats: preemption::Repeats::default(),
@@ -531,7 +504,7 @@ impl Vm {
             && self.cpus.is_some()
             && self.seam.delivery().preemptive()
             && self.exit_clock.is_none()
-            && self.guest_debug == GuestDebug::default();
+            && self.debug.guest_debug == GuestDebug::default();
         if parallel {
             return parallel::run(self, deadline);
         }
@@ -653,8 +626,8 @@ impl Vm {
         let halted = cpus.scheduler.halted(cpu);
         // KVM keeps guest debugging per vCPU: the debugger's breakpoints
         // (and a replay's window) go to the vCPU that runs now.
-        if !self.stepping_over {
-            self.apply_guest_debug(&self.guest_debug)?;
+        if !self.debug.stepping_over {
+            self.apply_guest_debug(&self.debug.guest_debug)?;
         }
         Ok(halted)
     }
@@ -749,10 +722,10 @@ impl Vm {
             Delivery::Doorbell => self.mark_doorbell(waiting),
         }
         let aimed = logged.is_some();
-        if self.logged_stop.aim(logged) && !self.stepping_over {
+        if self.debug.logged_stop.aim(logged) && !self.debug.stepping_over {
             tracing::debug!("logged stop: running to it: {aimed}");
             self.keep_guest_debugregs(aimed)?;
-            self.apply_guest_debug(&self.guest_debug)?;
+            self.apply_guest_debug(&self.debug.guest_debug)?;
         }
         Ok(())
     }
@@ -799,10 +772,10 @@ impl Vm {
             // Only to check the deadline and the seam: ticks wait for an exit.
             Duration::MAX
         };
-        if std::mem::take(&mut self.step_over_due) {
+        if std::mem::take(&mut self.debug.step_over_due) {
             // Without the window's breakpoint: the step may start on it.
             self.apply_without_window(&guest_debug::step_over())?;
-            self.stepping_over = true;
+            self.debug.stepping_over = true;
         }
         self.arm_breakpoint_step()?;
         if let Some(clock) = &mut self.exit_clock {
@@ -828,9 +801,9 @@ impl Vm {
                     self.logged_stop_made(true)?;
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
-                    self.stepping_over = false;
-                    let reached = self.logged_stop.take();
-                    self.apply_guest_debug(&self.guest_debug)?;
+                    self.debug.stepping_over = false;
+                    let reached = self.debug.logged_stop.take();
+                    self.apply_guest_debug(&self.debug.guest_debug)?;
                     match reached {
                         Some(LoggedStop::Preemption(_, instance)) => {
                             Some(ExitKind::Preempted(instance))
@@ -841,7 +814,7 @@ impl Vm {
                 StopKind::Passing => {
                     self.logged_stop_made(false)?;
                     self.at_exit = false;
-                    self.step_over_due = true;
+                    self.debug.step_over_due = true;
                     return Ok(Entry::Kicked);
                 }
                 StopKind::Other => return self.debug_stop(&debug),
@@ -854,7 +827,7 @@ impl Vm {
         match exit {
             Some(exit) => self.handle_exit(exit),
             None => {
-                self.step_kicked = true;
+                self.debug.step_kicked = true;
                 Ok(Entry::Kicked)
             }
         }
@@ -877,7 +850,7 @@ impl Vm {
                 return Ok(Entry::Exited { halted: true });
             }
             ExitKind::InterruptWindow => {
-                if self.logged_stop.opens_early(self.vcpu.place()?) {
+                if self.debug.logged_stop.opens_early(self.vcpu.place()?) {
                     // Not the logged window: the guest goes on to it.
                     tracing::debug!("logged window: KVM's window opened before it");
                     self.vcpu.request_interrupt_window(false);
