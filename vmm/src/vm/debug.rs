@@ -156,7 +156,7 @@ impl Vm {
     /// A debug stop for the debugger, or on its way (a step over a
     /// breakpoint, a step made with breakpoints).
     pub(super) fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
-        self.at_exit = false;
+        self.run_loop.at_exit = false;
         let (dr6, pc) = (debug.dr6, debug.pc);
         tracing::trace!(
             dr6 = format_args!("{dr6:#x}"),
