@@ -3,9 +3,10 @@
 //! baselines a trace can move between hosts with (`baseline`), the names
 //! of feature bits (`baseline::feature_name`), whether a host can present
 //! a recorded table (`check`), what the guest kernel needs where user space
-//! reaches vector state it cannot save (`vector_state`), and the model as a
-//! trace's manifest records it, with the checks a replay makes before it
-//! starts (`manifest`).
+//! reaches vector state it cannot save (`vector_state`), the CPU and kernel
+//! arguments a guest of some number of vCPUs gets, decided once for the VMM
+//! and its probe (`guest`), and the model as a trace's manifest records it,
+//! with the checks a replay makes before it starts (`manifest`).
 //!
 //! Tables are `CpuidEntry` lists, the one form the VMM, its snapshots and
 //! the trace share; `provm-vmm` converts them to and from KVM's
@@ -13,13 +14,14 @@
 //! (`cpu_probe`).
 //!
 //! Modules, each using only those listed before it: `entry`, `hidden`,
-//! `baseline`, `check`, `vector_state`, `manifest`.
+//! `baseline`, `check`, `vector_state`, `guest`, `manifest`.
 
 #![forbid(unsafe_code)]
 
 pub mod baseline;
 pub mod check;
 mod entry;
+pub mod guest;
 pub mod hidden;
 pub mod manifest;
 pub mod vector_state;
@@ -27,17 +29,6 @@ pub mod vector_state;
 pub use baseline::{Baseline, BaselineError};
 pub use check::CpuProbe;
 pub use entry::{CpuidEntry, Register};
+pub use guest::{kernel_args, GuestCpu};
 pub use hidden::{HiddenFeature, Platform};
 pub use manifest::{check_here, recorded, table, CpuModel, CpuRefusal, PVM_HYPERVISOR};
-
-/// The kernel arguments this host's KVM makes necessary, given the hidden
-/// features it left visible (`hidden::unenforced`): the features the kernel
-/// must ignore, and how vector state is kept safe where the kernel cannot
-/// manage it.
-pub fn kernel_args(unenforced: &[&HiddenFeature]) -> String {
-    format!(
-        "{} {}",
-        hidden::kernel_args_hiding(unenforced),
-        vector_state::kernel_args(unenforced)
-    )
-}

@@ -6,8 +6,10 @@
 //! the VM's [`Seam`], which a recorder or replayer implements.
 //!
 //! Here: building the machine (boot or restore) and the run loop. Beside
-//! it: `layout` (where the devices sit, and their names), `exits` (the
-//! device accesses), `debug` (breakpoints and steps), `state` (what a
+//! it: `layout` (where the devices sit, and their names), `devices` (the
+//! devices as one part, built as `layout` places them), `run_state` (what
+//! the run loop keeps between entries), `exits` (the device accesses),
+//! `debug` (breakpoints and steps, and their state), `state` (what a
 //! snapshot saves), `view` (what an observer reads), `cpus` (the vCPUs
 //! beyond the running one), `parallel` (the vCPUs side by side, where
 //! nothing is recorded) and `error`.
@@ -15,63 +17,47 @@
 use std::fs::File;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
-use provm_cpu_model::{self as cpu_model, baseline, hidden};
-use provm_cpu_model::{Baseline, CpuidEntry, Platform};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
+use provm_cpu_model::{self as cpu_model, Baseline, CpuidEntry, GuestCpu, Platform};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::{self, BootError};
-use crate::bus::Bus;
-use crate::devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_LEN};
-use crate::devices::i8042::{self, I8042};
-use crate::devices::paravirt::{
-    Doorbell, ParavirtClock, SmpPorts, SmpRequest, StartBlock, DOORBELL_PORT, DOORBELL_PORT_LEN,
-    SMP_PORT, SMP_PORT_LEN,
-};
-use crate::devices::persist::Persist;
-use crate::devices::pic::{self, Pic, PicIrqLine};
-use crate::devices::pit::{Pit, PIT_PORT, PIT_PORT_LEN};
-use crate::devices::serial::{ConsoleTail, SerialPort, COM1_BASE, COM1_IRQ, UART_REGISTERS};
-use crate::devices::virtio::block::VirtioBlock;
-use crate::devices::virtio::console::VirtioConsole;
-use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::net::VirtioNet;
-use crate::devices::SharedIrqLine;
+use crate::devices::paravirt::{SmpRequest, StartBlock};
 use crate::disk::{Disk, InputMedium};
 use crate::exit_timing::{ExitClock, ExitDelay, ExitObserver};
 use crate::guest_debug::{self, DebugStop, GuestDebug};
 use crate::host_core;
-use crate::logged_stop::{StopBreakpoint, StopKind};
-use crate::memory::{self, GuestMemory, MMIO_DEVICE_SIZE};
+use crate::logged_stop::StopKind;
+use crate::memory::{self, GuestMemory};
 use crate::mp_table;
 use crate::msr;
 use crate::preemption;
-use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::probes::port_exit::{self, OutExitRip};
 use crate::scheduler::{Next, Reason};
-use crate::seam::{Delivery, Exit, Instance, LoggedStop, ObservedDisk, Seam, HOST_INPUT_DUE};
-use crate::spin_watch::SpinWatch;
+use crate::seam::{Delivery, Exit, Instance, LoggedStop, Seam, HOST_INPUT_DUE};
 use crate::state_digest;
 use crate::vcpu::{self, Kicker, Vcpu};
 
 mod cpus;
 mod debug;
+mod devices;
 mod error;
 mod exits;
 #[cfg(test)]
 mod fuzz;
 mod layout;
 mod parallel;
+mod run_state;
 mod state;
 mod view;
 
 pub use error::VmError;
 use layout::{
     exit_device, BLOCK_IRQ, BLOCK_MMIO, CLOCK_MMIO, CONSOLE_IRQ, CONSOLE_MMIO, INPUT_DISK_IRQ,
-    INPUT_DISK_MMIO, KERNEL_SPACE, NET_IRQ, NET_MMIO, PIT_IRQ,
+    INPUT_DISK_MMIO, KERNEL_SPACE, NET_IRQ, NET_MMIO,
 };
 pub use layout::{mmio_device, port_device, EXIT_DEVICES};
 pub use state::{VmSnapshot, VmState};
@@ -187,73 +173,21 @@ pub struct Vm {
     /// vCPU's address while it moves between here and `cpus`.
     vcpu: Box<Vcpu>,
     kicker: Kicker,
-    pio: Bus,
-    mmio: Bus,
-    pic: Arc<Mutex<Pic>>,
-    pit: Arc<Mutex<Pit>>,
-    timer_line: SharedIrqLine,
-    i8042: Arc<Mutex<I8042>>,
-    doorbell: Arc<Mutex<Doorbell>>,
-    cmos: Arc<Mutex<Cmos>>,
-    serial: Arc<Mutex<SerialPort>>,
-    block: Arc<Mutex<MmioTransport<VirtioBlock>>>,
-    console: Arc<Mutex<MmioTransport<VirtioConsole>>>,
-    net: Option<Arc<Mutex<MmioTransport<VirtioNet>>>>,
-    input_disk: Option<Arc<Mutex<MmioTransport<VirtioBlock>>>>,
-    console_tail: ConsoleTail,
+    /// The devices and the buses they sit on.
+    devices: devices::Devices,
     seam: Arc<dyn Seam>,
     /// Where this host's KVM leaves RIP at an OUT exit (see `port_exit`).
     out_exit_rip: OutExitRip,
-    exitless_limit: Option<Duration>,
-    /// Whether the last KVM_RUN ended in a VM exit (not a kick): the points
-    /// at which a non-preemptive VM may inject interrupts.
-    at_exit: bool,
-    /// When the guest last exited (host time), to notice a spinning guest.
-    last_exit: Instant,
-    /// Whether the current stretch without exits was reported already.
-    exitless_warned: bool,
-    /// Where the guest was at the kicks of the current stretch.
-    spin_watch: SpinWatch,
+    /// What the run loop keeps from one entry into the guest to the next.
+    run_loop: run_state::RunState,
     /// The other vCPUs, with more than one (see `cpus`).
     cpus: Option<cpus::Cpus>,
     /// Whether they run side by side (`run_vcpus_in_parallel`).
     parallel: bool,
-    smp_ports: Arc<Mutex<SmpPorts>>,
-    /// What the guest stops at (`set_guest_debug`).
-    guest_debug: GuestDebug,
+    /// What stops the guest, and the steps on the way (`debug`).
+    debug: debug::DebugState,
     /// Exit timing, when asked for (`time_exits`).
     exit_clock: Option<ExitClock>,
-    /// The guest stopped at a breakpoint and must step over it on re-entry.
-    step_over_due: bool,
-    /// It is stepping over one, with its breakpoints lifted.
-    stepping_over: bool,
-    /// How this host single-steps the guest unseen (`breakpoint_step`).
-    step_method: StepMethod,
-    /// While a step is made with breakpoints: how many of the armed ones
-    /// are the debugger's (the rest make the step).
-    step_breakpoints: Option<usize>,
-    /// The last entry ended without an exit or a debug stop (a signal
-    /// kicked the vCPU out), so a step made with breakpoints is still
-    /// under way: it goes on to the breakpoints it was armed with.
-    step_kicked: bool,
-    /// The logged stop a replay runs the guest to: a preemption, or an
-    /// interrupt window (`Delivery::LoggedWindow`).
-    logged_stop: StopBreakpoint,
-    /// The guest's debug registers before the logged stop's breakpoint
-    /// was armed, for the stops it makes (see `Vm::logged_stop_made`).
-    logged_stop_debugregs: Option<kvm_bindings::kvm_debugregs>,
-    /// Whether KVM logs the pages the guest writes, for the preemptions
-    /// of a recording (`preemption`).
-    logging_written_pages: bool,
-    /// The pages written since the last preemption, as gathered so far.
-    written: preemption::WrittenPages,
-    /// The states the kicks of this stretch found the guest in.
-    repeats: preemption::Repeats,
-    /// Whether this host's KVM stops guest user mode at a breakpoint, so
-    /// that a replay finds a preemption there (not PVM's: `guest_debug`).
-    user_mode_stops: bool,
-    /// The last exit was a preemption: the vCPU gives way to the others.
-    preempted: bool,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -267,45 +201,42 @@ impl Vm {
             source,
         })?;
         let kvm = open_kvm()?;
-        let platform = Platform::detect();
-        let model = baseline::guest_model(&vcpu::supported_cpuid(&kvm)?, platform, boot.cpu)?;
-        let net = config.net;
         let count = config.cpus;
-        let smp = count > 1;
+        let guest_cpu = GuestCpu::new(
+            &vcpu::supported_cpuid(&kvm)?,
+            Platform::detect(),
+            boot.cpu,
+            count,
+        )?;
         let max = kvm.get_max_vcpus();
         if usize::from(count) > max {
             return Err(VmError::TooManyVcpus { asked: count, max });
         }
-        let boot_cpuid = match smp {
-            true => cpus::cpuid_for(&model, 0),
-            false => model.clone(),
-        };
-        let mut vm = Self::build(kvm, config, &boot_cpuid, net)?;
-        if smp {
+        let net = config.net;
+        let mut vm = Self::build(kvm, config, &guest_cpu.vcpu_table(0), net)?;
+        if count > 1 {
             vm.cpus = Some(cpus::Cpus::create(
-                &vm.kvm, &vm.vm_fd, &model, count, &vm.vcpu,
+                &vm.kvm, &vm.vm_fd, &guest_cpu, count, &vm.vcpu,
             )?);
             mp_table::write(&vm.memory, count)
                 .map_err(|error| BootError::Memory(error.to_string()))?;
         }
-        let mut unenforced = hidden::unenforced(&vm.vcpu.cpuid, platform);
-        // The APIC the VMM emulates for them is what SMP guests need.
-        unenforced.retain(|feature| !smp || feature.name != "apic");
-        if !unenforced.is_empty() {
+        let ignored = guest_cpu.ignored_by_kernel(&vm.vcpu.cpuid);
+        if !ignored.is_empty() {
             tracing::debug!(
-                count = unenforced.len(),
+                count = ignored.len(),
                 "KVM left hidden CPU features visible; the kernel is told to ignore them"
             );
         }
         let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpu_model::kernel_args(&unenforced),
+            cpu_model::kernel_args(&ignored),
         );
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
         }
-        if vm.input_disk.is_some() {
+        if vm.devices.input_disk.is_some() {
             cmdline.push_str(&format!(
                 " virtio_mmio.device=4K@{INPUT_DISK_MMIO:#x}:{INPUT_DISK_IRQ}"
             ));
@@ -340,20 +271,7 @@ impl Vm {
             cpus.resume_as_saved();
             vm.cpus = Some(cpus);
         }
-        vm.pic.lock().unwrap().restore(&state.pic)?;
-        vm.pit.lock().unwrap().restore(&state.pit)?;
-        vm.cmos.lock().unwrap().restore(&state.cmos)?;
-        vm.serial.lock().unwrap().restore(&state.serial)?;
-        vm.i8042.lock().unwrap().restore(&state.i8042)?;
-        vm.doorbell.lock().unwrap().restore(&state.doorbell)?;
-        vm.block.lock().unwrap().restore(&state.block)?;
-        vm.console.lock().unwrap().restore(&state.console)?;
-        if let (Some(net), Some(saved)) = (&vm.net, &state.net) {
-            net.lock().unwrap().restore(saved)?;
-        }
-        if let (Some(disk), Some(saved)) = (&vm.input_disk, &state.input_disk) {
-            disk.lock().unwrap().restore(saved)?;
-        }
+        vm.devices.restore(&state)?;
         Ok(vm)
     }
 
@@ -367,129 +285,33 @@ impl Vm {
         memory::register(&vm, &memory).map_err(VmError::Kvm)?;
         let vcpu = Box::new(Vcpu::new(&kvm, &vm, cpuid)?);
         let out_exit_rip = port_exit::host_convention(&kvm)?;
-        let step_method = breakpoint_step::host_method(&kvm)?;
+        let debug = debug::DebugState::for_host(&kvm)?;
         let kicker = Kicker::for_current_thread()?;
         host_core::keep_vcpu_on_one_core();
 
         let seam = config.seam;
-        let clock = || seam.clone() as Arc<dyn crate::clock::Clock>;
-        let pic = Arc::new(Mutex::new(Pic::new()));
-        let line = |irq: u8| -> SharedIrqLine { Arc::new(PicIrqLine::new(pic.clone(), irq)) };
-        let pit = Arc::new(Mutex::new(Pit::new(clock())));
-        let i8042 = Arc::new(Mutex::new(I8042::new()));
-        let ram_bytes = memory.last_addr().raw_value() + 1;
-        let doorbell = Arc::new(Mutex::new(Doorbell::new(ram_bytes)));
-        let cmos = Arc::new(Mutex::new(Cmos::new(clock())));
-        let console_tail = ConsoleTail::default();
-        let serial = Arc::new(Mutex::new(SerialPort::new(
-            line(COM1_IRQ),
-            console_tail.clone(),
+        let devices = devices::Devices::new(
+            &memory,
+            &seam,
+            config.disk,
             config.echo_console,
-        )));
-
-        let mut pio = Bus::default();
-        for (base, len, device) in pic::pio_devices(&pic)
-            .into_iter()
-            .chain(i8042::pio_devices(&i8042))
-        {
-            pio.insert(base, len, device)?;
-        }
-        pio.insert(PIT_PORT, PIT_PORT_LEN, pit.clone())?;
-        pio.insert(CMOS_PORT, CMOS_PORT_LEN, cmos.clone())?;
-        pio.insert(COM1_BASE, UART_REGISTERS, serial.clone())?;
-        pio.insert(DOORBELL_PORT.into(), DOORBELL_PORT_LEN, doorbell.clone())?;
-        let smp_ports = Arc::new(Mutex::new(SmpPorts::default()));
-        pio.insert(SMP_PORT.into(), SMP_PORT_LEN, smp_ports.clone())?;
-
-        let disk = ObservedDisk {
-            disk: config.disk,
-            seam: seam.clone(),
-        };
-        let block = Arc::new(Mutex::new(MmioTransport::new(
-            VirtioBlock::new(Box::new(disk), false),
-            memory.clone(),
-            line(BLOCK_IRQ),
-        )?));
-        let console = Arc::new(Mutex::new(MmioTransport::new(
-            VirtioConsole::new(),
-            memory.clone(),
-            line(CONSOLE_IRQ),
-        )?));
-        let mut mmio = Bus::default();
-        mmio.insert(BLOCK_MMIO, MMIO_DEVICE_SIZE, block.clone())?;
-        mmio.insert(CONSOLE_MMIO, MMIO_DEVICE_SIZE, console.clone())?;
-        let paravirt_clock = Arc::new(Mutex::new(ParavirtClock::new(clock())));
-        mmio.insert(CLOCK_MMIO, MMIO_DEVICE_SIZE, paravirt_clock)?;
-        let net = match net {
-            true => {
-                let net = Arc::new(Mutex::new(MmioTransport::new(
-                    VirtioNet::new(seam.clone()),
-                    memory.clone(),
-                    line(NET_IRQ),
-                )?));
-                mmio.insert(NET_MMIO, MMIO_DEVICE_SIZE, net.clone())?;
-                Some(net)
-            }
-            false => None,
-        };
-        let input_disk = match config.input_disk {
-            Some(medium) => {
-                let disk = Arc::new(Mutex::new(MmioTransport::new(
-                    VirtioBlock::new(Box::new(medium), true),
-                    memory.clone(),
-                    line(INPUT_DISK_IRQ),
-                )?));
-                mmio.insert(INPUT_DISK_MMIO, MMIO_DEVICE_SIZE, disk.clone())?;
-                Some(disk)
-            }
-            None => None,
-        };
-
-        let timer_line = line(PIT_IRQ);
+            net,
+            config.input_disk,
+        )?;
         Ok(Vm {
             kvm,
             vm_fd: vm,
             memory,
             vcpu,
             kicker,
-            pio,
-            mmio,
-            pic,
-            timer_line,
-            pit,
-            i8042,
-            doorbell,
-            cmos,
-            serial,
-            block,
-            console,
-            net,
-            input_disk,
-            console_tail,
+            devices,
             seam,
             out_exit_rip,
-            exitless_limit: config.exitless_limit,
-            at_exit: true,
-            last_exit: Instant::now(),
-            exitless_warned: false,
-            spin_watch: SpinWatch::new(Instant::now()),
+            run_loop: run_state::RunState::new(config.exitless_limit),
             cpus: None,
             parallel: false,
-            smp_ports,
-            guest_debug: GuestDebug::default(),
+            debug,
             exit_clock: None,
-            step_over_due: false,
-            stepping_over: false,
-            step_method,
-            step_breakpoints: None,
-            step_kicked: false,
-            logged_stop: StopBreakpoint::default(),
-            logged_stop_debugregs: None,
-            logging_written_pages: false,
-            written: preemption::WrittenPages::default(),
-            repeats: preemption::Repeats::default(),
-            user_mode_stops: Platform::detect() == Platform::Hardware,
-            preempted: false,
             _not_send: PhantomData,
         })
     }
@@ -518,14 +340,14 @@ impl Vm {
 
     /// The last lines the guest wrote to its serial console.
     pub fn console_tail(&self, lines: usize) -> String {
-        self.console_tail.last_lines(lines)
+        self.devices.console_tail.last_lines(lines)
     }
 
     /// Queues bytes for the guest agent; they are delivered as the guest
     /// posts receive buffers.
     pub fn send_to_agent(&mut self, bytes: &[u8]) {
         self.seam.agent_input(bytes);
-        self.console.lock().unwrap().send_to_guest(bytes);
+        self.devices.console.lock().unwrap().send_to_guest(bytes);
     }
 
     /// Runs the guest until it sends agent output, halts or resets, or until
@@ -535,13 +357,13 @@ impl Vm {
             && self.cpus.is_some()
             && self.seam.delivery().preemptive()
             && self.exit_clock.is_none()
-            && self.guest_debug == GuestDebug::default();
+            && self.debug.guest_debug == GuestDebug::default();
         if parallel {
             return parallel::run(self, deadline);
         }
-        if !self.logging_written_pages && self.seam.preemption_quantum().is_some() {
+        if !self.run_loop.logging_written_pages && self.seam.preemption_quantum().is_some() {
             preemption::log_written_pages(&self.vm_fd, &self.memory).map_err(VmError::Kvm)?;
-            self.logging_written_pages = true;
+            self.run_loop.logging_written_pages = true;
         }
         loop {
             if Instant::now() >= deadline {
@@ -550,17 +372,17 @@ impl Vm {
             if let Some(reason) = self.seam.stop_reason() {
                 return Err(VmError::Stopped(reason));
             }
-            if self.at_exit && self.seam.host_input_due() {
+            if self.run_loop.at_exit && self.seam.host_input_due() {
                 return Err(VmError::Stopped(HOST_INPUT_DUE.into()));
             }
             // At the same log position in a recording and its replay: right
             // after an exit, never on a host timer.
-            if self.at_exit && self.seam.memory_check_due() {
+            if self.run_loop.at_exit && self.seam.memory_check_due() {
                 self.seam.memory_checked(state_digest::memory(&self.memory));
             }
             // Only right after an exit: a restored snapshot goes on as from
             // one (it may inject interrupts first).
-            if self.at_exit && self.seam.pause_here() {
+            if self.run_loop.at_exit && self.seam.pause_here() {
                 // Complete the exiting instruction, as a snapshot here does,
                 // so that a paused guest stands past it on every host: SVM
                 // and VMX leave RIP at an OUT (and every KVM at an IN) until
@@ -570,12 +392,12 @@ impl Vm {
                 return Ok(VmEvent::Paused);
             }
             // Frames arrive at exits only, where a replay finds them again.
-            if self.at_exit {
-                if let Some(net) = &self.net {
+            if self.run_loop.at_exit {
+                if let Some(net) = &self.devices.net {
                     net.lock().unwrap().receive_frames();
                 }
             }
-            if self.at_exit || self.seam.delivery().preemptive() {
+            if self.run_loop.at_exit || self.seam.delivery().preemptive() {
                 self.deliver_interrupts()?;
             }
             let halted = match self.run_once()? {
@@ -588,10 +410,10 @@ impl Vm {
                 Entry::Exited { halted } => halted,
             };
             let halted = self.schedule(halted)?;
-            if self.i8042.lock().unwrap().take_reset_request() {
+            if self.devices.i8042.lock().unwrap().take_reset_request() {
                 return Ok(VmEvent::Reset);
             }
-            let output = self.console.lock().unwrap().take_from_guest();
+            let output = self.devices.console.lock().unwrap().take_from_guest();
             if !output.is_empty() {
                 self.seam.agent_output(&output);
                 return Ok(VmEvent::AgentOutput(output));
@@ -623,7 +445,7 @@ impl Vm {
     /// one). Returns whether the running vCPU is halted, waiting for an
     /// interrupt (`halted`: it has just executed HLT).
     fn schedule(&mut self, halted: bool) -> Result<bool, VmError> {
-        let request = self.smp_ports.lock().unwrap().take_request();
+        let request = self.devices.smp_ports.lock().unwrap().take_request();
         if self.cpus.is_none() {
             return Ok(halted);
         }
@@ -633,13 +455,13 @@ impl Vm {
                 Reason::Exit
             }
             Some(SmpRequest::Relax) => Reason::Spin,
-            None if std::mem::take(&mut self.preempted) => Reason::Spin,
+            None if std::mem::take(&mut self.run_loop.preempted) => Reason::Spin,
             None if halted => Reason::Halt {
                 for_good: !self.vcpu.interrupts_enabled(),
             },
             None => Reason::Exit,
         };
-        let pic_waits = self.pic.lock().unwrap().has_pending_interrupt();
+        let pic_waits = self.devices.pic.lock().unwrap().has_pending_interrupt();
         let Some(cpus) = &mut self.cpus else {
             return Ok(halted);
         };
@@ -657,8 +479,8 @@ impl Vm {
         let halted = cpus.scheduler.halted(cpu);
         // KVM keeps guest debugging per vCPU: the debugger's breakpoints
         // (and a replay's window) go to the vCPU that runs now.
-        if !self.stepping_over {
-            self.apply_guest_debug(&self.guest_debug)?;
+        if !self.debug.stepping_over {
+            self.apply_guest_debug(&self.debug.guest_debug)?;
         }
         Ok(halted)
     }
@@ -696,7 +518,7 @@ impl Vm {
         let mut waiting = false;
         let mut injected = false;
         if current == 0 {
-            let mut pic = self.pic.lock().unwrap();
+            let mut pic = self.devices.pic.lock().unwrap();
             waiting = pic.has_pending_interrupt();
             if waiting && self.vcpu.ready_for_interrupt() {
                 if let Some(vector) = pic.acknowledge() {
@@ -735,7 +557,7 @@ impl Vm {
         }
         let logged = self.seam.logged_stop();
         if let Some(LoggedStop::Preemption(at, _)) = &logged {
-            if !self.user_mode_stops && at.rip < KERNEL_SPACE {
+            if !self.run_loop.user_mode_stops && at.rip < KERNEL_SPACE {
                 return Err(VmError::UserPreemptionUnreachable { rip: at.rip });
             }
         }
@@ -753,10 +575,10 @@ impl Vm {
             Delivery::Doorbell => self.mark_doorbell(waiting),
         }
         let aimed = logged.is_some();
-        if self.logged_stop.aim(logged) && !self.stepping_over {
+        if self.debug.logged_stop.aim(logged) && !self.debug.stepping_over {
             tracing::debug!("logged stop: running to it: {aimed}");
             self.keep_guest_debugregs(aimed)?;
-            self.apply_guest_debug(&self.guest_debug)?;
+            self.apply_guest_debug(&self.debug.guest_debug)?;
         }
         Ok(())
     }
@@ -764,15 +586,15 @@ impl Vm {
     /// Raises the timer line if a tick is due.
     fn poll_timer(&self) {
         let now = self.seam.monotonic_ns();
-        if self.pit.lock().unwrap().poll(now) {
-            self.timer_line.pulse();
+        if self.devices.pit.lock().unwrap().poll(now) {
+            self.devices.timer_line.pulse();
         }
     }
 
     /// Sets or clears the guest kernel's doorbell byte, if it has one
     /// (see `devices::paravirt`).
     fn mark_doorbell(&self, waiting: bool) {
-        let Some(flag) = self.doorbell.lock().unwrap().flag() else {
+        let Some(flag) = self.devices.doorbell.lock().unwrap().flag() else {
             return;
         };
         let address = GuestAddress(flag);
@@ -793,7 +615,7 @@ impl Vm {
         } else if let Some(quantum) = self.seam.preemption_quantum() {
             // When the quantum ends, and a quantum apart after: the kicks
             // that look for a loop to preempt (`preempt_if_due`).
-            let past = self.last_exit.elapsed();
+            let past = self.run_loop.last_exit.elapsed();
             if past < quantum {
                 quantum - past
             } else {
@@ -803,10 +625,10 @@ impl Vm {
             // Only to check the deadline and the seam: ticks wait for an exit.
             Duration::MAX
         };
-        if std::mem::take(&mut self.step_over_due) {
+        if std::mem::take(&mut self.debug.step_over_due) {
             // Without the window's breakpoint: the step may start on it.
             self.apply_without_window(&guest_debug::step_over())?;
-            self.stepping_over = true;
+            self.debug.stepping_over = true;
         }
         self.arm_breakpoint_step()?;
         if let Some(clock) = &mut self.exit_clock {
@@ -832,9 +654,9 @@ impl Vm {
                     self.logged_stop_made(true)?;
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
-                    self.stepping_over = false;
-                    let reached = self.logged_stop.take();
-                    self.apply_guest_debug(&self.guest_debug)?;
+                    self.debug.stepping_over = false;
+                    let reached = self.debug.logged_stop.take();
+                    self.apply_guest_debug(&self.debug.guest_debug)?;
                     match reached {
                         Some(LoggedStop::Preemption(_, instance)) => {
                             Some(ExitKind::Preempted(instance))
@@ -844,8 +666,8 @@ impl Vm {
                 }
                 StopKind::Passing => {
                     self.logged_stop_made(false)?;
-                    self.at_exit = false;
-                    self.step_over_due = true;
+                    self.run_loop.at_exit = false;
+                    self.debug.step_over_due = true;
                     return Ok(Entry::Kicked);
                 }
                 StopKind::Other => return self.debug_stop(&debug),
@@ -854,11 +676,11 @@ impl Vm {
             Err(error) if error.errno() == libc::EINTR => None,
             Err(error) => return Err(VmError::Run(error)),
         };
-        self.at_exit = exit.is_some();
+        self.run_loop.at_exit = exit.is_some();
         match exit {
             Some(exit) => self.handle_exit(exit),
             None => {
-                self.step_kicked = true;
+                self.debug.step_kicked = true;
                 Ok(Entry::Kicked)
             }
         }
@@ -867,10 +689,10 @@ impl Vm {
     /// Handles the running vCPU's VM exit, whose data KVM left in its
     /// `kvm_run`.
     fn handle_exit(&mut self, exit: ExitKind) -> Result<Entry, VmError> {
-        self.last_exit = Instant::now();
-        self.exitless_warned = false;
-        self.spin_watch.exited(self.last_exit);
-        self.repeats.exited();
+        self.run_loop.last_exit = Instant::now();
+        self.run_loop.exitless_warned = false;
+        self.run_loop.spin_watch.exited(self.run_loop.last_exit);
+        self.run_loop.repeats.exited();
         match exit {
             ExitKind::PortRead => self.port_read()?,
             ExitKind::PortWrite => self.port_write()?,
@@ -881,18 +703,18 @@ impl Vm {
                 return Ok(Entry::Exited { halted: true });
             }
             ExitKind::InterruptWindow => {
-                if self.logged_stop.opens_early(self.vcpu.place()?) {
+                if self.debug.logged_stop.opens_early(self.vcpu.place()?) {
                     // Not the logged window: the guest goes on to it.
                     tracing::debug!("logged window: KVM's window opened before it");
                     self.vcpu.request_interrupt_window(false);
-                    self.at_exit = false;
+                    self.run_loop.at_exit = false;
                     return Ok(Entry::Kicked);
                 }
                 self.report(Exit::InterruptWindow)?
             }
             ExitKind::MsrRead => self.msr_read()?,
             ExitKind::Preempted(instance) => {
-                self.preempted = true;
+                self.run_loop.preempted = true;
                 self.report(Exit::Preempted(&instance))?
             }
             ExitKind::Shutdown => return Err(VmError::TripleFault { rip: self.rip() }),
@@ -915,38 +737,39 @@ impl Vm {
         };
         // A tick is scheduled, and after a quantum it is due; reading the
         // clock here would be an input at no place a replay finds.
-        let waiting = self.cpus.is_some() || self.pit.lock().unwrap().next_deadline_ns().is_some();
-        if self.last_exit.elapsed() < quantum
+        let waiting = self.cpus.is_some() || self.devices.next_tick_ns().is_some();
+        if self.run_loop.last_exit.elapsed() < quantum
             || !waiting
             || !self.vcpu.ready_for_interrupt()
             || self.vcpu.delivering_an_event()?
-            || (!self.user_mode_stops && self.vcpu.in_user_mode()?)
+            || (!self.run_loop.user_mode_stops && self.vcpu.in_user_mode()?)
         {
             return Ok(false);
         }
         let Some(place) = self.vcpu.stoppable_place()? else {
             return Ok(false);
         };
-        if !self.repeats.place_seen_before(place)
+        if !self.run_loop.repeats.place_seen_before(place)
             || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
         {
             return Ok(false);
         }
-        self.written
+        self.run_loop
+            .written
             .gather(&self.vm_fd, &self.memory)
             .map_err(VmError::Kvm)?;
-        let pages = self.written.runs();
+        let pages = self.run_loop.written.runs();
         let digest = preemption::digest(&self.vcpu, &self.memory, &pages)?;
-        if !self.repeats.state_seen_before(place, digest) {
+        if !self.run_loop.repeats.state_seen_before(place, digest) {
             return Ok(false);
         }
         tracing::debug!(
             "preempted at RIP {:#x}, in a loop, after {:?} without an exit",
             place.rip,
-            self.last_exit.elapsed()
+            self.run_loop.last_exit.elapsed()
         );
-        self.written.clear();
-        self.at_exit = true;
+        self.run_loop.written.clear();
+        self.run_loop.at_exit = true;
         self.handle_exit(ExitKind::Preempted(Instance { pages, digest }))?;
         Ok(true)
     }
@@ -960,7 +783,7 @@ impl Vm {
     /// per stretch, saying why the rest of the guest waits. Looking at the
     /// guest (its registers) is no input: nothing is injected here.
     fn check_exitless(&mut self) -> Result<(), VmError> {
-        let Some(limit) = self.exitless_limit else {
+        let Some(limit) = self.run_loop.exitless_limit else {
             return Ok(());
         };
         if self.seam.delivery().preemptive() {
@@ -968,28 +791,30 @@ impl Vm {
         }
         let now = Instant::now();
         let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
-        self.spin_watch.sampled(vcpu::register_digest(&regs), now);
-        let exitless = now.saturating_duration_since(self.last_exit);
+        self.run_loop
+            .spin_watch
+            .sampled(vcpu::register_digest(&regs), now);
+        let exitless = now.saturating_duration_since(self.run_loop.last_exit);
         // Reading the clock here would be an input at a point no replay can
         // find again; a tick is scheduled, and after `limit` it is due.
-        let tick_scheduled = self.pit.lock().unwrap().next_deadline_ns().is_some();
+        let tick_scheduled = self.devices.next_tick_ns().is_some();
         if exitless < limit || !tick_scheduled {
             return Ok(());
         }
         if !self.vcpu.in_user_mode()? {
-            let repeating = self.spin_watch.repeating_for(now);
+            let repeating = self.run_loop.spin_watch.repeating_for(now);
             if repeating < limit {
                 return Ok(());
             }
             return Err(VmError::Exitless {
                 seconds: exitless.as_secs(),
                 repeating: repeating.as_secs(),
-                states: self.spin_watch.states(),
+                states: self.run_loop.spin_watch.states(),
                 rip: regs.rip,
                 vcpu: self.cpus.as_ref().map(|cpus| cpus.scheduler.current()),
             });
         }
-        if !self.exitless_warned {
+        if !self.run_loop.exitless_warned {
             let remedy = if self.seam.preemption_quantum().is_none() {
                 "record with --preempt MS, which preempts it on SVM and VMX hosts, or use `provm run`"
             } else {
@@ -1003,7 +828,7 @@ impl Vm {
                 exitless.as_secs(),
                 regs.rip
             );
-            self.exitless_warned = true;
+            self.run_loop.exitless_warned = true;
         }
         Ok(())
     }
@@ -1018,16 +843,12 @@ impl Vm {
             .cpus
             .as_ref()
             .is_some_and(|cpus| cpus.apics[cpus.scheduler.current()].has_pending_interrupt());
-        if apic_waits || self.pic.lock().unwrap().has_pending_interrupt() {
+        if apic_waits || self.devices.pic.lock().unwrap().has_pending_interrupt() {
             return Ok(true);
         }
-        let tick = self
-            .pit
-            .lock()
-            .unwrap()
-            .next_deadline_ns()
-            .ok_or(VmError::Stuck)?;
+        let tick = self.devices.next_tick_ns().ok_or(VmError::Stuck)?;
         let can_receive = self
+            .devices
             .net
             .as_ref()
             .is_some_and(|net| net.lock().unwrap().can_receive());
@@ -1041,7 +862,7 @@ impl Vm {
 
     /// How long until the PIT's next interrupt, if it has one scheduled.
     fn until_next_tick(&self) -> Option<Duration> {
-        let tick = self.pit.lock().unwrap().next_deadline_ns()?;
+        let tick = self.devices.next_tick_ns()?;
         Some(Duration::from_nanos(
             tick.saturating_sub(self.seam.monotonic_ns()),
         ))

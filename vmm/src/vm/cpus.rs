@@ -7,7 +7,7 @@
 //! `Cpus`, runs exactly as it always did.
 
 use kvm_ioctls::{Kvm, VmFd};
-use provm_cpu_model::CpuidEntry;
+use provm_cpu_model::GuestCpu;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::apic::{Ipi, IpiKind, LocalApic, APIC_BASE, APIC_SIZE};
@@ -35,37 +35,20 @@ pub struct CpusState {
     pub vcpus: Vec<VcpuState>,
 }
 
-/// vCPU `id`'s CPUID: the guest model with its initial APIC ID, and the
-/// APIC the VMM emulates.
-pub fn cpuid_for(model: &[CpuidEntry], id: u8) -> Vec<CpuidEntry> {
-    const APIC: u32 = 1 << 9;
-    model
-        .iter()
-        .map(|entry| {
-            let mut entry = *entry;
-            if entry.function == 1 {
-                entry.ebx = (entry.ebx & 0x00ff_ffff) | (u32::from(id) << 24);
-                entry.edx |= APIC;
-            }
-            entry
-        })
-        .collect()
-}
-
 impl Cpus {
-    /// vCPUs 1 to `count - 1` of a new VM, with `model`'s CPUID; vCPU 0 is
-    /// the VM's own. Enables every APIC.
+    /// vCPUs 1 to `count - 1` of a new VM, each with its CPUID of `cpu`;
+    /// vCPU 0 is the VM's own. Enables every APIC.
     pub fn create(
         kvm: &Kvm,
         vm: &VmFd,
-        model: &[CpuidEntry],
+        cpu: &GuestCpu,
         count: u8,
         boot_vcpu: &Vcpu,
     ) -> Result<Self, VmError> {
         boot_vcpu.enable_apic(APIC_BASE, true)?;
         let mut parked = vec![None];
         for id in 1..count {
-            let vcpu = Vcpu::with_id(kvm, vm, id, &cpuid_for(model, id))?;
+            let vcpu = Vcpu::with_id(kvm, vm, id, &cpu.vcpu_table(id))?;
             vcpu.enable_apic(APIC_BASE, false)?;
             parked.push(Some(Box::new(vcpu)));
         }

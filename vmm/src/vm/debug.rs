@@ -1,12 +1,14 @@
 //! Stopping the guest for an observer: breakpoints and single steps set
 //! with `Vm::set_guest_debug`, the steps the VMM makes unseen (over a
 //! breakpoint, with breakpoints where the host cannot step with the trap
-//! flag), and the logged interrupt window a replay runs to.
+//! flag), and the logged interrupt window a replay runs to; and the state
+//! they keep from one entry into the guest to the next (`DebugState`).
 
-use kvm_bindings::kvm_debug_exit_arch;
+use kvm_bindings::{kvm_debug_exit_arch, kvm_debugregs};
+use kvm_ioctls::Kvm;
 
 use crate::guest_debug::{self, DebugStop, GuestDebug, GuestDebugError};
-use crate::logged_stop::{self, StopKind};
+use crate::logged_stop::{self, StopBreakpoint, StopKind};
 use crate::preemption;
 use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::vcpu::RESUME_FLAG;
@@ -14,15 +16,61 @@ use crate::vcpu::RESUME_FLAG;
 use super::layout::MSR_LSTAR;
 use super::{Entry, Vm, VmError};
 
+/// What stops the guest and the steps on the way there: the debugger's
+/// breakpoints and steps, the steps the VMM makes unseen, and the logged
+/// stop a replay runs to. Apart from the rest of the VM because they go
+/// together: KVM takes them as one `GuestDebug`, which each change here
+/// hands it again (`Vm::apply_guest_debug`).
+pub(super) struct DebugState {
+    /// What the guest stops at (`set_guest_debug`).
+    pub(super) guest_debug: GuestDebug,
+    /// The guest stopped at a breakpoint and must step over it on re-entry.
+    pub(super) step_over_due: bool,
+    /// It is stepping over one, with its breakpoints lifted.
+    pub(super) stepping_over: bool,
+    /// How this host single-steps the guest unseen (`breakpoint_step`).
+    pub(super) step_method: StepMethod,
+    /// While a step is made with breakpoints: how many of the armed ones
+    /// are the debugger's (the rest make the step).
+    pub(super) step_breakpoints: Option<usize>,
+    /// The last entry ended without an exit or a debug stop (a signal
+    /// kicked the vCPU out), so a step made with breakpoints is still
+    /// under way: it goes on to the breakpoints it was armed with.
+    pub(super) step_kicked: bool,
+    /// The logged stop a replay runs the guest to: a preemption, or an
+    /// interrupt window (`Delivery::LoggedWindow`).
+    pub(super) logged_stop: StopBreakpoint,
+    /// The guest's debug registers before the logged stop's breakpoint
+    /// was armed, for the stops it makes (see `Vm::logged_stop_made`).
+    pub(super) logged_stop_debugregs: Option<kvm_debugregs>,
+}
+
+impl DebugState {
+    /// Nothing to stop at yet, stepping as this host's KVM allows
+    /// (`breakpoint_step::host_method`, which runs a guest of a few bytes).
+    pub(super) fn for_host(kvm: &Kvm) -> Result<Self, VmError> {
+        Ok(DebugState {
+            guest_debug: GuestDebug::default(),
+            step_over_due: false,
+            stepping_over: false,
+            step_method: breakpoint_step::host_method(kvm)?,
+            step_breakpoints: None,
+            step_kicked: false,
+            logged_stop: StopBreakpoint::default(),
+            logged_stop_debugregs: None,
+        })
+    }
+}
+
 impl Vm {
     /// What a debug stop was for the logged stop a replay runs to.
     pub(super) fn logged_stop(&self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
-        if !self.logged_stop.aimed() {
+        if !self.debug.logged_stop.aimed() {
             return Ok(StopKind::Other);
         }
         let now = self.vcpu.place()?;
-        let mut stop = self.logged_stop.stop(debug.dr6, now);
-        if stop != StopKind::Other && self.logged_stop.preemption().is_some() {
+        let mut stop = self.debug.logged_stop.stop(debug.dr6, now);
+        if stop != StopKind::Other && self.debug.logged_stop.preemption().is_some() {
             stop = self.preemption_stop(stop == StopKind::Reached)?;
         }
         if stop != StopKind::Other {
@@ -40,6 +88,7 @@ impl Vm {
     /// are the logged instance's (`preemption`).
     fn preemption_stop(&self, registers_match: bool) -> Result<StopKind, VmError> {
         let instance = self
+            .debug
             .logged_stop
             .preemption()
             .expect("running to a preemption");
@@ -61,7 +110,7 @@ impl Vm {
     /// (`aimed`): one KVM_GET_DEBUGREGS per logged stop aimed at, none
     /// where none is.
     pub(super) fn keep_guest_debugregs(&mut self, aimed: bool) -> Result<(), VmError> {
-        self.logged_stop_debugregs = if aimed {
+        self.debug.logged_stop_debugregs = if aimed {
             Some(self.vcpu.fd.get_debug_regs().map_err(VmError::Kvm)?)
         } else {
             None
@@ -83,9 +132,9 @@ impl Vm {
     /// otherwise.
     pub(super) fn logged_stop_made(&mut self, done: bool) -> Result<(), VmError> {
         let kept = if done {
-            self.logged_stop_debugregs.take()
+            self.debug.logged_stop_debugregs.take()
         } else {
-            self.logged_stop_debugregs
+            self.debug.logged_stop_debugregs
         };
         let Some(kept) = kept else {
             return Ok(());
@@ -107,16 +156,16 @@ impl Vm {
     /// A debug stop for the debugger, or on its way (a step over a
     /// breakpoint, a step made with breakpoints).
     pub(super) fn debug_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<Entry, VmError> {
-        self.at_exit = false;
+        self.run_loop.at_exit = false;
         let (dr6, pc) = (debug.dr6, debug.pc);
         tracing::trace!(
             dr6 = format_args!("{dr6:#x}"),
             pc = format_args!("{pc:#x}"),
-            stepping_over = self.stepping_over,
-            step_breakpoints = ?self.step_breakpoints,
+            stepping_over = self.debug.stepping_over,
+            step_breakpoints = ?self.debug.step_breakpoints,
             "debug exit"
         );
-        let stop = match (DebugStop::from_kvm(debug), self.step_breakpoints) {
+        let stop = match (DebugStop::from_kvm(debug), self.debug.step_breakpoints) {
             // One of the breakpoints that make a step, not the debugger's.
             (DebugStop::Breakpoint { index, rip }, Some(theirs)) if index >= theirs => {
                 DebugStop::Step {
@@ -126,7 +175,9 @@ impl Vm {
             }
             // A step with the trap flag over an IRET whose frame set RF:
             // a breakpoint here would not fire (see `breakpoint_step`).
-            (DebugStop::Step { rip, .. }, _) if self.step_method == StepMethod::Breakpoints => {
+            (DebugStop::Step { rip, .. }, _)
+                if self.debug.step_method == StepMethod::Breakpoints =>
+            {
                 let rflags = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?.rflags;
                 DebugStop::Step {
                     rip,
@@ -135,27 +186,27 @@ impl Vm {
             }
             (stop, _) => stop,
         };
-        if std::mem::take(&mut self.stepping_over) {
+        if std::mem::take(&mut self.debug.stepping_over) {
             // The step over the logged stop's breakpoint is provm's own stop.
-            if self.logged_stop.aimed() {
+            if self.debug.logged_stop.aimed() {
                 self.logged_stop_made(false)?;
             }
             // Stepped past the breakpoint: put the breakpoints back.
-            self.apply_guest_debug(&self.guest_debug)?;
-            if !self.guest_debug.single_step {
+            self.apply_guest_debug(&self.debug.guest_debug)?;
+            if !self.debug.guest_debug.single_step {
                 return Ok(Entry::Kicked);
             }
         }
-        self.step_over_due = stop.needs_step_over(&self.guest_debug);
+        self.debug.step_over_due = stop.needs_step_over(&self.debug.guest_debug);
         Ok(Entry::Debug(stop))
     }
 
     /// Stops the guest at `debug`'s breakpoints, or after every
     /// instruction; an empty `debug` turns stopping off.
     pub fn set_guest_debug(&mut self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.guest_debug = debug.clone();
-        self.step_kicked = false;
-        if !self.stepping_over {
+        self.debug.guest_debug = debug.clone();
+        self.debug.step_kicked = false;
+        if !self.debug.stepping_over {
             self.apply_guest_debug(debug)?;
         }
         Ok(())
@@ -175,25 +226,25 @@ impl Vm {
         // test bed a step over a user instruction whose page fault ran
         // wp_page_copy ended there in one re-execution and after the
         // handler in the next, so a reverse-stepi went somewhere else.
-        if std::mem::take(&mut self.step_kicked) && self.step_breakpoints.is_some() {
+        if std::mem::take(&mut self.debug.step_kicked) && self.debug.step_breakpoints.is_some() {
             return Ok(());
         }
-        let was_armed = self.step_breakpoints.take().is_some();
+        let was_armed = self.debug.step_breakpoints.take().is_some();
         // Before every entry: nothing to do (and nothing to copy) unless
         // the guest is stepping.
-        let stepping = self.stepping_over || self.guest_debug.single_step;
+        let stepping = self.debug.stepping_over || self.debug.guest_debug.single_step;
         if !stepping {
             return Ok(());
         }
-        let in_force = if self.stepping_over {
+        let in_force = if self.debug.stepping_over {
             guest_debug::step_over()
         } else {
-            self.guest_debug.clone()
+            self.debug.guest_debug.clone()
         };
         let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
         let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
         let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
-        let arm = match self.step_method {
+        let arm = match self.debug.step_method {
             StepMethod::Breakpoints => breakpoint_step::arm,
             StepMethod::TrapFlag => breakpoint_step::arm_past_user_mode,
         };
@@ -204,11 +255,11 @@ impl Vm {
             Some(armed) => {
                 tracing::trace!(rip = regs.rip, ?armed, "step armed");
                 self.apply_without_window(&armed)?;
-                self.step_breakpoints = Some(in_force.breakpoints.len());
+                self.debug.step_breakpoints = Some(in_force.breakpoints.len());
             }
             // With the trap flag, what was in force stays unless a return
             // to user mode took the flag off at the last entry.
-            None if self.step_method == StepMethod::TrapFlag && !was_armed => {}
+            None if self.debug.step_method == StepMethod::TrapFlag && !was_armed => {}
             None => {
                 tracing::trace!(rip = regs.rip, "step with the trap flag");
                 self.apply_without_window(&in_force)?
@@ -220,11 +271,11 @@ impl Vm {
     /// Hands `debug` to KVM, with the breakpoint of the logged stop the
     /// guest runs to, if any.
     pub(super) fn apply_guest_debug(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.apply_to_kvm(&self.logged_stop.added_to(debug)?)
+        self.apply_to_kvm(&self.debug.logged_stop.added_to(debug)?)
     }
 
     pub(super) fn apply_without_window(&self, debug: &GuestDebug) -> Result<(), VmError> {
-        self.logged_stop.left_out();
+        self.debug.logged_stop.left_out();
         self.apply_to_kvm(debug)
     }
 

@@ -24,7 +24,7 @@ impl Vm {
         let len = u16::try_from(data.len())
             .map_err(|_| VmError::UnexpectedExit(format!("port read of {} bytes", data.len())))?;
         self.seam.exit(Exit::PioRead { port, len }, at);
-        if !self.pio.read_elements(port.into(), size, data) {
+        if !self.devices.pio.read_elements(port.into(), size, data) {
             // Nothing there: an ISA bus floats high.
             data.fill(0xff);
         }
@@ -41,7 +41,7 @@ impl Vm {
         };
         let PioExit { port, size, data } = self.vcpu.pio_exit();
         self.seam.exit(Exit::PioWrite { port, data }, at);
-        self.pio.write_elements(port.into(), size, data);
+        self.devices.pio.write_elements(port.into(), size, data);
         Ok(())
     }
 
@@ -65,7 +65,7 @@ impl Vm {
             .cpus
             .as_ref()
             .is_some_and(|cpus| cpus.mmio_read(address, data));
-        if !apic && !self.mmio.read(address, data) {
+        if !apic && !self.devices.mmio.read(address, data) {
             data.fill(0xff);
         }
         self.seam.read_result(data);
@@ -81,7 +81,7 @@ impl Vm {
             .as_mut()
             .is_some_and(|cpus| cpus.mmio_write(address, data));
         if !apic {
-            self.mmio.write(address, data);
+            self.devices.mmio.write(address, data);
         }
         Ok(())
     }

@@ -194,20 +194,20 @@ fn after_exit(
         Entry::Exited { halted } => halted,
         Entry::Kicked | Entry::Debug(_) => false,
     };
-    let request = vm.smp_ports.lock().unwrap().take_request();
+    let request = vm.devices.smp_ports.lock().unwrap().take_request();
     let relax = matches!(request, Some(SmpRequest::Relax));
     if let Some(SmpRequest::StartAp { block }) = request {
         vm.start_ap(block)?;
         shared.wake.notify_all();
     }
-    if let Some(net) = &vm.net {
+    if let Some(net) = &vm.devices.net {
         net.lock().unwrap().receive_frames();
     }
-    if vm.i8042.lock().unwrap().take_reset_request() {
+    if vm.devices.i8042.lock().unwrap().take_reset_request() {
         finish(shared, machine, Ok(VmEvent::Reset));
         return Ok((halted, relax));
     }
-    let output = vm.console.lock().unwrap().take_from_guest();
+    let output = vm.devices.console.lock().unwrap().take_from_guest();
     if !output.is_empty() {
         vm.seam.agent_output(&output);
         finish(shared, machine, Ok(VmEvent::AgentOutput(output)));
@@ -222,7 +222,7 @@ fn waiting(vm: &Vm) -> Vec<bool> {
     let Some(cpus) = &vm.cpus else {
         return Vec::new();
     };
-    let pic_waits = vm.pic.lock().unwrap().has_pending_interrupt();
+    let pic_waits = vm.devices.pic.lock().unwrap().has_pending_interrupt();
     (0..cpus.apics.len())
         .map(|cpu| cpus.interrupt_waits(cpu, pic_waits))
         .collect()
@@ -295,7 +295,7 @@ fn wait_until_runnable<'a, 'b>(
             if id == 0 {
                 vm.poll_timer();
             }
-            let pic_waits = id == 0 && vm.pic.lock().unwrap().has_pending_interrupt();
+            let pic_waits = id == 0 && vm.devices.pic.lock().unwrap().has_pending_interrupt();
             let cpus = vm.cpus.as_ref().expect("a parallel run has vCPUs");
             let (waits, nmi_waits) = (
                 cpus.interrupt_waits(id, pic_waits),

@@ -155,16 +155,21 @@ impl Vm {
             clock_ns,
             vcpu,
             cpus,
-            pic: self.pic.lock().unwrap().save(),
-            pit: self.pit.lock().unwrap().save(),
-            cmos: self.cmos.lock().unwrap().save(),
-            serial: self.serial.lock().unwrap().save(),
-            i8042: self.i8042.lock().unwrap().save(),
-            doorbell: self.doorbell.lock().unwrap().save(),
-            block: self.block.lock().unwrap().save(),
-            console: self.console.lock().unwrap().save(),
-            net: self.net.as_ref().map(|net| net.lock().unwrap().save()),
+            pic: self.devices.pic.lock().unwrap().save(),
+            pit: self.devices.pit.lock().unwrap().save(),
+            cmos: self.devices.cmos.lock().unwrap().save(),
+            serial: self.devices.serial.lock().unwrap().save(),
+            i8042: self.devices.i8042.lock().unwrap().save(),
+            doorbell: self.devices.doorbell.lock().unwrap().save(),
+            block: self.devices.block.lock().unwrap().save(),
+            console: self.devices.console.lock().unwrap().save(),
+            net: self
+                .devices
+                .net
+                .as_ref()
+                .map(|net| net.lock().unwrap().save()),
             input_disk: self
+                .devices
                 .input_disk
                 .as_ref()
                 .map(|disk| disk.lock().unwrap().save()),
