@@ -69,9 +69,15 @@ pub fn bytes_sha256(bytes: &[u8]) -> String {
 /// inode, size and modification and change times (a write changes the
 /// change time, which no one can set).
 pub fn file_identity(meta: &fs::Metadata) -> String {
+    format!("{}:{}", meta.dev(), identity_on_its_device(meta))
+}
+
+/// `file_identity` less the device: for a file seen through mounts of one
+/// file system that are devices of their own (each container's overlay
+/// mount of one image).
+pub fn identity_on_its_device(meta: &fs::Metadata) -> String {
     format!(
-        "{}:{}:{}:{}.{}:{}.{}",
-        meta.dev(),
+        "{}:{}:{}.{}:{}.{}",
         meta.ino(),
         meta.size(),
         meta.mtime(),

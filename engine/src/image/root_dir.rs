@@ -17,8 +17,8 @@
 //! Reading the whole tree for its digest took 0.42 s of every container on
 //! a 150 MB Debian root (benches/runtime.sh). So the tree's identity, what
 //! its entries' metadata says without reading a file (the files' inodes,
-//! sizes and times, as `digest::file_identity` trusts them, less the
-//! device: each container's overlay mount of the same image is a device of
+//! sizes and times, `digest::identity_on_its_device`: not their device,
+//! for each container's overlay mount of the same image is a device of
 //! its own), is kept with the digest it was read to, and a tree of that
 //! identity is not read again.
 
@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use super::ext4::FIXED_TIME;
 use super::{make_disk, ContainerError, DISK_FORMAT};
-use crate::digest::{file_identity, write_atomically, HashingWriter};
+use crate::digest::{identity_on_its_device, write_atomically, HashingWriter};
 use crate::kernel::cache_dir;
 
 /// A root directory as a disk: the disk, and `sha256:` of the directory's
@@ -65,20 +65,22 @@ fn resolve_in(
         });
     }
     fs::create_dir_all(cache).map_err(write_error)?;
+    let found = |sha256: &str, how: &str| {
+        tracing::debug!(
+            phase = "root disk",
+            ms = started.elapsed().as_millis() as u64,
+            how,
+            "the root directory's disk"
+        );
+        RootDisk {
+            disk: disk_path(cache, sha256),
+            digest: format!("sha256:{sha256}"),
+        }
+    };
     let identity = tree_identity(dir, placeholders).ok();
     if let Some(sha256) = identity.as_deref().and_then(|id| remembered(cache, id)) {
-        let disk = cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"));
-        if disk.exists() {
-            tracing::debug!(
-                phase = "root disk",
-                ms = started.elapsed().as_millis() as u64,
-                cached = true,
-                "the root directory's disk, known by its identity"
-            );
-            return Ok(RootDisk {
-                disk,
-                digest: format!("sha256:{sha256}"),
-            });
+        if disk_path(cache, &sha256).exists() {
+            return Ok(found(&sha256, "cached, the root known by its identity"));
         }
     }
     let layer = tempfile::Builder::new()
@@ -90,7 +92,7 @@ fn resolve_in(
             path: dir.to_owned(),
             source,
         })?;
-    let disk = cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"));
+    let disk = disk_path(cache, &sha256);
     let cached = disk.exists();
     if !cached {
         make_disk(&dir.display().to_string(), 1, &disk, |tree| {
@@ -101,16 +103,19 @@ fn resolve_in(
     if let Some(identity) = identity {
         remember(cache, &identity, &sha256);
     }
-    tracing::debug!(
-        phase = "root disk",
-        ms = started.elapsed().as_millis() as u64,
-        cached,
-        "the root directory's disk"
-    );
-    Ok(RootDisk {
-        disk,
-        digest: format!("sha256:{sha256}"),
-    })
+    Ok(found(
+        &sha256,
+        if cached {
+            "cached, the root read"
+        } else {
+            "made"
+        },
+    ))
+}
+
+/// The disk of the root whose layer has `sha256`, in `cache`.
+fn disk_path(cache: &Path, sha256: &str) -> PathBuf {
+    cache.join(format!("{DISK_FORMAT}-root-{sha256}.ext4"))
 }
 
 /// Writes the tree under `dir` as a tar to `file`; returns its SHA-256.
@@ -164,11 +169,8 @@ fn tree_identity(dir: &Path, placeholders: &[PathBuf]) -> io::Result<String> {
         } else if is_special(&meta) {
             format!("device {}", meta.rdev())
         } else {
-            let identity = file_identity(&meta);
             // Less the device (see the module's header).
-            identity
-                .split_once(':')
-                .map_or(identity.clone(), |(_, rest)| rest.to_owned())
+            identity_on_its_device(&meta)
         };
         let line = format!(
             "{} {:o} {}:{} {what}",
@@ -256,8 +258,7 @@ mod tests {
         let identity = tree_identity(&root, &placeholders).unwrap();
         let planted = "ab".repeat(32);
         remember(&cache, &identity, &planted);
-        let disk = cache.join(format!("{DISK_FORMAT}-root-{planted}.ext4"));
-        fs::copy(&read.disk, &disk).unwrap();
+        fs::copy(&read.disk, disk_path(&cache, &planted)).unwrap();
         assert_eq!(
             resolve_in(&root, &placeholders, &cache).unwrap().digest,
             format!("sha256:{planted}")
