@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -14,8 +15,12 @@ use crate::events::{Decoder, Encoder, Event, EventKind};
 use crate::format::{FormatError, Section, SectionKind, SectionWriter, TraceReader};
 use crate::hex;
 
-/// Encoded events are compressed and written once this many bytes gather.
+/// Encoded events are compressed and written once this many bytes gather,
+/// or once this long has passed since the last chunk, whichever comes
+/// first; each chunk is synced, so that a recording whose machine loses
+/// power leaves its log up to a second before (see `EventLogWriter::flush`).
 const CHUNK_BYTES: usize = 256 * 1024;
+const CHUNK_INTERVAL: Duration = Duration::from_secs(1);
 const ZSTD_LEVEL: i32 = 3;
 /// No chunk decompresses to more than this (the writer makes ~256 KiB).
 const MAX_CHUNK: usize = 64 << 20;
@@ -73,6 +78,9 @@ pub struct EventLogWriter {
     disk_digest: DiskWritesDigest,
     last_clock_ns: u64,
     events_digest: Sha256,
+    /// When the last chunk was written (or the log began).
+    last_chunk: Instant,
+    chunk_interval: Duration,
 }
 
 impl EventLogWriter {
@@ -100,6 +108,8 @@ impl EventLogWriter {
             disk_digest: DiskWritesDigest::default(),
             last_clock_ns: start_ns,
             events_digest: Sha256::new(),
+            last_chunk: Instant::now(),
+            chunk_interval: CHUNK_INTERVAL,
         }
     }
 
@@ -116,7 +126,7 @@ impl EventLogWriter {
         if event.kind() != EventKind::StateCheck {
             self.events_digest.update(&self.pending[start..]);
         }
-        if self.pending.len() >= CHUNK_BYTES {
+        if self.pending.len() >= CHUNK_BYTES || self.last_chunk.elapsed() >= self.chunk_interval {
             self.flush()?;
         }
         Ok(())
@@ -161,8 +171,12 @@ impl EventLogWriter {
         }
         let payload = encode_chunk(self.chunks, &self.pending).map_err(FormatError::Write)?;
         trace.section(SectionKind::Events, &payload)?;
+        // Synced as well as written: what a killed recording's
+        // `.partial` holds survives a power loss too, for `provm recover`.
+        trace.sync()?;
         self.chunks += 1;
         self.pending.clear();
+        self.last_chunk = Instant::now();
         Ok(())
     }
 }
@@ -286,5 +300,22 @@ mod tests {
         let mut checked = events.to_vec();
         checked.insert(1, Event::StateCheck { memory: 1 });
         assert_eq!(digest(&checked), digest(&events));
+    }
+
+    #[test]
+    fn a_chunk_is_written_once_its_interval_has_passed_whatever_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("timed.provm");
+        let mut log = EventLogWriter::new(SectionWriter::create(&path).unwrap(), 0);
+        log.append(&Event::Clock(1)).unwrap();
+        assert_eq!(log.chunks, 0, "a few bytes wait for more");
+        log.chunk_interval = Duration::ZERO;
+        log.append(&Event::Clock(2)).unwrap();
+        log.append(&Event::Clock(3)).unwrap();
+        assert_eq!(log.chunks, 2);
+        assert!(log.pending.is_empty());
+        let (trace, totals) = log.finish().unwrap();
+        trace.unwrap().finish().unwrap();
+        assert_eq!((totals.chunks, totals.events), (2, 3));
     }
 }

@@ -228,6 +228,11 @@ impl SectionWriter {
             .suffix(".partial")
             .tempfile_in(dir)
             .map_err(FormatError::Write)?;
+        // The unfinished file's name made durable, so that a machine's loss
+        // leaves it for `provm recover` (see `sync`).
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(FormatError::Write)?;
         let mut out = BufWriter::new(file);
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(MAGIC);
@@ -251,6 +256,17 @@ impl SectionWriter {
             .and_then(|()| out.write_all(&digest))
             .and_then(|()| out.write_all(payload))
             .and_then(|()| out.flush())
+            .map_err(FormatError::Write)
+    }
+
+    /// Has the storage keep what was written so far: a machine that loses
+    /// power later leaves it in the `.partial` file, as a writer killed
+    /// outright does.
+    pub fn sync(&mut self) -> Result<(), FormatError> {
+        self.out
+            .get_ref()
+            .as_file()
+            .sync_data()
             .map_err(FormatError::Write)
     }
 
