@@ -13,9 +13,10 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use provm::blame::{compare, inject, TimingOptions, TimingReport};
+use provm::blame::{compare, inject};
 use provm_engine::record::RecordOptions;
 use provm_engine::start::RunOptions;
+use provm_engine::timing::{TimingObserver, TimingReport};
 use provm_guest_agent::Outcome;
 use provm_vmm::exit_timing::ExitDelay;
 
@@ -31,7 +32,7 @@ fn main() {
     );
     capture_cost(&run, dir.path());
     println!();
-    sweep(&run, dir.path());
+    sweep(&run);
     println!();
     what_if(&dir.path().join("timed-0.provm"));
 }
@@ -46,11 +47,7 @@ fn record(run: &RunOptions, output: &Path, timing: bool) -> Duration {
         chaos: None,
         preempt: None,
     };
-    let mut timing = TimingOptions {
-        capture: timing,
-        ..TimingOptions::default()
-    }
-    .observer("record");
+    let mut timing = TimingObserver::new("record", timing, None);
     let start = Instant::now();
     let recorded = provm_engine::record::record(
         &options,
@@ -109,21 +106,13 @@ fn row(name: &str, times: &mut [Duration]) -> Duration {
     median
 }
 
-/// `provm run --timing` of the workload with `delay` injected.
-fn timed_run(run: &RunOptions, dir: &Path, delay: Option<ExitDelay>) -> TimingReport {
-    let output = dir.join("run-timing.json");
-    let _ = std::fs::remove_file(&output);
-    let mut timing = TimingOptions {
-        capture: true,
-        output: Some(output.clone()),
-        delay,
-    }
-    .observer("run");
+/// A run of the workload with `delay` injected, its exits timed.
+fn timed_run(run: &RunOptions, delay: Option<ExitDelay>) -> TimingReport {
+    let mut timing = TimingObserver::new("run", true, delay);
     let ran =
         provm_engine::run::run(run, &mut [&mut timing], &mut Vec::new(), &mut Vec::new()).unwrap();
     assert_eq!(ran.outcome, Outcome::Exited(0));
-    timing.save_requested().unwrap();
-    provm::blame::load(&output).unwrap()
+    timing.report().expect("timing was captured")
 }
 
 fn disk_blame(report: &TimingReport) -> (u64, f64) {
@@ -131,10 +120,8 @@ fn disk_blame(report: &TimingReport) -> (u64, f64) {
     (disk.exits, disk.hypervisor_ns() as f64)
 }
 
-fn sweep(run: &RunOptions, dir: &Path) {
-    let zero: Vec<(u64, f64)> = (0..2)
-        .map(|_| disk_blame(&timed_run(run, dir, None)))
-        .collect();
+fn sweep(run: &RunOptions) {
+    let zero: Vec<(u64, f64)> = (0..2).map(|_| disk_blame(&timed_run(run, None))).collect();
     let base = (zero[0].1 + zero[1].1) / 2.0;
     println!("validation sweep: virtio-blk exits delayed, its blame against delay x exits (ms)");
     println!("| injected delay | exits | expected | measured | measured / expected |");
@@ -145,7 +132,7 @@ fn sweep(run: &RunOptions, dir: &Path) {
     }
     for us in [200u64, 500, 1000, 2000] {
         let delay = inject::parse_exit_delay(&format!("{DISK}:{us}us")).unwrap();
-        let (exits, blame) = disk_blame(&timed_run(run, dir, Some(delay)));
+        let (exits, blame) = disk_blame(&timed_run(run, Some(delay)));
         let expected = (us * 1000 * exits) as f64;
         let measured = blame - base;
         println!(

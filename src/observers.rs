@@ -5,11 +5,13 @@ use std::path::PathBuf;
 
 use provm_engine::observer::Observer;
 use provm_engine::start::RunOptions;
+use provm_engine::timing::TimingObserver;
 
-use crate::blame::{BlameError, TimingObserver, TimingOptions};
+use crate::blame::{BlameError, TimingOptions};
 use crate::provenance::{Provenance, ProvenanceCapture};
 
 pub struct RunObservers {
+    timing_options: TimingOptions,
     pub timing: TimingObserver,
     pub provenance: Option<ProvenanceCapture>,
 }
@@ -24,6 +26,7 @@ impl RunObservers {
         provenance: Option<PathBuf>,
     ) -> Self {
         RunObservers {
+            timing_options: timing.clone(),
             timing: timing.observer(mode),
             provenance: provenance.map(|path| {
                 ProvenanceCapture::new(Some(path), options.pinned.clone(), options.host_paths)
@@ -43,7 +46,7 @@ impl RunObservers {
     /// Once the run is over: the timing written where `--timing` asked, and
     /// the provenance captured, if any.
     pub fn finish(self) -> Result<Option<Provenance>, BlameError> {
-        self.timing.save_requested()?;
+        self.timing_options.save_requested(&self.timing)?;
         Ok(self.provenance.and_then(ProvenanceCapture::into_document))
     }
 }

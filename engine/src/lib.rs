@@ -10,9 +10,9 @@
 //! `recover` makes a trace of what a killed recording left. It has no
 //! command line and prints nothing: what the user should hear goes out as
 //! `tracing` events under the target [`NOTICE`], and errors are typed.
-//! What watches a run from above (exit timing, provenance capture) plugs
-//! in as an [`observer::Observer`], so the engine imports no analysis of
-//! its own.
+//! What watches a run from above plugs in as an [`observer::Observer`]:
+//! provenance capture, and exit timing (`timing`), which every recording
+//! keeps, whoever drives it.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -40,6 +40,7 @@ pub mod seen_images;
 pub mod session;
 pub mod snapshot;
 pub mod start;
+pub mod timing;
 pub mod transfer;
 pub mod utc;
 

@@ -14,6 +14,7 @@ use provm_engine::image::{Container as ImageOrigin, ContainerConfig, DigestKind,
 use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
 use provm_engine::start::RunOptions;
+use provm_engine::timing::TimingObserver;
 use provm_engine::transfer::{Input, Output};
 
 use crate::bundle;
@@ -115,7 +116,10 @@ fn recorded(
         chaos: None,
         preempt: None,
     };
-    record::record(&options, &mut [], stdout, stderr)
+    // The exit timing, as `provm record` keeps it: `provm blame` and the
+    // query's blame tables read a container's trace as any other.
+    let mut timing = TimingObserver::new("record", true, None);
+    record::record(&options, &mut [&mut timing], stdout, stderr)
         .map(|recorded| recorded.outcome.shell_status())
         .map_err(|error| error.to_string())
 }

@@ -12,14 +12,14 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use provm_engine::replay::{self, ReplayOptions};
+use provm_engine::timing::report::{DeviceTiming, ProcessTiming, TimingReport, QUANTILES};
+use provm_engine::timing::TimingObserver;
 use provm_vmm::exit_timing::{ExitDelay, ExtraCost};
 use serde::Serialize;
 
-use super::inject::describe;
 use super::table::{ms, Row};
-use super::timing::{DeviceTiming, ProcessTiming, TimingReport, QUANTILES};
-use super::{BlameError, TimingOptions};
-use provm_engine::replay::{self, ReplayOptions};
+use super::BlameError;
 
 /// A process is the same in two runs of one command if its pid and
 /// command are (pids follow from the snapshot the runs restore).
@@ -179,12 +179,7 @@ fn timed_replay(
         timeout,
         ..ReplayOptions::for_analysis(trace.to_owned())
     };
-    let mut timing = TimingOptions {
-        capture: true,
-        output: None,
-        delay,
-    }
-    .observer("replay");
+    let mut timing = TimingObserver::new("replay", true, delay);
     let (report, _) = replay::replay_observed(&options, &mut [&mut timing], Vec::new())?;
     report.analysable().map_err(BlameError::Diverged)?;
     Ok(timing.report().expect("timing was asked for"))
@@ -198,7 +193,7 @@ pub fn write_what_if(
     writeln!(
         out,
         "what if {}: the trace replayed as recorded (baseline) and with the change (measured); predicted = baseline + the change's cost over the baseline's exits of the device. Times in ms; \"hypervisor\" is the VMM's and the recorder's share",
-        describe(delay)
+        delay
     )?;
     writeln!(
         out,

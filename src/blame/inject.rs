@@ -51,14 +51,6 @@ pub fn parse_what_if(text: &str) -> Result<ExitDelay, CostError> {
     Ok(ExitDelay { device, cost })
 }
 
-/// How a delay is written on the command line of `--what-if`.
-pub fn describe(delay: &ExitDelay) -> String {
-    match delay.cost {
-        ExtraCost::Fixed(extra) => format!("{}=+{}", delay.device, format_duration(extra)),
-        ExtraCost::Scaled(factor) => format!("{}=x{factor}", delay.device),
-    }
-}
-
 fn known_device(name: &str) -> Result<String, CostError> {
     if EXIT_DEVICES.contains(&name) {
         Ok(name.to_owned())
@@ -88,18 +80,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, CostError> {
     Duration::try_from_secs_f64(number * scale).map_err(|_| bad())
 }
 
-/// A duration in the largest unit that keeps it whole (else in µs).
-pub fn format_duration(duration: Duration) -> String {
-    let ns = duration.as_nanos();
-    match ns {
-        0 => "0s".into(),
-        _ if ns.is_multiple_of(1_000_000_000) => format!("{}s", ns / 1_000_000_000),
-        _ if ns.is_multiple_of(1_000_000) => format!("{}ms", ns / 1_000_000),
-        _ if ns.is_multiple_of(1_000) => format!("{}us", ns / 1_000),
-        _ => format!("{ns}ns"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,14 +92,12 @@ mod tests {
         for bad in ["2", "ms", "2 ms", "-1ms", "2m", "abc"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
-        assert_eq!(format_duration(Duration::from_micros(200)), "200us");
-        assert_eq!(format_duration(Duration::from_millis(2)), "2ms");
     }
 
     #[test]
     fn delays_name_a_known_device() {
         let delay = parse_exit_delay("virtio-blk:1ms").unwrap();
-        assert_eq!(describe(&delay), "virtio-blk=+1ms");
+        assert_eq!(delay.to_string(), "virtio-blk=+1ms");
         assert_eq!(
             parse_exit_delay("disk:1ms"),
             Err(CostError::UnknownDevice("disk".into()))

@@ -1,31 +1,25 @@
 //! Hypervisor blame: how much of each guest process's time the
-//! virtualization layer cost. The VMM times every exit
-//! (`provm_vmm::exit_timing`); `capture` attributes each to the guest
-//! process running at it and aggregates (`timing`); `provm blame` shows it
-//! (`table`, `svg`), compares two runs and replays a run under a changed
-//! exit cost (`compare`).
+//! virtualization layer cost. The engine times every exit and attributes
+//! it to the guest process running at it (`provm_engine::timing`);
+//! `provm blame` shows it (`table`, `svg`), compares two runs and replays a
+//! run under a changed exit cost (`compare`).
 
-pub mod capture;
 pub mod compare;
 pub mod inject;
 mod request;
 pub mod svg;
 pub mod table;
-pub mod timing;
 
 use std::path::{Path, PathBuf};
 
-use provm_engine::observer::{GuestKernel, Observer, ObserverError};
-use provm_trace::format::{FormatError, SectionKind};
+use provm_engine::timing::{TimingObserver, TimingReport};
+use provm_trace::format::FormatError;
 use provm_trace::reader::Trace;
 use provm_vmm::exit_timing::ExitDelay;
-use provm_vmm::vm::Vm;
 
 use crate::output::{AtomicFile, OutputError};
 
-pub use capture::Capture;
 pub use request::{blame, BlameFormat, BlameRequest};
-pub use timing::TimingReport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlameError {
@@ -72,66 +66,16 @@ impl TimingOptions {
     /// (`mode`, the run's kind, is said in the report), and injects the
     /// delay either way.
     pub fn observer(&self, mode: &str) -> TimingObserver {
-        TimingObserver {
-            options: self.clone(),
-            mode: mode.to_owned(),
-            capture: None,
-        }
-    }
-}
-
-/// Times the exits of the VM it is attached to (see `TimingOptions`); a
-/// recording keeps the report as its timing section.
-pub struct TimingObserver {
-    options: TimingOptions,
-    mode: String,
-    capture: Option<Capture>,
-}
-
-impl TimingObserver {
-    /// What was captured, if capturing.
-    pub fn report(&self) -> Option<TimingReport> {
-        self.capture.as_ref().map(Capture::report)
+        TimingObserver::new(mode, self.captures(), self.delay.clone())
     }
 
-    /// Writes the report where `--timing FILE` asked, if it did.
-    pub fn save_requested(&self) -> Result<(), BlameError> {
-        match (self.report(), &self.options.output) {
+    /// Writes what `observer` captured where `--timing FILE` asked, if it
+    /// did.
+    pub fn save_requested(&self, observer: &TimingObserver) -> Result<(), BlameError> {
+        match (observer.report(), &self.output) {
             (Some(report), Some(path)) => save(&report, path),
             _ => Ok(()),
         }
-    }
-}
-
-impl Observer for TimingObserver {
-    fn attach(&mut self, vm: &mut Vm, kernel: &GuestKernel<'_>) -> Result<(), ObserverError> {
-        if !self.options.captures() {
-            if let Some(delay) = &self.options.delay {
-                vm.time_exits(Box::new(Ignore), Some(delay.clone()));
-            }
-            return Ok(());
-        }
-        self.capture = Some(Capture::attach(
-            vm,
-            kernel.info()?,
-            &self.mode,
-            self.options.delay.clone(),
-        ));
-        Ok(())
-    }
-
-    fn section(&mut self) -> Result<Option<(SectionKind, Vec<u8>)>, ObserverError> {
-        Ok(self
-            .report()
-            .map(|report| (SectionKind::Timing, report.to_json())))
-    }
-}
-
-/// An observer that keeps nothing: for a delay without timing.
-struct Ignore;
-
-impl provm_vmm::exit_timing::ExitObserver for Ignore {
-    fn exit(&mut self, _: &provm_vmm::exit_timing::ExitTiming, _: &provm_vmm::memory::GuestMemory) {
     }
 }
 

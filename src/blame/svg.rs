@@ -4,8 +4,9 @@
 
 use std::fmt::Write;
 
+use provm_engine::timing::report::{bucket_bound_ns, TimingReport, BUCKETS};
+
 use super::table::{self, Row, ESTIMATED, MEASURED};
-use super::timing::{bucket_bound_ns, TimingReport, BUCKETS};
 
 const WIDTH: f64 = 900.0;
 const LABEL: f64 = 220.0;
@@ -117,7 +118,7 @@ pub fn render(report: &TimingReport) -> String {
 /// Exit latency CDFs, one line per device, on a log time axis.
 fn cdfs(
     svg: &mut String,
-    devices: &std::collections::BTreeMap<String, super::timing::DeviceTiming>,
+    devices: &std::collections::BTreeMap<String, provm_engine::timing::report::DeviceTiming>,
     top: f64,
     height: f64,
 ) {

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::timing::{DeviceTiming, ProcessTiming, TimingReport};
+use provm_engine::timing::report::{DeviceTiming, ProcessTiming, TimingReport};
 
 /// What the numbers are, said with every output.
 pub const MEASURED: &str = "measured on the host clock at every VM exit: time in the guest (KVM_RUN), in the VMM handling each exit by device, halted waiting for a tick, in the recorder's logging; injected delay is part of the VMM's time";
@@ -253,7 +253,7 @@ pub fn write_json(report: &TimingReport, out: &mut dyn Write) -> io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blame::timing::{Times, TIMING_FORMAT};
+    use provm_engine::timing::report::{Times, TIMING_FORMAT};
 
     fn report(vcpus: usize) -> TimingReport {
         let mut report = TimingReport {
@@ -276,7 +276,7 @@ mod tests {
                 comm: "sh".into(),
                 ..ProcessTiming::default()
             };
-            crate::blame::timing::count(&mut process.devices, "pic", &exit);
+            provm_engine::timing::report::count(&mut process.devices, "pic", &exit);
             report.processes.push(process);
         }
         report

@@ -43,10 +43,11 @@ pub fn replay(args: ReplayArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         .iter()
         .map(|name| provm::analyses::by_name(name).expect("clap checked the name"))
         .collect();
-    let mut timing = args.timing.options(false).observer("replay");
+    let timing_options = args.timing.options(false);
+    let mut timing = timing_options.observer("replay");
     let (report, analyses) =
         provm_engine::replay::replay_observed(&options, &mut [&mut timing], analyses)?;
-    timing.save_requested()?;
+    timing_options.save_requested(&timing)?;
     for analysis in &analyses {
         analysis.report_text(&mut std::io::stdout().lock())?;
     }

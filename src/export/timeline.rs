@@ -37,11 +37,11 @@ use serde_json::{json, Value};
 use super::ExportError;
 use crate::analyses::processes::ProcessTree;
 use crate::analyses::syscalls::SyscallLog;
-use crate::blame::TimingReport;
 use crate::output::AtomicFile;
 use crate::provenance::{Provenance, VM_ACTIVITY};
 use crate::query::Run;
 use provm_engine::replay::{self, ReplayOptions};
+use provm_engine::timing::TimingReport;
 
 const GUEST_PID: u32 = 1;
 const VMM_PID: u32 = 2;
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn vmm_time_is_spread_over_the_logged_exits_and_ends_at_the_total() {
-        use crate::blame::timing::{DeviceTiming, ProcessTiming, Times};
+        use provm_engine::timing::report::{DeviceTiming, ProcessTiming, Times};
         let device = |exits, vmm_ns| DeviceTiming {
             exits,
             times: Times {
@@ -489,7 +489,7 @@ mod tests {
             devices: devices.into_iter().map(|(n, d)| (n.into(), d)).collect(),
         };
         let timing = TimingReport {
-            format: crate::blame::timing::TIMING_FORMAT,
+            format: provm_engine::timing::report::TIMING_FORMAT,
             mode: "record".into(),
             injected: None,
             preemption_measured: true,

@@ -7,8 +7,8 @@ use std::path::Path;
 use provm_trace::reader::Trace;
 
 use super::QueryError;
-use crate::blame::TimingReport;
 use crate::provenance::Provenance;
+use provm_engine::timing::TimingReport;
 
 pub struct Run {
     /// What the `run` column holds: the trace's path as given.

@@ -10,12 +10,10 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use common::{images, one_guest_at_a_time, path, provm, record_shell, PROVM_FAILED};
-use provm::blame::inject::format_duration;
-use provm::blame::timing::DeviceTiming;
-use provm::blame::TimingReport;
+use provm_engine::timing::report::DeviceTiming;
+use provm_engine::timing::TimingReport;
 
 const DISK_WORKLOAD: &str = "dd if=/dev/zero of=/data/f bs=4k count=128 oflag=direct";
 const DISK: &str = "virtio-blk";
@@ -146,13 +144,13 @@ fn an_injected_exit_delay_moves_its_devices_blame_by_delay_times_exits() {
     let zero = [timed_run("zero-a", &[]), timed_run("zero-b", &[])];
     // Two runs without a delay and one with each: the slope's four points
     // (each run took about 13 s of this test on PVM).
-    let delays_us = [500u64, 1000];
+    // Each delay, and as the report writes it back.
+    let delays_us = [(500u64, "500us"), (1000, "1ms")];
     let swept: Vec<(u64, TimingReport)> = delays_us
         .iter()
-        .map(|&us| {
+        .map(|&(us, written)| {
             let delay = format!("{DISK}:{us}us");
             let report = timed_run(&format!("delay-{us}"), &["--inject-exit-delay", &delay]);
-            let written = format_duration(Duration::from_micros(us));
             assert_eq!(report.injected, Some(format!("{DISK}=+{written}")));
             (us, report)
         })

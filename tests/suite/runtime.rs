@@ -303,6 +303,10 @@ fn a_container_gets_its_input_environment_folder_and_volume_and_its_trace_replay
         "{}",
         inspected.stdout
     );
+    // Its exit timing, as `provm record` keeps it: blame names the command.
+    let blamed = provm(&["blame", path(&trace)]);
+    assert_eq!(blamed.status, 0, "{}", blamed.stderr);
+    assert!(blamed.stdout.contains(" sh "), "{}", blamed.stdout);
 }
 
 /// A read-write volume (`-v HOST:GUEST`): its folder goes in, and what the

@@ -69,6 +69,28 @@ pub struct ExitDelay {
     pub cost: ExtraCost,
 }
 
+/// As `--what-if` writes it: `virtio-blk=+1ms`, `virtio-blk=x2`.
+impl std::fmt::Display for ExitDelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cost {
+            ExtraCost::Fixed(extra) => write!(f, "{}=+{}", self.device, whole_unit(extra)),
+            ExtraCost::Scaled(factor) => write!(f, "{}=x{factor}", self.device),
+        }
+    }
+}
+
+/// A duration in the largest unit that keeps it whole (else in ns).
+fn whole_unit(duration: Duration) -> String {
+    let ns = duration.as_nanos();
+    match ns {
+        0 => "0s".into(),
+        _ if ns.is_multiple_of(1_000_000_000) => format!("{}s", ns / 1_000_000_000),
+        _ if ns.is_multiple_of(1_000_000) => format!("{}ms", ns / 1_000_000),
+        _ if ns.is_multiple_of(1_000) => format!("{}us", ns / 1_000),
+        _ => format!("{ns}ns"),
+    }
+}
+
 impl ExitDelay {
     /// The wait to add after an exit whose handling took `handling`.
     fn extra(&self, handling: Duration) -> Duration {
@@ -271,6 +293,19 @@ mod tests {
             delay(ExtraCost::Fixed(Duration::from_millis(2))).extra(handling),
             Duration::from_millis(2)
         );
+    }
+
+    #[test]
+    fn a_delay_is_written_in_its_largest_whole_unit() {
+        let delay = |cost| ExitDelay {
+            device: "virtio-blk".into(),
+            cost,
+        };
+        let fixed = |duration| delay(ExtraCost::Fixed(duration)).to_string();
+        assert_eq!(fixed(Duration::from_micros(200)), "virtio-blk=+200us");
+        assert_eq!(fixed(Duration::from_millis(2)), "virtio-blk=+2ms");
+        assert_eq!(fixed(Duration::from_nanos(1500)), "virtio-blk=+1500ns");
+        assert_eq!(delay(ExtraCost::Scaled(2.5)).to_string(), "virtio-blk=x2.5");
     }
 
     #[test]

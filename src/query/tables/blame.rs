@@ -7,8 +7,8 @@
 use super::Kind::{Integer, Text};
 use super::{column, Rows, Table};
 use crate::blame::table::Row;
-use crate::blame::timing::QUANTILES;
 use crate::query::{QueryError, Run};
+use provm_engine::timing::report::QUANTILES;
 
 pub const BLAME: Table = Table {
     name: "blame",

@@ -1,5 +1,5 @@
 //! The VMM's exit timing, attributed to the guest process running at each
-//! exit and aggregated as it comes (see `timing`).
+//! exit and aggregated as it comes (see `report`).
 //!
 //! The running task is read from the exiting vCPU's `current_task`
 //! through the kernel's own page tables (`init_top_pgt`), which no
@@ -16,7 +16,7 @@ use provm_vmm::memory::GuestMemory;
 use provm_vmm::paging;
 use provm_vmm::vm::Vm;
 
-use super::timing::{count, ProcessTiming, Times, TimingReport, TIMING_FORMAT};
+use super::report::{count, ProcessTiming, Times, TimingReport, TIMING_FORMAT};
 
 /// `comm`'s size in the kernel (TASK_COMM_LEN).
 const COMM_LEN: usize = 16;
@@ -35,7 +35,7 @@ impl Capture {
             report: TimingReport {
                 format: TIMING_FORMAT,
                 mode: mode.to_owned(),
-                injected: delay.as_ref().map(super::inject::describe),
+                injected: delay.as_ref().map(ExitDelay::to_string),
                 preemption_measured: exit_timing::run_delay_available(),
                 capture_ns: 0,
                 processes: Vec::new(),
