@@ -35,6 +35,7 @@ pub mod pinning;
 pub mod record;
 pub mod recover;
 pub mod replay;
+pub mod requests;
 pub mod run;
 pub mod seen_images;
 pub mod session;

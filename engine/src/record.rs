@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use provm_cpu_model::{self as cpu_model, Platform};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
-use provm_seams::{delivery, HostRequests};
+use provm_seams::delivery;
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
@@ -30,6 +30,7 @@ use crate::host;
 use crate::kernel;
 use crate::machine::Prepared;
 use crate::observer::{self, Observer};
+use crate::requests;
 use crate::seen_images;
 use crate::session::SessionError;
 use crate::start::{self, Booted, Logging, Recording, RunError, RunOptions};
@@ -81,11 +82,6 @@ pub enum RecordError {
     },
 }
 
-/// What signal handlers ask of the recording under way: SIGINT (Ctrl-C)
-/// that it end cleanly, provm-runtime's `kill` that the command get a
-/// signal.
-static REQUESTS: HostRequests = HostRequests::new();
-
 /// A finished recording.
 pub struct Recorded {
     pub outcome: CommandOutcome,
@@ -136,7 +132,7 @@ pub fn record(
     let guest_start_ns = snapshot.state.clock_ns;
     let recording = Recording {
         trace,
-        requests: &REQUESTS,
+        requests: &requests::REQUESTS,
         exitless_limit: options.exitless_limit,
         chaos: options.chaos,
         preempt: options.preempt,
@@ -374,24 +370,8 @@ fn lossy(args: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// Ends the recording under way as Ctrl-C does: the guest stops at its
-/// next exit and the trace is finished, marked cut short. One atomic
-/// store, so a signal handler may call it (provm-runtime's, for the
-/// signals `kill` sends a container).
-pub fn interrupt() {
-    REQUESTS.end();
-}
-
-/// Sends `signal` to the recorded command, in the guest, at the guest's
-/// next exit (the trace keeps it there, for its replay). One atomic store,
-/// so a signal handler may call it (provm-runtime's, for the signals
-/// `kill` sends a container).
-pub fn signal_command(signal: libc::c_int) {
-    REQUESTS.signal_command(signal);
-}
-
 extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    interrupt();
+    requests::end_recording();
 }
 
 fn install_interrupt_handler() {

@@ -45,6 +45,7 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let mut options = run_options(&container, stdin(&container)?);
     options.keep_overlay = Some(overlay.clone());
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    signals::forward_into_the_guest()?;
     let status = match &container.trace {
         None => run::run(&options, &mut [], &mut stdout, &mut stderr)
             .map(|ran| ran.outcome.shell_status())
@@ -107,7 +108,6 @@ fn recorded(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<i32, String> {
-    signals::forward_into_the_guest()?;
     let options = RecordOptions {
         run: options,
         output: trace,

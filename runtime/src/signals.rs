@@ -73,12 +73,12 @@ pub fn parse(text: &str) -> Result<c_int, String> {
 }
 
 extern "C" fn into_the_guest(signal: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    provm_engine::record::signal_command(signal);
+    provm_engine::requests::signal_command(signal);
 }
 
-/// From now on, the signals `kill` sends go to the recorded command in the
-/// guest, at the guest's next exit, instead of ending this process; the
-/// trace keeps them there, and a replay sends them at the same place.
+/// From now on, the signals `kill` sends go to the command in the guest,
+/// at the guest's next exit, instead of ending this process; a recording
+/// keeps them there, and its replay sends them at the same place.
 pub fn forward_into_the_guest() -> Result<(), String> {
     on_forwarded_signals(into_the_guest)
 }

@@ -483,6 +483,45 @@ fn podman_stop_signals_the_command_in_the_guest_and_its_trace_replays_whole() {
     eprintln!("{replayed}");
 }
 
+/// `podman stop` of a container whose recording is turned off: the
+/// signal goes to the command in the guest all the same (a live run stops
+/// for it right after an exit, as a recording does), with one vCPU and
+/// with two side by side.
+#[test]
+fn podman_stop_signals_the_command_when_recording_is_turned_off() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let trapping = "trap 'echo got TERM; exit 7' TERM; echo started; while :; do sleep 1; done";
+    for cpus in ["1", "2"] {
+        let (output, id) = podman.run(
+            &[
+                "-d",
+                "--cpus",
+                cpus,
+                "--annotation",
+                "run.provm.record=false",
+                IMAGE,
+                "sh",
+                "-c",
+                trapping,
+            ],
+            b"",
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        podman.wait_for_log(&id, "started");
+        podman.output(&["stop", "-t", "60", &id]);
+        let status = podman.output(&["inspect", "--format", "{{.State.ExitCode}}", &id]);
+        assert_eq!(
+            status.trim(),
+            "7",
+            "{cpus} vCPUs: the command's trap ended it"
+        );
+        assert_eq!(podman.output(&["logs", &id]), "started\ngot TERM\n");
+        podman.output(&["rm", &id]);
+        assert!(!podman.trace(&id).exists());
+    }
+}
+
 /// `podman rm --force --time 0` kills the container's process outright
 /// (SIGKILL), as an engine's time limit or a lost node does: its recording
 /// cannot finish, and the runtime's `delete` makes its trace of what it

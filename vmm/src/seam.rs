@@ -194,8 +194,8 @@ pub trait Seam: Clock {
     /// Whether the host has input for the guest agent now, so that the run
     /// stops for it to be sent (`HOST_INPUT_DUE`). Asked right after an
     /// exit only, never at a kick, which a replay does not meet again: a
-    /// recorder says so while a signal for the command is due, a replayer
-    /// where the log has the host's input next.
+    /// recorder or a live run says so while a signal for the command is
+    /// due, a replayer where the log has the host's input next.
     fn host_input_due(&self) -> bool {
         false
     }
@@ -244,11 +244,16 @@ pub trait Seam: Clock {
     }
 }
 
+/// Whether the host has input for a live run's guest agent now (see
+/// `Seam::host_input_due`).
+pub type HostInputDue = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// The seam of a plain run: host time, ticks whenever they are due, nothing
 /// logged.
 pub struct LiveSeam {
     clock: HostClock,
     network: Option<HostNetwork>,
+    host_input: Option<HostInputDue>,
 }
 
 impl LiveSeam {
@@ -258,7 +263,16 @@ impl LiveSeam {
         LiveSeam {
             clock: HostClock::starting_at(start_ns),
             network: None,
+            host_input: None,
         }
+    }
+
+    /// The run stops right after an exit while `due` says the host has
+    /// input for the agent (a signal for the command), as a recording's
+    /// does.
+    pub fn with_host_input(mut self, due: HostInputDue) -> Self {
+        self.host_input = Some(due);
+        self
     }
 
     /// The guest's network card is connected to `network`.
@@ -313,6 +327,10 @@ impl Seam for LiveSeam {
 
     fn stop_reason(&self) -> Option<String> {
         None
+    }
+
+    fn host_input_due(&self) -> bool {
+        self.host_input.as_ref().is_some_and(|due| due())
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provm_guest_agent::{Job, Outcome};
-use provm_seams::{delivery, HostRequests, Recorder, NO_HOST_REQUESTS};
+use provm_seams::{delivery, HostRequests, Recorder};
 use provm_trace::format::SectionWriter;
 use provm_vmm::clock::PinnedClock;
 use provm_vmm::disk::image::ImageError;
@@ -41,6 +41,7 @@ use crate::machine::{Machine, MachineError, Prepared};
 use crate::net;
 use crate::observer::{self, GuestKernel, JobOutput, Observer, ObserverError};
 use crate::pinning::Pinning;
+use crate::requests;
 use crate::session::{GuestSession, SessionError};
 use crate::transfer::{DataError, JobData};
 
@@ -159,7 +160,7 @@ pub fn start(
     observers: &mut [&mut dyn Observer],
 ) -> Result<Started, RunError> {
     let (exitless_limit, chaos, requests) = match &logging {
-        Logging::Off => (None, None, &NO_HOST_REQUESTS),
+        Logging::Off => (None, None, &requests::REQUESTS),
         Logging::Trace(recording) => (
             recording.exitless_limit,
             recording.chaos,
@@ -204,7 +205,8 @@ fn restore(
     match (logging, &options.pinned) {
         (Logging::Off, None) => {
             let (mut vm, _) = machine.restore(snapshot, |start_ns| {
-                let seam = LiveSeam::starting_at(start_ns);
+                let seam = LiveSeam::starting_at(start_ns)
+                    .with_host_input(Box::new(|| requests::REQUESTS.signal_due()));
                 match options.net {
                     true => seam.with_network(network()),
                     false => seam,
@@ -216,7 +218,7 @@ fn restore(
             Ok((vm, None))
         }
         (Logging::Off, Some(pinning)) => recorded(machine, snapshot, |start_ns| {
-            Recorder::pinned(None, pinned_clock(pinning, start_ns), &NO_HOST_REQUESTS)
+            Recorder::pinned(None, pinned_clock(pinning, start_ns), &requests::REQUESTS)
         }),
         (Logging::Trace(recording), Some(pinning)) => recorded(machine, snapshot, |start_ns| {
             Recorder::pinned(

@@ -22,6 +22,7 @@ use kvm_ioctls::VcpuExit;
 
 use crate::devices::paravirt::SmpRequest;
 use crate::host_core;
+use crate::seam::HOST_INPUT_DUE;
 use crate::vcpu::{self, Kicker, Vcpu};
 
 use super::{Entry, ExitKind, Vm, VmError, VmEvent};
@@ -178,8 +179,9 @@ fn enter(vcpu: &VcpuAddress) -> Result<Option<ExitKind>, VmError> {
 }
 
 /// The serial loop's steps after an exit of vCPU `id`, under the lock:
-/// the handler, the SMP kernel's requests, a reset, agent output, frames;
-/// then kicks the vCPUs that have an interrupt now. Returns whether the
+/// the handler, the SMP kernel's requests, a reset, agent output, frames,
+/// the host's input for the agent; then kicks the vCPUs that have an
+/// interrupt now. Returns whether the
 /// vCPU halted, and whether it spins waiting for another.
 fn after_exit(
     shared: &Shared,
@@ -211,6 +213,15 @@ fn after_exit(
     if !output.is_empty() {
         vm.seam.agent_output(&output);
         finish(shared, machine, Ok(VmEvent::AgentOutput(output)));
+        return Ok((halted, relax));
+    }
+    // After an exit, as the serial loop asks (a signal for the command).
+    if vm.seam.host_input_due() {
+        finish(
+            shared,
+            machine,
+            Err(VmError::Stopped(HOST_INPUT_DUE.into())),
+        );
         return Ok((halted, relax));
     }
     kick_the_interrupted(shared, machine.vm, id, &waited);
