@@ -48,6 +48,11 @@ pub struct Job {
     /// The resource limits the command starts with (a container's
     /// `rlimits`); the others stay the guest's defaults.
     pub rlimits: Vec<Rlimit>,
+    /// The root's disk is read after the run (a container's write-back,
+    /// `--keep-overlay`): leave its file system clean at power-off, its
+    /// journal written back. Otherwise the agent only syncs it: the disk
+    /// is thrown away with the guest.
+    pub leave_root_clean: bool,
 }
 
 /// A resource limit, as setrlimit(2) takes it.

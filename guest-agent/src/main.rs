@@ -205,7 +205,7 @@ impl Agent {
         self.early_signals.clear();
         let outcome = entropy::seed(&job.entropy)
             .and_then(|()| set_wall_clock(job.wall_clock_ns))
-            .and_then(|()| self.enter_root(&job.root_device))
+            .and_then(|()| self.enter_root(&job.root_device, job.leave_root_clean))
             .and_then(|()| self.receive_data(job))
             .and_then(|stdin| {
                 outputs::prepare(&job.outputs)?;
@@ -228,7 +228,8 @@ impl Agent {
 
     /// Enters the image's root on the first job (the boot's read-only mount,
     /// made writable, if it names that device); later ones must name it too.
-    fn enter_root(&mut self, device: &[u8]) -> Result<(), String> {
+    /// The last job says whether it is left clean at power-off.
+    fn enter_root(&mut self, device: &[u8], leave_clean: bool) -> Result<(), String> {
         match &self.root {
             None => {
                 self.root = Some(match self.premounted.take() {
@@ -254,6 +255,9 @@ impl Agent {
                 ));
             }
             Some(_) => {}
+        }
+        if let Some(root) = &mut self.root {
+            root.leave_clean = leave_clean;
         }
         Ok(())
     }
@@ -475,8 +479,8 @@ fn set_wall_clock(ns: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Ends every other process, leaves the image's root clean on its disk
-/// (read-only) and powers the guest off.
+/// Ends every other process, writes the image's root back to its disk
+/// (`Root::write_back`) and powers the guest off.
 fn power_off(root: Option<&Root>) -> ! {
     // SAFETY: kill(2) and waitpid(2) with a null status pointer take no
     // pointers to our memory; killing every other process is the point
@@ -487,7 +491,7 @@ fn power_off(root: Option<&Root>) -> ! {
         while libc::waitpid(-1, ptr::null_mut(), 0) > 0 {}
     }
     if let Some(root) = root {
-        if let Err(error) = root.make_clean() {
+        if let Err(error) = root.write_back() {
             log(&format!("cannot remount the root read-only: {error}"));
             // Written back at least, if not clean.
             // SAFETY: sync(2) takes no arguments.

@@ -95,8 +95,10 @@ impl HostMessage {
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
                 // Only when set: a job as root, with no input disk, no
-                // host name and no limits, encodes as it did before.
-                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty();
+                // host name, no limits and a root thrown away, encodes as
+                // it did before.
+                let clean = job.leave_root_clean;
+                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty() || clean;
                 if !job.user.is_empty() || job.input_disk || limits {
                     put_bytes(&mut payload, &job.user);
                 }
@@ -111,6 +113,9 @@ impl HostMessage {
                         put_u64(&mut payload, limit.soft);
                         put_u64(&mut payload, limit.hard);
                     }
+                }
+                if clean {
+                    payload.push(1);
                 }
                 kind::RUN
             }
@@ -188,6 +193,9 @@ impl HostMessage {
                             hard: reader.u64()?,
                         });
                     }
+                }
+                if !reader.is_empty() {
+                    job.leave_root_clean = reader.bool()?;
                 }
                 HostMessage::Run(job)
             }
@@ -411,11 +419,17 @@ mod tests {
             input_disk: true,
             ..Job::default()
         };
-        let job = HostMessage::Run(as_root_by_disk);
-        let mut reader = FrameReader::default();
-        reader.push(&job.encode());
-        let (kind, payload) = reader.next_frame().unwrap().unwrap();
-        assert_eq!(HostMessage::decode(kind, &payload).unwrap(), job);
+        let root_kept = Job {
+            leave_root_clean: true,
+            ..Job::default()
+        };
+        for job in [as_root_by_disk, root_kept] {
+            let job = HostMessage::Run(job);
+            let mut reader = FrameReader::default();
+            reader.push(&job.encode());
+            let (kind, payload) = reader.next_frame().unwrap().unwrap();
+            assert_eq!(HostMessage::decode(kind, &payload).unwrap(), job);
+        }
         let job = HostMessage::Run(Job {
             argv: vec![b"/bin/sh".to_vec(), b"-c".to_vec(), b"echo hi".to_vec()],
             env: vec![b"PATH=/bin".to_vec()],
@@ -435,6 +449,7 @@ mod tests {
                 soft: 1024,
                 hard: u64::MAX,
             }],
+            leave_root_clean: true,
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());
