@@ -14,7 +14,7 @@ use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -181,8 +181,17 @@ impl Podman {
     /// provm-runtime, `stdin` written to it; its output and the id of the
     /// container it ran.
     fn run(&self, args: &[&str], stdin: &[u8]) -> (Output, String) {
+        let (mut child, cidfile) = self.start(args);
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let output = child.wait_with_output().unwrap();
+        (output, self.id(&cidfile))
+    }
+
+    /// `podman run` of `args` started, its standard streams piped; the
+    /// file that will hold the container's id.
+    fn start(&self, args: &[&str]) -> (Child, PathBuf) {
         let cidfile = self.dir.join(format!("cid-{}", unique()));
-        let mut child = self
+        let child = self
             .command()
             .arg("run")
             .arg("--runtime")
@@ -201,10 +210,12 @@ impl Podman {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let id = std::fs::read_to_string(&cidfile).unwrap_or_default();
-        (output, id.trim().to_owned())
+        (child, cidfile)
+    }
+
+    fn id(&self, cidfile: &Path) -> String {
+        let id = std::fs::read_to_string(cidfile).unwrap_or_default();
+        id.trim().to_owned()
     }
 
     fn trace(&self, id: &str) -> PathBuf {
@@ -595,4 +606,30 @@ fn run_leaves_a_trace_of_a_container_process_killed_outright() {
     assert_eq!(status.code(), Some(128 + 9));
     let trace = traces.join("killed.provm");
     assert_recovered_after_a_kill(&trace);
+}
+
+/// `podman run -i` streams a pipe to the command as it runs: `head -n 2`
+/// ends after the two lines written, though the pipe stays open, and the
+/// container's trace replays.
+#[test]
+fn podman_run_i_streams_a_pipe_left_open() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let (mut child, cidfile) = podman.start(&["-i", "--rm", IMAGE, "head", "-n", "2"]);
+    // Kept open until the container ends.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"first\nsecond\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the container still waits with the pipe open");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "first\nsecond\n");
+    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
 }
