@@ -126,15 +126,12 @@ fn recorded(
 }
 
 /// The command's standard input, the process's: `(None, true)` when it is
-/// a pipe or a socket (`podman run -i`), which streams to the command as
-/// it runs; otherwise read to its end (the engine sends it whole), unless
-/// it is a terminal, which is left alone.
+/// a pipe, a socket (`podman run -i`) or the container's terminal (`-it`),
+/// which stream to the command as it runs; otherwise read to its end (the
+/// engine sends it whole).
 fn stdin(container: &Container) -> Result<(Option<Vec<u8>>, bool), String> {
     let stdin = std::io::stdin();
-    if container.plan.terminal || stdin.is_terminal() {
-        return Ok((None, false));
-    }
-    if live_stdin::streams() {
+    if container.plan.terminal || stdin.is_terminal() || live_stdin::streams() {
         return Ok((None, true));
     }
     let mut bytes = Vec::new();

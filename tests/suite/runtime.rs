@@ -190,10 +190,43 @@ impl Podman {
     /// `podman run` of `args` started, its standard streams piped; the
     /// file that will hold the container's id.
     fn start(&self, args: &[&str]) -> (Child, PathBuf) {
+        let (mut run, cidfile) = self.run_command(args);
+        let child = run
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, cidfile)
+    }
+
+    /// `podman run` of `args` started in a terminal that script(1) makes,
+    /// which its standard streams, piped, feed and read.
+    fn start_in_terminal(&self, args: &[&str]) -> (Child, PathBuf) {
+        let (run, cidfile) = self.run_command(args);
+        let quoted =
+            |word: &std::ffi::OsStr| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''"));
+        let env = run
+            .get_envs()
+            .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
+        let words = std::iter::once(quoted(run.get_program())).chain(run.get_args().map(quoted));
+        let line = env.chain(words).collect::<Vec<_>>().join(" ");
+        let child = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, cidfile)
+    }
+
+    /// The `podman run` of `args`, and the file that will hold the
+    /// container's id.
+    fn run_command(&self, args: &[&str]) -> (Command, PathBuf) {
         let cidfile = self.dir.join(format!("cid-{}", unique()));
-        let child = self
-            .command()
-            .arg("run")
+        let mut run = self.command();
+        run.arg("run")
             .arg("--runtime")
             .arg(&self.runtime)
             .args([
@@ -204,13 +237,8 @@ impl Podman {
             ])
             .args(["--network", "none", "--cidfile"])
             .arg(&cidfile)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        (child, cidfile)
+            .args(args);
+        (run, cidfile)
     }
 
     fn id(&self, cidfile: &Path) -> String {
@@ -615,21 +643,52 @@ fn run_leaves_a_trace_of_a_container_process_killed_outright() {
 fn podman_run_i_streams_a_pipe_left_open() {
     let _guest = one_guest_at_a_time();
     let podman = podman();
-    let (mut child, cidfile) = podman.start(&["-i", "--rm", IMAGE, "head", "-n", "2"]);
-    // Kept open until the container ends.
+    let (child, cidfile) = podman.start(&["-i", "--rm", IMAGE, "head", "-n", "2"]);
+    let output = fed_while_it_runs(child, b"first\nsecond\n");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "first\nsecond\n");
+    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
+}
+
+/// `podman run -it`: what is typed at the terminal streams to the command
+/// as it runs (a line, echoed by the terminal as a cooked one does).
+#[test]
+fn podman_run_it_streams_the_terminal() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let args = [
+        "-it",
+        "--rm",
+        IMAGE,
+        "sh",
+        "-c",
+        "read line; echo \"got $line\"",
+    ];
+    let (child, cidfile) = podman.start_in_terminal(&args);
+    let output = fed_while_it_runs(child, b"typed\n");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("got typed"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
+}
+
+/// `child`'s output, once it has ended, with `input` written to its
+/// standard input, which stays open until then.
+fn fed_while_it_runs(mut child: Child, input: &[u8]) -> Output {
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"first\nsecond\n").unwrap();
+    stdin.write_all(input).unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("the container still waits with the pipe open");
+            panic!("the container still waits with its input open");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     let output = child.wait_with_output().unwrap();
     drop(stdin);
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    assert_eq!(text(&output.stdout), "first\nsecond\n");
-    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
+    output
 }
