@@ -185,6 +185,12 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
                 stdin.bytes, stdin.sha256
             )?;
         }
+        if m.stdin_live {
+            writeln!(
+                out,
+                "stdin      live: streamed as the command ran (in the log)"
+            )?;
+        }
         for output in &m.outputs {
             writeln!(
                 out,

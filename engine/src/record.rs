@@ -318,6 +318,7 @@ fn manifest(
         inputs: data.inputs.records(options.run.host_paths),
         input_disk: data.input_disk.as_ref().map(|disk| disk.digest.clone()),
         stdin: data.inputs.stdin_digest(),
+        stdin_live: data.live_stdin.is_some(),
         outputs: options
             .run
             .outputs

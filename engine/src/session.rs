@@ -69,9 +69,10 @@ pub struct GuestSession {
     /// The guest's vmlinux, whose symbols and profile name the running task
     /// in an error report (read only then: parsing it costs ~0.1 s).
     kernel: PathBuf,
-    /// Where the signals for the command come from (a recording's
-    /// requests: its recorder stops the guest while one is due).
-    signals: &'static HostRequests,
+    /// Where the signals for the command come from, and word of its live
+    /// standard input (a recording's requests: its recorder stops the
+    /// guest while either is due).
+    requests: &'static HostRequests,
 }
 
 impl GuestSession {
@@ -100,14 +101,15 @@ impl GuestSession {
             provenance: Vec::new(),
             pinned_wall_clock_ns: None,
             kernel: kernel.to_owned(),
-            signals: &NO_HOST_REQUESTS,
+            requests: &NO_HOST_REQUESTS,
         }
     }
 
-    /// Sends the command the signals `requests` asks for, where its
-    /// recorder stops the guest for them (`HostRequests::signal_command`).
+    /// Sends the command the signals `requests` asks for, and its live
+    /// standard input as `requests` hears of it, where its recorder stops
+    /// the guest for them (`HostRequests`).
     pub fn signal_command_as(&mut self, requests: &'static HostRequests) {
-        self.signals = requests;
+        self.requests = requests;
     }
 
     /// Jobs carry `epoch_ns` as the guest's wall-clock time, not the host's.
@@ -135,8 +137,9 @@ impl GuestSession {
         self.run_with_data(job, &mut JobData::none(), stdout, stderr)
     }
 
-    /// Runs one command: sends it `data`'s inputs, streams its output, takes
-    /// the outputs it sends back into `data`, and returns how it ended.
+    /// Runs one command: sends it `data`'s inputs, then its live standard
+    /// input as it comes, streams its output, takes the outputs it sends
+    /// back into `data`, and returns how it ended.
     pub fn run_with_data(
         &mut self,
         mut job: Job,
@@ -154,6 +157,10 @@ impl GuestSession {
         });
         self.vm.send_to_agent(&HostMessage::Run(job).encode());
         let mut sending = (!data.inputs.is_empty()).then(|| data.inputs.messages());
+        let mut live_stdin = data
+            .live_stdin
+            .as_ref()
+            .map(|stdin| stdin.feed(self.requests));
         let mut in_flight = 0;
         loop {
             // Keep the window full; after the last message, DataEnd.
@@ -169,7 +176,18 @@ impl GuestSession {
                     }
                 }
             }
-            match self.next_message()? {
+            // The live standard input, after the inputs, in the same window.
+            if let Some(feed) = live_stdin.as_mut().filter(|_| sending.is_none()) {
+                for message in feed.messages(DATA_WINDOW - in_flight) {
+                    in_flight += usize::from(matches!(message, HostMessage::Stdin(_)));
+                    self.vm.send_to_agent(&message.encode());
+                }
+            }
+            // Stopped for standard input that came: sent above, next round.
+            let Some(message) = self.next_event()? else {
+                continue;
+            };
+            match message {
                 GuestMessage::Received if in_flight > 0 => in_flight -= 1,
                 GuestMessage::Entry(entry) => data.outputs.take(entry)?,
                 GuestMessage::Stdout(bytes) => write_now(stdout, &bytes)?,
@@ -205,8 +223,9 @@ impl GuestSession {
                 // neither comes.
                 Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                // The command has ended: nothing is left to signal.
-                Err(VmError::Stopped(_)) if self.signals.take_signal().is_some() => {}
+                // The command has ended: nothing is left to signal or feed.
+                Err(VmError::Stopped(_))
+                    if self.requests.take_signal().is_some() || self.requests.take_stdin() => {}
                 Err(error) => return Err(self.vm_error(error)),
             }
         }
@@ -215,9 +234,20 @@ impl GuestSession {
     /// The next whole message from the agent, running the guest until it comes.
     fn next_message(&mut self) -> Result<GuestMessage, SessionError> {
         loop {
+            if let Some(message) = self.next_event()? {
+                return Ok(message);
+            }
+        }
+    }
+
+    /// The next whole message from the agent, running the guest until it
+    /// comes; `None` when the guest stopped for standard input that came.
+    fn next_event(&mut self) -> Result<Option<GuestMessage>, SessionError> {
+        loop {
             match self.frames.next_frame() {
                 Ok(Some((kind, payload))) => {
                     return GuestMessage::decode(kind, &payload)
+                        .map(Some)
                         .map_err(|error| self.guest_error(GuestError::Protocol(error)))
                 }
                 Ok(None) => {}
@@ -228,15 +258,16 @@ impl GuestSession {
                 Ok(VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                // Stopped for a signal to the command: the recorder logs it
-                // here, as the host's input.
-                Err(VmError::Stopped(reason)) => match self.signals.take_signal() {
+                // Stopped for a signal to the command, or standard input:
+                // the recorder logs what is sent here, as the host's input.
+                Err(VmError::Stopped(reason)) => match self.requests.take_signal() {
                     // `kill` takes signals 1 to SIGRTMAX (64) only.
                     Some(signal) => {
                         if let Ok(signal) = u8::try_from(signal) {
                             self.vm.send_to_agent(&HostMessage::Signal(signal).encode());
                         }
                     }
+                    None if self.requests.take_stdin() => return Ok(None),
                     None => return Err(self.vm_error(VmError::Stopped(reason))),
                 },
                 Err(error) => return Err(self.vm_error(error)),

@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::{env, fs, ptr};
 
-use provm_guest_agent::{provenance_messages, GuestMessage, Job, Outcome};
+use provm_guest_agent::{provenance_messages, GuestMessage, HostMessage, Job, Outcome};
 
 use crate::provenance;
+use crate::stdin_pipe::StdinPipe;
 
 /// Most bytes read from a pipe at once, each read sent as one frame: the
 /// channel's writes are system calls, slow in the emulated guest kernel, so
@@ -21,24 +22,30 @@ use crate::provenance;
 const CHUNK: usize = 64 * 1024;
 
 /// The host while the command runs: it takes the command's output, and may
-/// ask for signals to the command (a container runtime's `kill`), which
-/// come on the agent channel.
+/// ask for signals to the command (a container runtime's `kill`) and send
+/// its live standard input, which come on the agent channel.
 pub trait Host {
     fn send(&mut self, message: GuestMessage);
     /// The channel's descriptor, polled beside the command's output.
     fn channel(&self) -> RawFd;
-    /// The signals for the command the host has asked for since the last
-    /// call, reading the channel only if it has bytes waiting; `Err` when
-    /// the channel has closed or failed.
-    fn signals(&mut self) -> io::Result<Vec<u8>>;
+    /// The host's messages for the command (Signal, Stdin, StdinEnd) since
+    /// the last call, reading the channel only if it has bytes waiting;
+    /// `Err` when the channel has closed or failed.
+    fn messages(&mut self) -> io::Result<Vec<HostMessage>>;
 }
 
 /// Runs `job` in the current root with `stdin` as its standard input, passing
 /// each piece of its output to `host` as it arrives, then its provenance if
 /// the job asked for it, and the signals the host asks for meanwhile to the
-/// command. `Err` is a reason the command could not be run, for a `Failed`
-/// message.
-pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, String> {
+/// command; the host's live standard input goes to `live_stdin`, whose
+/// pipe `stdin` then reads. `Err` is a reason the command could not be
+/// run, for a `Failed` message.
+pub fn run(
+    job: &Job,
+    stdin: &File,
+    mut live_stdin: Option<StdinPipe>,
+    host: &mut impl Host,
+) -> Result<Outcome, String> {
     let (program, args) = job.argv.split_first().ok_or("the job has an empty argv")?;
     reap_orphans();
     // The agent's own directory is the command's: spawn() would report a
@@ -78,8 +85,8 @@ pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, Str
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
-        forward(traced.stdout.take(), traced.stderr.take(), traced.pid, host)
-            .map_err(output_error)?;
+        let outputs = (traced.stdout.take(), traced.stderr.take());
+        forward(outputs, traced.pid, live_stdin.as_mut(), host).map_err(output_error)?;
         let (outcome, records) = traced
             .finish()
             .map_err(|error| format!("cannot trace the command: {error}"))?;
@@ -94,7 +101,8 @@ pub fn run(job: &Job, stdin: &File, host: &mut impl Host) -> Result<Outcome, Str
         Ok(child) => child,
         Err(error) => return not_started(error),
     };
-    forward(child.stdout.take(), child.stderr.take(), child.id(), host).map_err(output_error)?;
+    let outputs = (child.stdout.take(), child.stderr.take());
+    forward(outputs, child.id(), live_stdin.as_mut(), host).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
 
@@ -210,11 +218,12 @@ type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
 
 /// Passes the command's output to `host` as it arrives, each stream in its
 /// own message, until both pipes are at end of file and the command `pid`
-/// has exited, and the signals the host asks for meanwhile to the command.
+/// has exited, the signals the host asks for meanwhile to the command, and
+/// its live standard input to `stdin`.
 fn forward(
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
+    (stdout, stderr): (Option<ChildStdout>, Option<ChildStderr>),
     pid: u32,
+    mut stdin: Option<&mut StdinPipe>,
     host: &mut impl Host,
 ) -> io::Result<()> {
     let mut outputs: [Output; 2] = [
@@ -232,20 +241,22 @@ fn forward(
     // pidfd (a `--kernel` before Linux 5.3): signals then end with the output.
     let mut running = pidfd(pid);
     let mut channel = host.channel();
-    // Those asked for before the command started.
-    channel = signal(pid, host, channel);
+    // Those that came before the command started.
+    channel = take_messages(pid, host, channel, stdin.as_deref_mut())?;
     let mut buffer = vec![0; CHUNK];
     while outputs.iter().any(|(pipe, _)| pipe.is_some()) || running.is_some() {
         let [stdout, stderr] = outputs
             .each_ref()
             .map(|(pipe, _)| pipe.as_ref().map_or(-1, AsRawFd::as_raw_fd));
         let exited = running.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        let room = stdin.as_ref().map_or(-1, |pipe| pipe.fd());
         // poll() skips negative descriptors.
-        let mut fds = [stdout, stderr, channel, exited].map(|fd| libc::pollfd {
+        let mut fds = [stdout, stderr, channel, exited, room].map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         });
+        fds[4].events = libc::POLLOUT;
         // No EINTR to retry: the agent has no signal handlers.
         // SAFETY: `fds` is a live, exclusively borrowed array of
         // `fds.len()` pollfd entries, which poll(2) reads and writes in place.
@@ -264,29 +275,56 @@ fn forward(
             }
         }
         if fds[2].revents != 0 {
-            channel = signal(pid, host, channel);
+            channel = take_messages(pid, host, channel, stdin.as_deref_mut())?;
         }
         if fds[3].revents != 0 {
             running = None;
+        }
+        if fds[4].revents != 0 {
+            write_stdin(stdin.as_deref_mut(), host)?;
         }
     }
     Ok(())
 }
 
-/// Sends the command `pid` the signals the host has asked for; returns the
-/// channel to poll for more (-1 once it has closed).
-fn signal(pid: u32, host: &mut impl Host, channel: RawFd) -> RawFd {
-    match host.signals() {
-        Ok(signals) => {
-            for signal in signals {
+/// Takes the host's messages for the command `pid`: sends it the signals,
+/// queues its live standard input in `stdin`; returns the channel to poll
+/// for more (-1 once it has closed).
+fn take_messages(
+    pid: u32,
+    host: &mut impl Host,
+    channel: RawFd,
+    mut stdin: Option<&mut StdinPipe>,
+) -> io::Result<RawFd> {
+    let Ok(messages) = host.messages() else {
+        return Ok(-1);
+    };
+    for message in messages {
+        match (message, stdin.as_deref_mut()) {
+            (HostMessage::Signal(signal), _) => {
                 // SAFETY: kill(2) takes two integers and touches no memory of
                 // ours; a command that has already exited is no error here.
                 unsafe { libc::kill(pid as libc::pid_t, libc::c_int::from(signal)) };
             }
-            channel
+            (HostMessage::Stdin(chunk), Some(pipe)) => pipe.push(chunk),
+            (HostMessage::StdinEnd, Some(pipe)) => pipe.end(),
+            // Another job's, or a host that sends live stdin unasked.
+            _ => {}
         }
-        Err(_) => -1,
     }
+    write_stdin(stdin, host)?;
+    Ok(channel)
+}
+
+/// Writes what the command's stdin pipe takes now, and tells the host of
+/// each chunk done with, for its flow control.
+fn write_stdin(stdin: Option<&mut StdinPipe>, host: &mut impl Host) -> io::Result<()> {
+    if let Some(pipe) = stdin {
+        for _ in 0..pipe.write()? {
+            host.send(GuestMessage::Received);
+        }
+    }
+    Ok(())
 }
 
 /// A descriptor that polls readable once the process `pid` has exited.
@@ -409,6 +447,8 @@ mod tests {
         signal: Option<(&'static [u8], u8)>,
         channel: (io::PipeReader, io::PipeWriter),
         asked: usize,
+        /// Live stdin messages, all there from the start.
+        stdin: Vec<HostMessage>,
     }
 
     impl Host for TestHost {
@@ -426,10 +466,14 @@ mod tests {
             self.channel.0.as_raw_fd()
         }
 
-        fn signals(&mut self) -> io::Result<Vec<u8>> {
+        fn messages(&mut self) -> io::Result<Vec<HostMessage>> {
             let mut signals = vec![0; std::mem::take(&mut self.asked)];
             self.channel.0.read_exact(&mut signals)?;
-            Ok(signals)
+            let signals = signals.into_iter().map(HostMessage::Signal);
+            Ok(std::mem::take(&mut self.stdin)
+                .into_iter()
+                .chain(signals)
+                .collect())
         }
     }
 
@@ -447,8 +491,27 @@ mod tests {
             signal,
             channel: io::pipe().unwrap(),
             asked: 0,
+            stdin: Vec::new(),
         };
-        let result = run(job, &null, &mut host);
+        let result = run(job, &null, None, &mut host);
+        (result, host.messages)
+    }
+
+    /// `job` with live stdin: the host's `stdin` messages, there before
+    /// the command starts.
+    fn fed_on_host(
+        job: &Job,
+        stdin: Vec<HostMessage>,
+    ) -> (Result<Outcome, String>, Vec<GuestMessage>) {
+        let (pipe, read) = StdinPipe::new().unwrap();
+        let mut host = TestHost {
+            messages: Vec::new(),
+            signal: None,
+            channel: io::pipe().unwrap(),
+            asked: 0,
+            stdin,
+        };
+        let result = run(job, &read, Some(pipe), &mut host);
         (result, host.messages)
     }
 
@@ -520,6 +583,32 @@ mod tests {
             .flatten()
             .collect();
         assert_eq!(stdout, b"ready\ngot TERM\n");
+
+        // Live stdin reaches the command's pipe, each chunk acknowledged,
+        // and its end closes the pipe.
+        let job = host_job(
+            &["sh", "-c", "cat; echo done"],
+            &["PATH=/bin:/usr/bin"],
+            "/",
+        );
+        let stdin = vec![
+            HostMessage::Stdin(b"one\n".to_vec()),
+            HostMessage::Stdin(b"two\n".to_vec()),
+            HostMessage::StdinEnd,
+        ];
+        let (result, messages) = fed_on_host(&job, stdin);
+        assert_eq!(result, Ok(Outcome::Exited(0)));
+        let received = messages.iter().filter(|m| **m == GuestMessage::Received);
+        assert_eq!(received.count(), 2);
+        let stdout: Vec<u8> = messages
+            .iter()
+            .filter_map(|message| match message {
+                GuestMessage::Stdout(bytes) => Some(bytes.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(stdout, b"one\ntwo\ndone\n");
 
         traced_pipeline_on_host();
     }

@@ -34,6 +34,11 @@ pub struct Job {
     /// The command's standard input follows the job as
     /// [`HostMessage::Stdin`] messages; without it, /dev/null.
     pub stdin: bool,
+    /// The command's standard input is a pipe the host feeds as it runs
+    /// (the host's own is a pipe or a terminal): [`HostMessage::Stdin`]
+    /// messages after DataEnd, each acknowledged once written to the pipe,
+    /// then [`HostMessage::StdinEnd`].
+    pub live_stdin: bool,
     /// What comes back after the command: each of these guest paths (a
     /// directory made empty beforehand when missing) is sent as
     /// [`GuestMessage::Entry`] messages before Finished.

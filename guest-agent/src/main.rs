@@ -27,6 +27,7 @@ mod outputs;
 mod provenance;
 mod resolver;
 mod root;
+mod stdin_pipe;
 mod user;
 
 use std::fs::{File, OpenOptions};
@@ -39,6 +40,7 @@ use inputs::Inputs;
 use provm_guest_agent::{FrameReader, GuestMessage, HostMessage, Job};
 use resolver::ResolverConfig;
 use root::{Mounted, Root};
+use stdin_pipe::StdinPipe;
 
 /// The agent channel: the host's virtio console.
 const CHANNEL: &str = "/dev/hvc0";
@@ -68,7 +70,7 @@ struct Agent {
     /// What has arrived on the channel and is not yet a whole message.
     frames: FrameReader,
     /// Signals for the command that came with its data, before it started.
-    early_signals: Vec<u8>,
+    early_signals: Vec<HostMessage>,
     /// The initramfs's /dev/null: every command's stdin, whether or not the
     /// image has a /dev.
     null: File,
@@ -133,7 +135,12 @@ impl Agent {
                 Some(Ok(HostMessage::Run(job))) => self.run(&job),
                 Some(Ok(HostMessage::PowerOff)) | None => return,
                 // The rest of the data of a job that failed while it came.
-                Some(Ok(HostMessage::Entry(_) | HostMessage::Stdin(_) | HostMessage::DataEnd)) => {}
+                Some(Ok(
+                    HostMessage::Entry(_)
+                    | HostMessage::Stdin(_)
+                    | HostMessage::DataEnd
+                    | HostMessage::StdinEnd,
+                )) => {}
                 // For a command that has ended.
                 Some(Ok(HostMessage::Signal(_))) => {}
                 Some(Err(error)) => self.fail(format!("cannot decode the host's message: {error}")),
@@ -180,7 +187,7 @@ impl Agent {
         loop {
             match self.next_message() {
                 Some(Ok(HostMessage::DataEnd)) => return inputs.finish(),
-                Some(Ok(HostMessage::Signal(signal))) => self.early_signals.push(signal),
+                Some(Ok(signal @ HostMessage::Signal(_))) => self.early_signals.push(signal),
                 Some(Ok(message)) => {
                     inputs.take(message)?;
                     self.send(&GuestMessage::Received);
@@ -209,6 +216,16 @@ impl Agent {
             .and_then(|()| self.receive_data(job))
             .and_then(|stdin| {
                 outputs::prepare(&job.outputs)?;
+                // A live stdin's chunks wait on the channel until the
+                // command runs, which reads them from a pipe.
+                let (live_stdin, stdin) = match (job.live_stdin, stdin) {
+                    (true, _) => {
+                        let (pipe, read) = StdinPipe::new()
+                            .map_err(|error| format!("cannot make the stdin pipe: {error}"))?;
+                        (Some(pipe), Some(read))
+                    }
+                    (false, stdin) => (None, stdin),
+                };
                 let stdin = stdin.as_ref().unwrap_or(&self.null);
                 let mut host = JobHost {
                     channel: &self.channel,
@@ -216,7 +233,7 @@ impl Agent {
                     early_signals: &mut self.early_signals,
                     root: self.root.as_ref(),
                 };
-                let outcome = command::run(job, stdin, &mut host)?;
+                let outcome = command::run(job, stdin, live_stdin, &mut host)?;
                 outputs::send(&job.outputs, &mut |message| self.send(&message))?;
                 Ok(outcome)
             });
@@ -292,11 +309,11 @@ fn send(channel: &File, root: Option<&Root>, message: &GuestMessage) {
 }
 
 /// The agent as the running command's host (`command::Host`): the channel,
-/// and the signals that come on it for the command.
+/// and the signals and live stdin that come on it for the command.
 struct JobHost<'a> {
     channel: &'a File,
     frames: &'a mut FrameReader,
-    early_signals: &'a mut Vec<u8>,
+    early_signals: &'a mut Vec<HostMessage>,
     root: Option<&'a Root>,
 }
 
@@ -309,8 +326,8 @@ impl command::Host for JobHost<'_> {
         self.channel.as_raw_fd()
     }
 
-    fn signals(&mut self) -> io::Result<Vec<u8>> {
-        let mut signals = mem::take(self.early_signals);
+    fn messages(&mut self) -> io::Result<Vec<HostMessage>> {
+        let mut messages = mem::take(self.early_signals);
         if has_bytes(self.channel)? {
             let mut buffer = vec![0; READ_SIZE];
             match (&*self.channel).read(&mut buffer)? {
@@ -321,12 +338,16 @@ impl command::Host for JobHost<'_> {
         // The host sends nothing else while a command runs.
         while let Some((kind, payload)) = self.frames.next_frame().map_err(io::Error::other)? {
             match HostMessage::decode(kind, &payload) {
-                Ok(HostMessage::Signal(signal)) => signals.push(signal),
+                Ok(
+                    message @ (HostMessage::Signal(_)
+                    | HostMessage::Stdin(_)
+                    | HostMessage::StdinEnd),
+                ) => messages.push(message),
                 Ok(_) => log("ignored a message of the host's that came while the command ran"),
                 Err(error) => log(&format!("cannot decode the host's message: {error}")),
             }
         }
-        Ok(signals)
+        Ok(messages)
     }
 }
 

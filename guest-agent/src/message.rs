@@ -17,8 +17,13 @@ pub enum HostMessage {
     /// Part of an input (see [`Job::inputs`]); the agent answers each data
     /// message with [`GuestMessage::Received`].
     Entry(Entry),
-    /// Part of the command's standard input (see [`Job::stdin`]).
+    /// Part of the command's standard input: before DataEnd when it is
+    /// sent whole (see [`Job::stdin`]), after it when it is live (see
+    /// [`Job::live_stdin`]).
     Stdin(Vec<u8>),
+    /// The live standard input has ended: the command's pipe closes once
+    /// what came before is written.
+    StdinEnd,
     /// Every input and all of standard input has been sent: the command
     /// may start.
     DataEnd,
@@ -45,7 +50,8 @@ pub enum GuestMessage {
     /// The agent could not run the job (the root would not mount, ...).
     Failed(Vec<u8>),
     /// The agent has stored one data message (an input's [`HostMessage::Entry`]
-    /// or a [`HostMessage::Stdin`]): the host's flow control, which keeps a
+    /// or a [`HostMessage::Stdin`]), or written a live one to the command's
+    /// pipe: the host's flow control, which keeps a
     /// bounded number of them in flight.
     Received,
     /// Part of an output (see [`Job::outputs`]), after the command ended.
@@ -59,6 +65,7 @@ mod kind {
     pub const STDIN: u8 = 4;
     pub const DATA_END: u8 = 5;
     pub const SIGNAL: u8 = 6;
+    pub const STDIN_END: u8 = 7;
     pub const READY: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
     pub const STDERR: u8 = 0x83;
@@ -95,10 +102,10 @@ impl HostMessage {
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
                 // Only when set: a job as root, with no input disk, no
-                // host name, no limits and a root thrown away, encodes as
-                // it did before.
-                let clean = job.leave_root_clean;
-                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty() || clean;
+                // host name, no limits, no live stdin and a root thrown
+                // away, encodes as it did before.
+                let (live, clean) = (job.live_stdin, job.leave_root_clean);
+                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty() || live || clean;
                 if !job.user.is_empty() || job.input_disk || limits {
                     put_bytes(&mut payload, &job.user);
                 }
@@ -113,6 +120,9 @@ impl HostMessage {
                         put_u64(&mut payload, limit.soft);
                         put_u64(&mut payload, limit.hard);
                     }
+                }
+                if live || clean {
+                    payload.push(live.into());
                 }
                 if clean {
                     payload.push(1);
@@ -129,6 +139,7 @@ impl HostMessage {
                 kind::STDIN
             }
             HostMessage::DataEnd => kind::DATA_END,
+            HostMessage::StdinEnd => kind::STDIN_END,
             HostMessage::Signal(signal) => {
                 payload.push(*signal);
                 kind::SIGNAL
@@ -150,7 +161,10 @@ impl HostMessage {
     pub fn is_data(&self) -> bool {
         matches!(
             self,
-            HostMessage::Entry(_) | HostMessage::Stdin(_) | HostMessage::DataEnd
+            HostMessage::Entry(_)
+                | HostMessage::Stdin(_)
+                | HostMessage::DataEnd
+                | HostMessage::StdinEnd
         )
     }
 
@@ -195,6 +209,9 @@ impl HostMessage {
                     }
                 }
                 if !reader.is_empty() {
+                    job.live_stdin = reader.bool()?;
+                }
+                if !reader.is_empty() {
                     job.leave_root_clean = reader.bool()?;
                 }
                 HostMessage::Run(job)
@@ -203,6 +220,7 @@ impl HostMessage {
             kind::ENTRY => HostMessage::Entry(Entry::decode(&mut reader)?),
             kind::STDIN => return Ok(HostMessage::Stdin(payload.to_vec())),
             kind::DATA_END => HostMessage::DataEnd,
+            kind::STDIN_END => HostMessage::StdinEnd,
             kind::SIGNAL => HostMessage::Signal(reader.u8()?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
@@ -443,6 +461,7 @@ mod tests {
             outputs: vec![b"/out".to_vec(), b"/tmp/result.csv".to_vec()],
             user: b"app:staff".to_vec(),
             input_disk: false,
+            live_stdin: false,
             hostname: b"box".to_vec(),
             rlimits: vec![Rlimit {
                 resource: 7,
@@ -455,6 +474,33 @@ mod tests {
         reader.push(&job.encode());
         let (kind, payload) = reader.next_frame().unwrap().unwrap();
         assert_eq!(HostMessage::decode(kind, &payload).unwrap(), job);
+    }
+
+    /// A job with live stdin encodes every optional field before its flag;
+    /// one without encodes as jobs did before the flag.
+    #[test]
+    fn a_live_stdin_job_round_trips_and_others_keep_their_bytes() {
+        let plain = Job {
+            argv: vec![b"head".to_vec()],
+            hostname: b"box".to_vec(),
+            ..Job::default()
+        };
+        let live = Job {
+            live_stdin: true,
+            ..plain.clone()
+        };
+        let (plain, live) = (HostMessage::Run(plain), HostMessage::Run(live));
+        assert_eq!(live.encode().len(), plain.encode().len() + 1);
+        for job in [
+            plain,
+            live,
+            HostMessage::Run(Job {
+                live_stdin: true,
+                ..Job::default()
+            }),
+        ] {
+            assert_eq!(HostMessage::of_frame(&job.encode()), Some(job));
+        }
     }
 
     /// A job as provm logged it before inputs, stdin and outputs: it still
@@ -479,6 +525,7 @@ mod tests {
         for message in [
             HostMessage::Stdin(b"a,b\n1,2\n".to_vec()),
             HostMessage::DataEnd,
+            HostMessage::StdinEnd,
             HostMessage::Signal(15),
             HostMessage::Entry(Entry {
                 tree: 1,

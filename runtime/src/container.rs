@@ -15,7 +15,7 @@ use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
 use provm_engine::start::RunOptions;
 use provm_engine::timing::TimingObserver;
-use provm_engine::transfer::{Input, Output};
+use provm_engine::transfer::{live_stdin, Input, Output};
 
 use crate::bundle;
 use crate::fifo;
@@ -42,7 +42,8 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     fifo::wait_for_start(&containers.dir(id).join(FIFO))
         .map_err(|error| format!("waiting for start: {error}"))?;
     let overlay = containers.dir(id).join(ROOT_OVERLAY);
-    let mut options = run_options(&container, stdin(&container)?);
+    let mut options = run_options(&container);
+    (options.stdin, options.live_stdin) = stdin(&container)?;
     options.keep_overlay = Some(overlay.clone());
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     signals::forward_into_the_guest()?;
@@ -124,22 +125,24 @@ fn recorded(
         .map_err(|error| error.to_string())
 }
 
-/// The command's standard input: the process's, read to its end (the
-/// engine sends it whole), unless it is a terminal, which is left alone.
-fn stdin(container: &Container) -> Result<Option<Vec<u8>>, String> {
+/// The command's standard input, the process's: `(None, true)` when it is
+/// a pipe, a socket (`podman run -i`) or the container's terminal (`-it`),
+/// which stream to the command as it runs; otherwise read to its end (the
+/// engine sends it whole).
+fn stdin(container: &Container) -> Result<(Option<Vec<u8>>, bool), String> {
     let stdin = std::io::stdin();
-    if container.plan.terminal || stdin.is_terminal() {
-        return Ok(None);
+    if container.plan.terminal || stdin.is_terminal() || live_stdin::streams() {
+        return Ok((None, true));
     }
     let mut bytes = Vec::new();
     stdin
         .lock()
         .read_to_end(&mut bytes)
         .map_err(|error| format!("cannot read the container's standard input: {error}"))?;
-    Ok((!bytes.is_empty()).then_some(bytes))
+    Ok(((!bytes.is_empty()).then_some(bytes), false))
 }
 
-fn run_options(container: &Container, stdin: Option<Vec<u8>>) -> RunOptions {
+fn run_options(container: &Container) -> RunOptions {
     let plan = &container.plan;
     let command = plan.args.iter().map(OsString::from).collect();
     let defaults = RunOptions::new(container.disk.clone(), command);
@@ -167,7 +170,6 @@ fn run_options(container: &Container, stdin: Option<Vec<u8>>) -> RunOptions {
             })
             .collect(),
         force_outputs: true,
-        stdin,
         cpus: plan.cpus.unwrap_or(defaults.cpus),
         memory_mib: plan.memory_mib.unwrap_or(defaults.memory_mib),
         // Side by side where nothing is recorded, as `provm run` does.

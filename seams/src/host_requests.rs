@@ -1,12 +1,13 @@
 //! What the host asks of a recording from outside its thread, from a
-//! signal handler (so only atomics): that it end at the guest's next exit
-//! (Ctrl-C), or that a signal go to the guest's command there (a container
-//! runtime's `kill`). The recorder stops the guest while either is due: to
-//! end, at once (`Recorder::stop_reason`); for a signal, right after its
-//! next exit, never at a kick, which a replay does not meet again
-//! (`Recorder::host_input_due`). The session then sends the signal to the
-//! agent, which the log keeps as the host's input there, so that a replay
-//! sends it after the same exit.
+//! signal handler or the thread reading its standard input (so only
+//! atomics): that it end at the guest's next exit (Ctrl-C), that a signal
+//! go to the guest's command there (a container runtime's `kill`), or that
+//! standard input that came go to it. The recorder stops the guest while
+//! any is due: to end, at once (`Recorder::stop_reason`); for a signal or
+//! input, right after its next exit, never at a kick, which a replay does
+//! not meet again (`Recorder::host_input_due`). The session then sends the
+//! signal or the input to the agent, which the log keeps as the host's
+//! input there, so that a replay sends it after the same exit.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
@@ -14,6 +15,8 @@ pub struct HostRequests {
     end: AtomicBool,
     /// The signal for the command, 0: none.
     signal: AtomicI32,
+    /// Standard input has come (or ended) for the command.
+    stdin: AtomicBool,
 }
 
 /// The requests of a recorder nothing asks anything of (a pinned run's, a
@@ -25,6 +28,7 @@ impl HostRequests {
         HostRequests {
             end: AtomicBool::new(false),
             signal: AtomicI32::new(0),
+            stdin: AtomicBool::new(false),
         }
     }
 
@@ -45,6 +49,23 @@ impl HostRequests {
 
     pub fn signal_due(&self) -> bool {
         self.signal.load(Ordering::Relaxed) != 0
+    }
+
+    /// Standard input has come for the command, or ended: the session
+    /// takes it at the guest's next exit.
+    pub fn stdin_came(&self) {
+        self.stdin.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether standard input came since the last call.
+    pub fn take_stdin(&self) -> bool {
+        self.stdin.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether the guest should stop after its next exit for the host's
+    /// input: a signal, or standard input.
+    pub fn input_due(&self) -> bool {
+        self.signal_due() || self.stdin.load(Ordering::Relaxed)
     }
 
     /// The signal to send to the command now, if one is due.
@@ -74,6 +95,10 @@ mod tests {
         assert!(requests.signal_due());
         assert_eq!(requests.take_signal(), Some(15));
         assert_eq!(requests.take_signal(), None);
+        requests.stdin_came();
+        assert!(requests.input_due() && !requests.signal_due());
+        assert!(requests.take_stdin() && !requests.take_stdin());
+        assert!(!requests.input_due());
         requests.end();
         assert!(requests.ended());
         // Ending stays: the recorder is asked at every exit until it stops.

@@ -301,7 +301,7 @@ impl Seam for Recorder {
     }
 
     fn host_input_due(&self) -> bool {
-        self.requests.signal_due()
+        self.requests.input_due()
     }
 
     fn memory_check_due(&self) -> bool {

@@ -99,13 +99,19 @@ fn run_options(args: RunArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::
         force_outputs: args.force,
         net: args.net,
         dns: args.dns,
-        ..guest_options(args.guest, verbose)?
+        ..guest_options(args.guest, verbose, true)?
     })
 }
 
 /// The run's options; a container image is resolved to its disk here, and
-/// its configuration gives the command's defaults.
-fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::error::Error>> {
+/// its configuration gives the command's defaults. Standard input that is a
+/// pipe or a socket streams to the command if `may_stream` (one run of
+/// it), and is read whole otherwise (runs that each need all of it).
+fn guest_options(
+    args: GuestArgs,
+    verbose: bool,
+    may_stream: bool,
+) -> Result<RunOptions, Box<dyn std::error::Error>> {
     let resolved = image::resolve(&args.image)?;
     let defaults = resolved
         .container
@@ -127,6 +133,7 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         )
         .into());
     }
+    let live_stdin = may_stream && provm_engine::transfer::live_stdin::streams();
     Ok(RunOptions {
         pinned: args.pinning.pinning(),
         env: defaults.env.into_iter().chain(args.env).collect(),
@@ -142,19 +149,21 @@ fn guest_options(args: GuestArgs, verbose: bool) -> Result<RunOptions, Box<dyn s
         kernel: args.kernel,
         echo_console: verbose,
         inputs: args.inputs,
-        stdin: host_stdin()?,
+        stdin: host_stdin(live_stdin)?,
+        live_stdin,
         container: resolved.container,
         ..RunOptions::new(resolved.disk, command)
     })
 }
 
-/// provm's standard input, for the command: read to its end (like `docker
-/// run -i`), unless it is a terminal, which would wait for a user who
-/// meant no input; `None` for a terminal or nothing.
-fn host_stdin() -> std::io::Result<Option<Vec<u8>>> {
+/// provm's standard input, for the command, read to its end (its digest
+/// in a trace's manifest), unless it streams (`live`) or is a terminal,
+/// which would wait for a user who meant no input. `None` for those, or
+/// nothing.
+fn host_stdin(live: bool) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::{IsTerminal, Read};
     let stdin = std::io::stdin();
-    if stdin.is_terminal() {
+    if live || stdin.is_terminal() {
         return Ok(None);
     }
     let mut bytes = Vec::new();
@@ -167,7 +176,7 @@ pub fn repro(args: ReproArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::er
         return chaos_runs(args, runs, verbose);
     }
     let options = ReproOptions {
-        run: guest_options(args.guest, verbose)?,
+        run: guest_options(args.guest, verbose, false)?,
         runs: args.runs,
     };
     let verdict = provm::repro::repro(&options, &mut std::io::stderr())?;
@@ -194,7 +203,7 @@ fn chaos_runs(
         .traces
         .unwrap_or_else(|| provm::repro::default_traces(args.guest.image.path()));
     let options = ChaosOptions {
-        run: guest_options(args.guest, verbose)?,
+        run: guest_options(args.guest, verbose, false)?,
         runs: runs as u64,
         traces,
         exitless_limit: exitless_limit(args.exitless_limit),

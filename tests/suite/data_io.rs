@@ -454,3 +454,44 @@ fn images_cache_inputs() -> Vec<std::path::PathBuf> {
     disks.sort();
     disks
 }
+
+/// A pipe on provm's standard input streams to the command as it runs:
+/// `head -n 2` ends after the two lines written, though the pipe stays
+/// open (the old way read it to its end first, and waited for ever), and
+/// the replay, whose input comes from the log, matches.
+#[test]
+fn a_pipe_left_open_streams_to_the_command_and_the_trace_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("live.provm");
+    let image = path(&images().tiny_qcow2);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provm"))
+        .args(["record", "-o", path(&trace), image, "--", "head", "-n", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until the recording ends.
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"first\nsecond\n").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("provm record still waits with the pipe open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let recorded = child.wait_with_output().unwrap();
+    drop(stdin);
+    let stderr = String::from_utf8_lossy(&recorded.stderr);
+    assert!(recorded.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&recorded.stdout), "first\nsecond\n");
+    let inspected = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspected.stdout.contains("stdin      live"),
+        "{}",
+        inspected.stdout
+    );
+    common::assert_replay_matches(&trace);
+}

@@ -282,6 +282,7 @@ fn sample_manifest() -> Manifest {
             bytes: 4 << 20,
         }),
         stdin: None,
+        stdin_live: false,
         outputs: Vec::new(),
     }
 }

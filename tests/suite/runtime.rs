@@ -14,7 +14,7 @@ use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -181,10 +181,52 @@ impl Podman {
     /// provm-runtime, `stdin` written to it; its output and the id of the
     /// container it ran.
     fn run(&self, args: &[&str], stdin: &[u8]) -> (Output, String) {
+        let (mut child, cidfile) = self.start(args);
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let output = child.wait_with_output().unwrap();
+        (output, self.id(&cidfile))
+    }
+
+    /// `podman run` of `args` started, its standard streams piped; the
+    /// file that will hold the container's id.
+    fn start(&self, args: &[&str]) -> (Child, PathBuf) {
+        let (mut run, cidfile) = self.run_command(args);
+        let child = run
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, cidfile)
+    }
+
+    /// `podman run` of `args` started in a terminal that script(1) makes,
+    /// which its standard streams, piped, feed and read.
+    fn start_in_terminal(&self, args: &[&str]) -> (Child, PathBuf) {
+        let (run, cidfile) = self.run_command(args);
+        let quoted =
+            |word: &std::ffi::OsStr| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''"));
+        let env = run
+            .get_envs()
+            .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
+        let words = std::iter::once(quoted(run.get_program())).chain(run.get_args().map(quoted));
+        let line = env.chain(words).collect::<Vec<_>>().join(" ");
+        let child = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, cidfile)
+    }
+
+    /// The `podman run` of `args`, and the file that will hold the
+    /// container's id.
+    fn run_command(&self, args: &[&str]) -> (Command, PathBuf) {
         let cidfile = self.dir.join(format!("cid-{}", unique()));
-        let mut child = self
-            .command()
-            .arg("run")
+        let mut run = self.command();
+        run.arg("run")
             .arg("--runtime")
             .arg(&self.runtime)
             .args([
@@ -195,16 +237,13 @@ impl Podman {
             ])
             .args(["--network", "none", "--cidfile"])
             .arg(&cidfile)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let id = std::fs::read_to_string(&cidfile).unwrap_or_default();
-        (output, id.trim().to_owned())
+            .args(args);
+        (run, cidfile)
+    }
+
+    fn id(&self, cidfile: &Path) -> String {
+        let id = std::fs::read_to_string(cidfile).unwrap_or_default();
+        id.trim().to_owned()
     }
 
     fn trace(&self, id: &str) -> PathBuf {
@@ -595,4 +634,61 @@ fn run_leaves_a_trace_of_a_container_process_killed_outright() {
     assert_eq!(status.code(), Some(128 + 9));
     let trace = traces.join("killed.provm");
     assert_recovered_after_a_kill(&trace);
+}
+
+/// `podman run -i` streams a pipe to the command as it runs: `head -n 2`
+/// ends after the two lines written, though the pipe stays open, and the
+/// container's trace replays.
+#[test]
+fn podman_run_i_streams_a_pipe_left_open() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let (child, cidfile) = podman.start(&["-i", "--rm", IMAGE, "head", "-n", "2"]);
+    let output = fed_while_it_runs(child, b"first\nsecond\n");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "first\nsecond\n");
+    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
+}
+
+/// `podman run -it`: what is typed at the terminal streams to the command
+/// as it runs (a line, echoed by the terminal as a cooked one does).
+#[test]
+fn podman_run_it_streams_the_terminal() {
+    let _guest = one_guest_at_a_time();
+    let podman = podman();
+    let args = [
+        "-it",
+        "--rm",
+        IMAGE,
+        "sh",
+        "-c",
+        "read line; echo \"got $line\"",
+    ];
+    let (child, cidfile) = podman.start_in_terminal(&args);
+    let output = fed_while_it_runs(child, b"typed\n");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("got typed"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
+}
+
+/// `child`'s output, once it has ended, with `input` written to its
+/// standard input, which stays open until then.
+fn fed_while_it_runs(mut child: Child, input: &[u8]) -> Output {
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the container still waits with its input open");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    drop(stdin);
+    output
 }

@@ -73,6 +73,11 @@ pub struct Manifest {
     /// The command's standard input, when it had one (it is in the log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<DataDigest>,
+    /// The command's standard input streamed to it as it ran (provm's was
+    /// a pipe or a socket): in the log, as the host's input where it came,
+    /// with no digest known at the start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_live: bool,
     /// The guest paths whose files came back after the command
     /// (`--output`); their content is in the log, as the guest sent it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -206,7 +206,7 @@ fn restore(
         (Logging::Off, None) => {
             let (mut vm, _) = machine.restore(snapshot, |start_ns| {
                 let seam = LiveSeam::starting_at(start_ns)
-                    .with_host_input(Box::new(|| requests::REQUESTS.signal_due()));
+                    .with_host_input(Box::new(|| requests::REQUESTS.input_due()));
                 match options.net {
                     true => seam.with_network(network()),
                     false => seam,

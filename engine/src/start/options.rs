@@ -12,7 +12,7 @@ use crate::disk::overlay::OverlayLocation;
 use crate::host_paths::HostPaths;
 use crate::image::Container;
 use crate::pinning::Pinning;
-use crate::transfer::{DataError, Input, JobData, Output};
+use crate::transfer::{DataError, Input, JobData, LiveStdin, Output};
 
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3600;
@@ -49,8 +49,12 @@ pub struct RunOptions {
     pub host_paths: HostPaths,
     /// The host's files and folders the command gets (`--input`).
     pub inputs: Vec<Input>,
-    /// The command's standard input; `None`: /dev/null.
+    /// The command's standard input, sent whole before it starts; `None`:
+    /// /dev/null, unless `live_stdin`.
     pub stdin: Option<Vec<u8>>,
+    /// provm's own standard input (a pipe, a socket) streams to the
+    /// command as it runs, instead.
+    pub live_stdin: bool,
     /// What comes back to the host after the command (`--output`).
     pub outputs: Vec<Output>,
     /// Replace outputs that exist on the host.
@@ -91,6 +95,7 @@ impl RunOptions {
             host_paths: HostPaths::default(),
             inputs: Vec::new(),
             stdin: None,
+            live_stdin: false,
             outputs: Vec::new(),
             force_outputs: false,
             net: false,
@@ -100,15 +105,20 @@ impl RunOptions {
         }
     }
 
-    /// The job's data, checked: nothing has been written yet.
+    /// The job's data, checked: nothing has been written yet (a live
+    /// standard input starts being read).
     pub fn job_data(&self) -> Result<JobData, DataError> {
-        JobData::prepare(
+        let mut data = JobData::prepare(
             &self.inputs,
             self.stdin.clone(),
             &self.outputs,
             self.force_outputs,
             self.memory_mib,
-        )
+        )?;
+        if self.live_stdin {
+            data.live_stdin = Some(LiveStdin::start().map_err(DataError::LiveStdin)?);
+        }
+        Ok(data)
     }
 
     /// Where the run's overlay goes: kept where the user asked, else a

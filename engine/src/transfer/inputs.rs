@@ -282,6 +282,7 @@ mod tests {
         JobData {
             inputs: plan,
             input_disk: None,
+            live_stdin: None,
             outputs: OutputSink::new(&[], false).unwrap(),
         }
         .describe(&mut job);

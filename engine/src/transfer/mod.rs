@@ -48,6 +48,7 @@ mod disk_fill;
 pub mod input_disk;
 mod input_identity;
 pub mod inputs;
+pub mod live_stdin;
 pub mod outputs;
 mod survey;
 mod tree_messages;
@@ -56,6 +57,7 @@ use std::path::{Path, PathBuf};
 
 pub use input_disk::InputDisk;
 pub use inputs::InputPlan;
+pub use live_stdin::LiveStdin;
 pub use outputs::{Delivered, Output, OutputSink};
 use survey::Survey;
 pub use survey::{Input, DISK_FROM};
@@ -66,6 +68,9 @@ pub struct JobData {
     pub inputs: InputPlan,
     /// The inputs' disk, when they go by disk.
     pub input_disk: Option<InputDisk>,
+    /// Standard input that streams to the command as it runs, after the
+    /// inputs (then `inputs` has none).
+    pub live_stdin: Option<LiveStdin>,
     pub outputs: OutputSink,
 }
 
@@ -93,6 +98,7 @@ impl JobData {
         Ok(JobData {
             inputs,
             input_disk,
+            live_stdin: None,
             outputs,
         })
     }
@@ -107,6 +113,7 @@ impl JobData {
         job.inputs = self.inputs.guest_paths();
         job.input_disk = self.inputs.by_disk();
         job.stdin = self.inputs.has_stdin();
+        job.live_stdin = self.live_stdin.is_some();
         job.outputs = self.outputs.guest_paths();
     }
 }
@@ -155,6 +162,8 @@ pub enum DataError {
     TooBigForMemory { bytes_mib: u64, needed_mib: u64 },
     #[error("the input disk: {0}")]
     InputDisk(String),
+    #[error("cannot start reading the standard input: {0}")]
+    LiveStdin(std::io::Error),
     #[error("two outputs go to {0}: give each its own host path")]
     OutputTwice(PathBuf),
     #[error("{0} exists; pass --force to replace it, or choose another host path for --output")]

@@ -153,6 +153,7 @@ pub fn sample_sections() -> Sections {
         inputs: Vec::new(),
         input_disk: None,
         stdin: None,
+        stdin_live: false,
         outputs: Vec::new(),
     };
     let outcome = Outcome {
