@@ -477,6 +477,18 @@ mod tests {
         }
     }
 
+    /// What the command wrote to its standard output, over `messages`.
+    fn stdout_of(messages: &[GuestMessage]) -> Vec<u8> {
+        messages
+            .iter()
+            .filter_map(|message| match message {
+                GuestMessage::Stdout(bytes) => Some(bytes.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
     fn run_job_on_host(job: &Job) -> (Result<Outcome, String>, Vec<GuestMessage>) {
         signalled_on_host(job, None)
     }
@@ -574,15 +586,7 @@ mod tests {
         let job = host_job(&["sh", "-c", trapping], &["PATH=/bin:/usr/bin"], "/");
         let (result, messages) = signalled_on_host(&job, Some((b"ready", libc::SIGTERM as u8)));
         assert_eq!(result, Ok(Outcome::Exited(7)));
-        let stdout: Vec<u8> = messages
-            .iter()
-            .filter_map(|message| match message {
-                GuestMessage::Stdout(bytes) => Some(bytes.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        assert_eq!(stdout, b"ready\ngot TERM\n");
+        assert_eq!(stdout_of(&messages), b"ready\ngot TERM\n");
 
         // Live stdin reaches the command's pipe, each chunk acknowledged,
         // and its end closes the pipe.
@@ -600,15 +604,7 @@ mod tests {
         assert_eq!(result, Ok(Outcome::Exited(0)));
         let received = messages.iter().filter(|m| **m == GuestMessage::Received);
         assert_eq!(received.count(), 2);
-        let stdout: Vec<u8> = messages
-            .iter()
-            .filter_map(|message| match message {
-                GuestMessage::Stdout(bytes) => Some(bytes.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        assert_eq!(stdout, b"one\ntwo\ndone\n");
+        assert_eq!(stdout_of(&messages), b"one\ntwo\ndone\n");
 
         traced_pipeline_on_host();
     }

@@ -191,13 +191,7 @@ impl Podman {
     /// file that will hold the container's id.
     fn start(&self, args: &[&str]) -> (Child, PathBuf) {
         let (mut run, cidfile) = self.run_command(args);
-        let child = run
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        (child, cidfile)
+        (spawn_piped(&mut run), cidfile)
     }
 
     /// `podman run` of `args` started in a terminal that script(1) makes,
@@ -211,14 +205,9 @@ impl Podman {
             .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
         let words = std::iter::once(quoted(run.get_program())).chain(run.get_args().map(quoted));
         let line = env.chain(words).collect::<Vec<_>>().join(" ");
-        let child = Command::new("script")
-            .args(["-qec", &line, "/dev/null"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        (child, cidfile)
+        let mut script = Command::new("script");
+        script.args(["-qec", &line, "/dev/null"]);
+        (spawn_piped(&mut script), cidfile)
     }
 
     /// The `podman run` of `args`, and the file that will hold the
@@ -279,6 +268,16 @@ impl Podman {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// `command` started with its standard streams piped.
+fn spawn_piped(command: &mut Command) -> Child {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn unique() -> u64 {
