@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Many runs, one question: 1,000 small recorded runs of a busybox pipeline
 # with a parameter N (`seq 1 N | sort -rn | head -3`, N = 1 to 1,000,
-# recorded with --prov), exported to Parquet, then three questions over all
-# of them in DuckDB beside the same three through `provm query` over the
-# traces: events by kind, the runs that ran a given file (busybox, by its
-# SHA-256), and hypervisor blame by the parameter. Medians of ROUNDS (5)
-# with min and max, seconds.
+# recorded with --prov, which the question by digest needs), exported to
+# Parquet, then three questions over all of them in DuckDB beside the same
+# three through `provm query` over the traces: events by kind, the runs
+# that ran a given file (busybox, by its SHA-256), and hypervisor blame by
+# the parameter. Medians of ROUNDS (5) with min and max, seconds: DuckDB's
+# time for the query (`scripts/duckdb --time`), the wall time of
+# `scripts/duckdb` (with Python's start and DuckDB's import), and that of
+# `provm query`.
 #
 #   benches/sweep.sh [ROUNDS]     # or --record: record the runs, and stop
 #
 # The runs are recorded once (about an hour on a 2-core host) into
 # ${PROVM_CACHE:-~/.cache/provm}/bench/sweep and reused: a run whose trace
-# is there is not recorded again, so an interrupted recording resumes where
-# it stopped, and a smaller PROVM_SWEEP_RUNS takes the first runs. Each recording takes
-# /tmp/provm-guests.lock, so that others can run guests between two.
-# PROVM_SWEEP_RUNS (default 1000) says how many runs;
-# PROVM_SWEEP_QUERY_RUNS (default all) over how many of them `provm
-# query` is timed, its loading of every trace being the slow part.
+# is there is not recorded again, so an interrupted recording resumes
+# where it stopped. Each recording takes /tmp/provm-guests.lock, so that
+# others can run guests between two. PROVM_SWEEP_RUNS (default 1000) says
+# how many runs (the first ones); PROVM_SWEEP_QUERY_RUNS (default all) over
+# how many of them `provm query` is timed, its loading of every trace
+# being the slow part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/timing.sh
@@ -28,6 +31,7 @@ case "${1:-}" in
   *) rounds="$1" ;;
 esac
 runs="${PROVM_SWEEP_RUNS:-1000}"
+query_runs="${PROVM_SWEEP_QUERY_RUNS:-$runs}"
 cargo build --release -q
 provm="$(realpath "${CARGO_TARGET_DIR:-target}/release/provm")"
 cache="${PROVM_CACHE:-$HOME/.cache/provm}/bench/sweep"
@@ -91,6 +95,12 @@ rounds() {
   local i
   for i in $(seq "$rounds"); do seconds "$@"; done | summary
 }
+# in_duckdb SQL: the summary of $rounds times of SQL in DuckDB, without
+# Python's start.
+in_duckdb() {
+  local i
+  for i in $(seq "$rounds"); do scripts/duckdb --time "$1"; done | summary
+}
 
 echo "| $runs runs | seconds |"
 echo "|---|---|"
@@ -99,13 +109,11 @@ printf "| export parquet, all (once) | %.1f |\n" "$export_s"
 printf "| dataset size / traces' size | %d / %d MB (%.1f %%) |\n" \
   $((dataset_bytes / 1000000)) $((traces_bytes / 1000000)) "$(echo "100 * $dataset_bytes / $traces_bytes" | bc -l)"
 echo
-echo "| question | DuckDB (Parquet) | provm query ($runs traces) |"
-echo "|---|---|---|"
-echo "| DuckDB's start alone (\`SELECT 1\`) | $(rounds scripts/duckdb "SELECT 1") | |"
+echo "| question | DuckDB: the query | DuckDB: scripts/duckdb | provm query ($query_runs traces) |"
+echo "|---|---|---|---|"
 for q in "${!questions[@]}"; do
-  duckdb_s="$(rounds scripts/duckdb "$(over_dataset "${questions[$q]}")")"
-  query_s="$(rounds "$provm" query "${traces[@]}" "${questions[$q]}")"
-  echo "| ${names[$q]} | $duckdb_s | $query_s |"
+  sql="$(over_dataset "${questions[$q]}")"
+  echo "| ${names[$q]} | $(in_duckdb "$sql") | $(rounds scripts/duckdb "$sql") | $(rounds "$provm" query "${traces[@]:0:query_runs}" "${questions[$q]}") |"
 done
 echo
 for q in "${!questions[@]}"; do
