@@ -19,7 +19,8 @@
 # others can run guests between two. PROVM_SWEEP_RUNS (default 1000) says
 # how many runs (the first ones); PROVM_SWEEP_QUERY_RUNS (default all) over
 # how many of them `provm query` is timed, its loading of every trace
-# being the slow part.
+# being the slow part. The dataset stays in the same folder (parquet/),
+# for more questions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/timing.sh
@@ -56,14 +57,12 @@ done
 
 traces=()
 for i in $(seq "$runs"); do traces+=("$cache/run-$i.provm"); done
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-dataset="$work/sweep"
-
-# The export, once: every run into one dataset.
+# The export, once: every run into one dataset, left beside the traces.
+dataset="$cache/parquet"
+rm -rf "$dataset"
 start="$(date +%s.%N)"
-"$provm" export parquet "${traces[@]}" -o "$dataset" 2>"$work/export.log" || {
-  cat "$work/export.log" >&2
+"$provm" export parquet "${traces[@]}" -o "$dataset" 2>"$cache/export.log" || {
+  cat "$cache/export.log" >&2
   exit 1
 }
 end="$(date +%s.%N)"
