@@ -13,8 +13,11 @@
 # (benches/state_check.rs), a 100 MB download through the guest's
 # network under run and record (benches/net.rs), and --input's rate under
 # record and replay (benches/inputs.rs; 1 MiB here, by the input disk;
-# PROVM_INPUT_MIB says more), and containers started by Podman with
-# provm-runtime against runc (benches/runtime.sh).
+# PROVM_INPUT_MIB says more), containers started by Podman with
+# provm-runtime against runc (benches/runtime.sh), and 1,000 recorded runs
+# exported to Parquet and asked three questions in DuckDB and through
+# `provm query` (benches/sweep.sh; recorded once and cached, the first
+# time for about an hour).
 # Usage: benches/bench.sh [--skip-cold]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,3 +60,5 @@ echo
 PROVM_INPUT_MIB="${PROVM_INPUT_MIB:-1}" cargo bench -q --bench inputs 2>/dev/null
 echo
 benches/runtime.sh
+echo
+benches/sweep.sh

@@ -5,7 +5,9 @@
 //! conformsTo is refused by the validator. Two runs, the second reading
 //! what the first wrote, make a valid Provenance Run Crate in which that
 //! file is one entity; `provm graph` draws it as one node and `provm
-//! query` names the run that depends on it.
+//! query` names the run that depends on it. The three-step workflow of
+//! docs/examples/workflow, run by make, deposits one valid crate in which
+//! each step reads, by digest, what the step before it wrote.
 
 use crate::common;
 
@@ -291,6 +293,86 @@ fn two_runs_make_a_provenance_run_crate_linked_by_the_file_they_share() {
         query.stdout,
         format!("run,path\n{},/in/sorted.txt\n", path(&second))
     );
+}
+
+/// docs/examples/workflow/Makefile, run by make on the tiny image: three
+/// recorded steps, each reading what the one before wrote, and their crate.
+#[test]
+fn a_three_step_makefile_deposits_one_crate_linking_its_steps_by_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let makefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/workflow/Makefile");
+    let made = {
+        let _guest = one_guest_at_a_time();
+        Command::new("make")
+            .arg("-f")
+            .arg(&makefile)
+            .arg("-C")
+            .arg(dir.path())
+            .arg(format!("PROVM={}", env!("CARGO_BIN_EXE_provm")))
+            .arg(format!("IMAGE={}", path(&images().tiny_qcow2)))
+            .arg("crate")
+            .output()
+            .expect("make runs")
+    };
+    assert!(
+        made.status.success(),
+        "make failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("step3/top.txt")).unwrap(),
+        "      3 apple\n"
+    );
+
+    let crate_dir = dir.path().join("crate");
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(crate_dir.join("ro-crate-metadata.json")).unwrap())
+            .unwrap();
+    // What step N wrote is, by its digest, a result of step N and an
+    // object of step N + 1.
+    let handed_on = [(1, "step1/sorted.txt"), (2, "step2/counts.txt")];
+    for (step, file) in handed_on {
+        let id = format!("#sha256-{}", digest(&dir.path().join(file)));
+        assert!(
+            refers(&metadata, &format!("#step-{step}/run"), "result", &id),
+            "{file} is not a result of step {step}"
+        );
+        assert!(
+            refers(&metadata, &format!("#step-{}/run", step + 1), "object", &id),
+            "{file} is not an object of step {}",
+            step + 1
+        );
+    }
+    // The check fails on a crate without the link.
+    let (_, file) = handed_on[0];
+    let id = format!("#sha256-{}", digest(&dir.path().join(file)));
+    let mut unlinked = metadata.clone();
+    let step2 = unlinked["@graph"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|entity| entity["@id"] == "#step-2/run")
+        .unwrap();
+    step2["object"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|reference| reference["@id"] != id.as_str());
+    assert!(!refers(&unlinked, "#step-2/run", "object", &id));
+
+    let (valid, report) = check_ro_crate(&crate_dir);
+    assert!(valid, "the crate is not valid: {report}");
+    assert!(
+        report.contains("RO-Crate is a valid provenance-run-crate"),
+        "{report}"
+    );
+}
+
+/// Whether the action `action`'s `property` refers to the entity `id`
+/// (which the graph holds).
+fn refers(metadata: &Value, action: &str, property: &str, id: &str) -> bool {
+    referred(metadata, entity(metadata, action), property)
+        .iter()
+        .any(|entity| entity["@id"] == id)
 }
 
 fn sha256_of(bytes: &[u8]) -> String {
