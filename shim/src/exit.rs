@@ -3,6 +3,7 @@
 //! its parent, and so the one that learns how it ended.
 
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::{error, util::timestamp};
@@ -27,14 +28,24 @@ pub struct Exit {
 
 impl Exit {
     /// Waits for the process `pid`, a child of this one, on a thread of
-    /// its own; `ended` is called with its end.
-    pub fn watch(pid: i32, ended: impl FnOnce(&Exited) + Send + 'static) -> Arc<Exit> {
+    /// its own, and for the thread copying its terminal's `output` if it
+    /// has one (so that the client has all of it when it learns of the
+    /// end); `ended` is called with its end.
+    pub fn watch(
+        pid: i32,
+        output: Option<JoinHandle<()>>,
+        ended: impl FnOnce(&Exited) + Send + 'static,
+    ) -> Arc<Exit> {
         let exit = Arc::new(Exit::default());
         let recorded = exit.clone();
         std::thread::spawn(move || {
+            let status = status_of(pid);
+            if let Some(output) = output {
+                let _ = output.join();
+            }
             let exited = Exited {
                 pid: pid as u32,
-                status: status_of(pid),
+                status,
                 at: timestamp().unwrap_or_default(),
             };
             *recorded.exited.lock().unwrap() = Some(exited.clone());

@@ -7,6 +7,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod console;
 mod container;
 mod events;
 mod exit;

@@ -33,9 +33,16 @@ impl Runtime {
         }
     }
 
-    /// `create`: the container's process, given `streams`, waits for
+    /// `create`: the container's process, given `streams` (and, with
+    /// `console_socket`, a terminal whose master goes there), waits for
     /// `start`; its PID.
-    pub fn create(&self, id: &str, bundle: &Path, streams: Streams) -> Result<i32, String> {
+    pub fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        streams: Streams,
+        console_socket: Option<&Path>,
+    ) -> Result<i32, String> {
         let pid_file = bundle.join("init.pid");
         let mut command = self.command();
         command
@@ -43,7 +50,11 @@ impl Runtime {
             .arg("--bundle")
             .arg(bundle)
             .arg("--pid-file")
-            .arg(&pid_file)
+            .arg(&pid_file);
+        if let Some(socket) = console_socket {
+            command.arg("--console-socket").arg(socket);
+        }
+        command
             .arg(id)
             .stdin(streams.stdin)
             .stdout(streams.stdout)

@@ -1,16 +1,25 @@
 //! The container's standard streams: containerd names a FIFO for each in
 //! the create request (none for a stream it does not take), whose other
 //! end its client holds, or for output a file (`file://PATH`, `ctr run
-//! --log-uri`); provm-runtime's process takes them as its own.
+//! --log-uri`); provm-runtime's process takes them as its own, or, for a
+//! container with a terminal, the shim copies them to and from it
+//! (`console`).
 
 use std::fs::{File, OpenOptions};
-use std::process::Stdio;
 
 /// The three streams, opened.
 pub struct Streams {
-    pub stdin: Stdio,
-    pub stdout: Stdio,
-    pub stderr: Stdio,
+    pub stdin: File,
+    pub stdout: File,
+    pub stderr: File,
+}
+
+impl Streams {
+    /// None at all (the null device), for a process whose streams are a
+    /// terminal's.
+    pub fn none() -> Result<Streams, String> {
+        open("", "", "")
+    }
 }
 
 /// Opens the FIFOs at `stdin`, `stdout` and `stderr` (an empty path: the
@@ -29,7 +38,7 @@ pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<Streams, String> 
     })
 }
 
-fn output(path: &str) -> Result<Stdio, String> {
+fn output(path: &str) -> Result<File, String> {
     if let Some(file) = path.strip_prefix("file://") {
         return opened(file, OpenOptions::new().append(true).create(true));
     }
@@ -41,13 +50,12 @@ fn output(path: &str) -> Result<Stdio, String> {
     opened(path, OpenOptions::new().read(true).write(true))
 }
 
-fn opened(path: &str, options: &OpenOptions) -> Result<Stdio, String> {
+fn opened(path: &str, options: &OpenOptions) -> Result<File, String> {
     let path = match path {
         "" => "/dev/null",
         path => path,
     };
     options
         .open(path)
-        .map(|file: File| Stdio::from(file))
         .map_err(|error| format!("cannot open the container's stream {path}: {error}"))
 }

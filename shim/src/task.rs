@@ -95,12 +95,6 @@ impl containerd_shim::Task for TaskService {
         _: &TtrpcContext,
         request: api::CreateTaskRequest,
     ) -> TtrpcResult<api::CreateTaskResponse> {
-        if request.terminal {
-            return refused(
-                "a terminal (ctr run -t, a pod's tty)",
-                "the shim passes the container's streams as they are; run it without one",
-            );
-        }
         if !request.checkpoint.is_empty() {
             return refused(
                 "restoring a checkpoint",
@@ -139,7 +133,7 @@ impl containerd_shim::Task for TaskService {
                 stdin: request.stdin.clone(),
                 stdout: request.stdout.clone(),
                 stderr: request.stderr.clone(),
-                terminal: false,
+                terminal: request.terminal,
                 ..Default::default()
             })
             .into(),
@@ -303,8 +297,13 @@ impl containerd_shim::Task for TaskService {
         )
     }
 
-    fn resize_pty(&self, _: &TtrpcContext, _: api::ResizePtyRequest) -> TtrpcResult<Empty> {
-        refused("resize-pty", "the shim gives containers no terminal")
+    fn resize_pty(&self, _: &TtrpcContext, request: api::ResizePtyRequest) -> TtrpcResult<Empty> {
+        self.with_container(&request.id, &request.exec_id, |container| {
+            container
+                .resize(request.width, request.height)
+                .map_err(|error| status(Code::FAILED_PRECONDITION, error))
+        })?;
+        Ok(Empty::new())
     }
 
     fn stats(&self, _: &TtrpcContext, _: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {

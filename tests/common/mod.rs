@@ -4,10 +4,10 @@
 //! the benches each use part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -860,4 +860,49 @@ pub fn stop_daemon(daemon: &mut Child, grace: Duration) {
     }
     let _ = daemon.kill();
     let _ = daemon.wait();
+}
+
+/// `command` started with its standard streams piped.
+pub fn spawn_piped(command: &mut Command) -> Child {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `command` run in a terminal of its own, as a user typing it would:
+/// script(1) makes the terminal, and its own streams are the terminal's
+/// input and output. `command`'s environment goes on its line.
+pub fn in_terminal(command: &Command) -> Command {
+    let quoted =
+        |word: &std::ffi::OsStr| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''"));
+    let env = command
+        .get_envs()
+        .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
+    let words =
+        std::iter::once(quoted(command.get_program())).chain(command.get_args().map(quoted));
+    let line = env.chain(words).collect::<Vec<_>>().join(" ");
+    let mut script = Command::new("script");
+    script.args(["-qec", &line, "/dev/null"]);
+    script
+}
+
+/// `child`'s output, once it has ended, with `input` written to its
+/// standard input, which stays open until then.
+pub fn fed_while_it_runs(mut child: Child, input: &[u8]) -> Output {
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the command still waits with its input open");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    drop(stdin);
+    output
 }

@@ -6,8 +6,8 @@
 //! environment, piped input, both output streams and the exit status; the
 //! trace left replays with no containerd present. A container kept
 //! running refuses `ctr task exec`, naming it, and `ctr task kill` signals
-//! its command in the guest, whose trace is whole. See docs/runtime.md's
-//! "With containerd".
+//! its command in the guest, whose trace is whole. `ctr run -t` gives the
+//! container a terminal. See docs/runtime.md's "With containerd".
 
 use crate::common;
 
@@ -17,7 +17,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{assert_replay_matches, container_image, one_guest_at_a_time, scratch};
+use common::{
+    assert_replay_matches, container_image, fed_while_it_runs, in_terminal, one_guest_at_a_time,
+    scratch, spawn_piped,
+};
 
 const NAMESPACE: &str = "provm-test";
 /// The tests' container image as containerd names `provm/test:1`.
@@ -229,6 +232,32 @@ fn ctr_run_gets_the_containers_streams_and_status_and_its_trace_replays() {
     assert!(!mounted_under(&containerd.dir));
     let replayed = assert_replay_matches(&containerd.trace(id));
     assert!(replayed.contains("the exit status"), "{replayed}");
+}
+
+/// `ctr run -t`, typed at in a terminal: the shim takes the terminal the
+/// runtime makes, what is typed reaches the command as it runs, its output
+/// comes back through the terminal, and the trace replays.
+#[test]
+fn ctr_run_t_gives_the_container_a_terminal() {
+    let _guest = one_guest_at_a_time();
+    let containerd = containerd();
+    let id = "terminal";
+    let run = containerd.run(&["-t", "--rm"], id, "read line; echo \"got $line\"");
+    let output = fed_while_it_runs(spawn_piped(&mut in_terminal(&run)), b"typed\n");
+    // script(1) puts the terminal's output, ctr's errors among it, on its own.
+    assert!(
+        output.status.success(),
+        "{}{}\n{}",
+        text(&output.stdout),
+        text(&output.stderr),
+        containerd.log()
+    );
+    assert!(
+        text(&output.stdout).contains("got typed"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert_replay_matches(&containerd.trace(id));
 }
 
 #[test]

@@ -19,8 +19,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replay_cut_short, assert_replay_matches, images, one_guest_at_a_time, path, provm,
-    scratch,
+    assert_replay_cut_short, assert_replay_matches, fed_while_it_runs, images, in_terminal,
+    one_guest_at_a_time, path, provm, scratch, spawn_piped,
 };
 
 const IMAGE: &str = "localhost/provm-busybox:test";
@@ -198,16 +198,7 @@ impl Podman {
     /// which its standard streams, piped, feed and read.
     fn start_in_terminal(&self, args: &[&str]) -> (Child, PathBuf) {
         let (run, cidfile) = self.run_command(args);
-        let quoted =
-            |word: &std::ffi::OsStr| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''"));
-        let env = run
-            .get_envs()
-            .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
-        let words = std::iter::once(quoted(run.get_program())).chain(run.get_args().map(quoted));
-        let line = env.chain(words).collect::<Vec<_>>().join(" ");
-        let mut script = Command::new("script");
-        script.args(["-qec", &line, "/dev/null"]);
-        (spawn_piped(&mut script), cidfile)
+        (spawn_piped(&mut in_terminal(&run)), cidfile)
     }
 
     /// The `podman run` of `args`, and the file that will hold the
@@ -268,16 +259,6 @@ impl Podman {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-}
-
-/// `command` started with its standard streams piped.
-fn spawn_piped(command: &mut Command) -> Child {
-    command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 fn unique() -> u64 {
@@ -672,22 +653,4 @@ fn podman_run_it_streams_the_terminal() {
         text(&output.stdout)
     );
     assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
-}
-
-/// `child`'s output, once it has ended, with `input` written to its
-/// standard input, which stays open until then.
-fn fed_while_it_runs(mut child: Child, input: &[u8]) -> Output {
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the container still waits with its input open");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let output = child.wait_with_output().unwrap();
-    drop(stdin);
-    output
 }
