@@ -53,10 +53,11 @@ pub struct Job {
     /// The resource limits the command starts with (a container's
     /// `rlimits`); the others stay the guest's defaults.
     pub rlimits: Vec<Rlimit>,
-    /// The root's disk is read after the run (a container's write-back,
-    /// `--keep-overlay`): leave its file system clean at power-off, its
-    /// journal written back. Otherwise the agent only syncs it: the disk
-    /// is thrown away with the guest.
+    /// The root's disk is read after the run as a disk (`--keep-overlay`):
+    /// leave its file system clean at power-off, its journal written
+    /// back. Otherwise the agent only syncs it: the disk is thrown away
+    /// with the guest, or read by one that replays the journal itself (a
+    /// container's write-back).
     pub leave_root_clean: bool,
 }
 

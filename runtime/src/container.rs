@@ -45,6 +45,8 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let mut options = run_options(&container);
     (options.stdin, options.live_stdin) = stdin(&container)?;
     options.keep_overlay = Some(overlay.clone());
+    // The write-back reads it with ext4-view, which replays the journal.
+    options.overlay_reader_replays_journal = true;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     signals::forward_into_the_guest()?;
     let status = match &container.trace {

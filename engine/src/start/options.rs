@@ -37,6 +37,12 @@ pub struct RunOptions {
     pub rlimits: Vec<Rlimit>,
     pub root: Option<String>,
     pub keep_overlay: Option<PathBuf>,
+    /// The kept overlay's reader replays its file system's journal itself
+    /// (the runtime's write-back reads it with ext4-view), rather than
+    /// mounting or checking it as a disk (`--keep-overlay`): the guest then
+    /// only syncs its root at power-off, not remounting it read-only to
+    /// leave it clean, a remount that cost 0.2 s of guest time on PVM.
+    pub overlay_reader_replays_journal: bool,
     pub memory_mib: u64,
     pub timeout: Duration,
     pub kernel: Option<PathBuf>,
@@ -86,6 +92,7 @@ impl RunOptions {
             rlimits: Vec::new(),
             root: None,
             keep_overlay: None,
+            overlay_reader_replays_journal: false,
             memory_mib: DEFAULT_MEMORY_MIB,
             timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECONDS),
             kernel: None,
