@@ -1,7 +1,8 @@
-//! Preemption without a PMU (`record --preempt MS`): guest code that goes
-//! round a loop it never leaves by itself, without VM exits, is preempted
-//! at a kick, and the replay finds the same instruction instance by its
-//! state (`provm_vmm::preemption`).
+//! Preemption without a PMU (`record --preempt MS`): guest code that
+//! computes without VM exits is preempted at a kick, and the replay finds
+//! the same instruction instance by its state (`provm_vmm::preemption`):
+//! a loop it never leaves by itself searched from the last exit, a
+//! computation that ends after a free run (`preemption::late_arming`).
 //! On SVM and VMX hosts (the test beds) user code is preempted; PVM stops
 //! guest user mode at no breakpoint, so there only the guest kernel is,
 //! and these tests check that it says so and that its traces still replay.
@@ -10,7 +11,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_replay_matches, images, one_guest_at_a_time, path, provm, Finished};
+use common::{
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, Finished,
+};
 use provm_cpu_model::Platform;
 use provm_trace::events::Event;
 use provm_trace::reader::Trace;
@@ -43,15 +46,22 @@ fn record_preempting(trace: &Path, command: &[&str]) -> Finished {
     provm(&args)
 }
 
-/// The preemptions `trace` logged.
-fn preemptions(trace: &Path) -> usize {
+/// The preemptions `trace` logged: of loops that never end, and timed
+/// ones (of computations that may end).
+fn preemptions(trace: &Path) -> (usize, usize) {
     let opened = Trace::open(trace).unwrap();
     let mut events = opened.events().unwrap();
-    let mut count = 0;
+    let (mut loops, mut timed) = (0, 0);
     while let Some(event) = events.next_event().unwrap() {
-        count += usize::from(matches!(event, Event::Preempted { .. }));
+        match event {
+            Event::Preempted { ran_ns: None, .. } => loops += 1,
+            Event::Preempted {
+                ran_ns: Some(_), ..
+            } => timed += 1,
+            _ => {}
+        }
     }
-    count
+    (loops, timed)
 }
 
 /// A thread spinning on a flag that another sets, on one vCPU: the
@@ -80,6 +90,72 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
         "{}",
         recorded.stdout
     );
-    assert!(preemptions(&trace) > 0);
+    let (loops, timed) = preemptions(&trace);
+    assert!(loops + timed > 0);
     assert_replay_matches(&trace);
+}
+
+/// How far each counter of tests/data/two_counters.c counts.
+const COUNT: u64 = 2_000_000;
+
+/// How far the counter that ended first saw the other: from its line
+/// "counter X done, Y at N", the first printed.
+fn first_done_saw(stdout: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with("counter "))
+        .unwrap_or_else(|| panic!("no counter ended: {stdout}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// The replay's count of preemptions found after a free run, from its
+/// debug log (`vm/late_arming.rs`); asserts it matched.
+fn found_after_a_free_run(trace: &Path) -> u64 {
+    let replay = provm_with_env(
+        &["replay", path(trace)],
+        &[("PROVM_LOG", Path::new("provm_vmm=debug"))],
+    );
+    assert_eq!(replay.status, 0, "{}{}", replay.stdout, replay.stderr);
+    assert!(
+        replay.stdout.starts_with("replay matched: "),
+        "{}",
+        replay.stdout
+    );
+    let rollbacks = replay.stderr.matches("late arming: rolled back").count();
+    let found = replay
+        .stderr
+        .matches("late arming: preemption found after a free run")
+        .count();
+    eprintln!("replay: {found} preemptions found after a free run, {rollbacks} rollbacks");
+    found as u64
+}
+
+/// Two processes counting without system calls, on one vCPU: where user
+/// code stops at breakpoints the recording preempts their computations,
+/// which end, so the guest's ticks come and the two interleave (the first
+/// to end saw the other part-way); the replay matches, finding
+/// preemptions after a free run. On PVM only loops of the guest kernel
+/// are preempted: the two run one after the other, as without
+/// `--preempt`, and the trace replays.
+#[test]
+fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("two-counters");
+    let count = COUNT.to_string();
+    let recorded = record_preempting(&trace, &["/bin/two_counters", &count]);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let saw = first_done_saw(&recorded.stdout);
+    let (_, timed) = preemptions(&trace);
+    if !preempts_user_code() {
+        assert_eq!(timed, 0, "PVM preempts no computation that ends");
+        assert_replay_matches(&trace);
+        return;
+    }
+    assert!(
+        0 < saw && saw < COUNT,
+        "the counters did not interleave: {}",
+        recorded.stdout
+    );
+    assert!(timed > 0);
+    assert!(found_after_a_free_run(&trace) > 0);
 }
