@@ -132,6 +132,7 @@ enum Entry {
 
 /// A VM exit by kind, its data left in `kvm_run` (where the handlers read
 /// it): it outlives the borrow of the vCPU that KVM_RUN's answer holds.
+#[derive(Debug)]
 enum ExitKind {
     PortRead,
     PortWrite,
@@ -684,7 +685,8 @@ impl Vm {
             }
         }
         if overshot {
-            self.roll_back_late_search("an exit came first")?;
+            let exit = result.as_ref().map(ExitKind::of).ok();
+            self.roll_back_late_search(&format!("an exit came first ({exit:?})"))?;
             return Ok(Entry::Kicked);
         }
         let exit = match result {

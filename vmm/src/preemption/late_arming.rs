@@ -28,6 +28,15 @@ const FREE_RUN_PERCENT: [u64; 3] = [90, 50, 0];
 /// while costing at most one more stretch's time. The breakpoint stops'
 /// own cost is not counted (`entered`).
 const OVERRUN_FACTOR: u64 = 2;
+/// But where the stops cost about what a step over the breakpoint costs
+/// (a loop of a few instructions, or a host that emulates the CPU, as
+/// QEMU's TCG under the SVM test bed), what is left of the guest's time
+/// after taking theirs off says nothing, and a guest that ran past the
+/// instance in such a loop would be searched for ever. So an attempt is
+/// also cut after this many times the recording's stretch in all: the
+/// late search of a loop whose stops cost more gives way to the next
+/// attempt, the last being the search from the stretch's start.
+const SEARCH_FACTOR: u64 = 20;
 /// And this much more, so that a short stretch is not cut by the kick
 /// timer's granularity and the host's scheduling noise.
 const OVERRUN_SLACK_NS: u64 = 20_000_000;
@@ -52,8 +61,10 @@ pub struct LateArming {
     attempt: usize,
     /// The vCPU thread's time in the guest in this attempt...
     entered_ns: u64,
-    /// ...of which this was spent stepping over the breakpoint.
+    /// ...of which this was spent stepping over the breakpoint...
     stepping_ns: u64,
+    /// ...in this many steps, one per stop at the place in another state.
+    stops: u64,
 }
 
 impl LateArming {
@@ -63,6 +74,7 @@ impl LateArming {
             attempt: 0,
             entered_ns: 0,
             stepping_ns: 0,
+            stops: 0,
         }
     }
 
@@ -75,6 +87,7 @@ impl LateArming {
         self.entered_ns += cpu_ns;
         if stepping_over {
             self.stepping_ns += cpu_ns;
+            self.stops += 1;
         }
     }
 
@@ -95,18 +108,22 @@ impl LateArming {
     }
 
     pub fn phase(&self) -> Phase {
-        let computed = self.computed_ns();
+        // No stop in a free run: all its time is the guest's, and once
+        // over it stays over.
         let free_run = self.free_run_ns();
-        if computed < free_run {
+        if self.entered_ns < free_run {
             return Phase::FreeRun {
-                left_ns: free_run - computed,
+                left_ns: free_run - self.entered_ns,
             };
         }
-        let bound = self
-            .ran_ns
-            .saturating_mul(OVERRUN_FACTOR)
-            .saturating_add(OVERRUN_SLACK_NS);
-        if self.ran_freely() && computed > bound {
+        let computed = self.computed_ns();
+        let bound = |factor: u64| {
+            self.ran_ns
+                .saturating_mul(factor)
+                .saturating_add(OVERRUN_SLACK_NS)
+        };
+        let overran = computed > bound(OVERRUN_FACTOR) || self.entered_ns > bound(SEARCH_FACTOR);
+        if self.ran_freely() && overran {
             return Phase::Overran;
         }
         Phase::Search
@@ -122,6 +139,12 @@ impl LateArming {
         self.attempt += 1;
         self.entered_ns = 0;
         self.stepping_ns = 0;
+        self.stops = 0;
+    }
+
+    /// The breakpoint stops this attempt passed over.
+    pub fn stops(&self) -> u64 {
+        self.stops
     }
 
     /// The share of the recording's stretch this attempt ran freely for,
@@ -156,6 +179,22 @@ mod tests {
         search.entered(110 * MS, false);
         assert_eq!(search.phase(), Phase::Search);
         search.entered(1, false);
+        assert_eq!(search.phase(), Phase::Overran);
+    }
+
+    #[test]
+    fn a_search_whose_stops_cost_what_steps_cost_is_cut_in_all() {
+        let mut search = LateArming::new(10 * MS);
+        search.entered(9 * MS, false);
+        assert_eq!(search.phase(), Phase::Search);
+        // Stops as dear as steps: the guest's own time stays at 9 ms.
+        for _ in 0..100 {
+            search.entered(MS, false);
+            search.entered(MS, true);
+        }
+        assert_eq!(search.computed_ns(), 9 * MS);
+        assert_eq!(search.phase(), Phase::Search);
+        search.entered(20 * MS, true);
         assert_eq!(search.phase(), Phase::Overran);
     }
 

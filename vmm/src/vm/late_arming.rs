@@ -125,6 +125,7 @@ impl Vm {
             Phase::FreeRun { .. } => Ok(()),
             Phase::Search => {
                 if self.debug.logged_stop.hold(false) && !self.debug.stepping_over {
+                    tracing::debug!("late arming: the free run is over, the breakpoint armed");
                     self.keep_guest_debugregs(true)?;
                     self.apply_guest_debug(&self.debug.guest_debug)?;
                 }
@@ -155,12 +156,12 @@ impl Vm {
             &self.kvm,
             late.start.as_ref().expect("saved at its first entry"),
         )?;
-        let percent = late.arming.free_run_percent();
+        let (percent, stops) = (late.arming.free_run_percent(), late.arming.stops());
         late.arming.rolled_back();
         let held = late.holds_breakpoint();
         self.run_loop.late_searches.rollbacks += 1;
         tracing::debug!(
-            "late arming: rolled back ({} so far): after a free run of {percent}% {why}; {pages} pages put back; next, {}%",
+            "late arming: rolled back ({} so far): after a free run of {percent}% and {stops} breakpoint stops {why}; {pages} pages put back; next, {}%",
             self.run_loop.late_searches.rollbacks,
             late.arming.free_run_percent()
         );
@@ -186,14 +187,16 @@ impl Vm {
         if late.arming.ran_freely() {
             searches.found_after_free_run += 1;
             tracing::debug!(
-                "late arming: preemption found after a free run of {}% ({} so far, {} rollbacks)",
+                "late arming: preemption found after a free run of {}% and {} breakpoint stops ({} so far, {} rollbacks)",
                 late.arming.free_run_percent(),
+                late.arming.stops(),
                 searches.found_after_free_run,
                 searches.rollbacks
             );
         } else {
             tracing::debug!(
-                "late arming: preemption found by the search from the stretch's start ({} rollbacks so far)",
+                "late arming: preemption found by the search from the stretch's start after {} breakpoint stops ({} rollbacks so far)",
+                late.arming.stops(),
                 searches.rollbacks
             );
         }
