@@ -29,8 +29,11 @@
 //! would stop at every pass through the place; the recorder logs how long
 //! the guest computed before it, and the replay runs freely for most of
 //! that before it arms the breakpoint, rolling back where it ran past
-//! (`late_arming`, `rollback`). Only on hosts that stop guest user mode at
-//! breakpoints: on PVM only the loops of the guest kernel are preempted.
+//! (`late_arming`, `rollback`). Only where the recorder is asked to
+//! (`Seam::preempts_computations`, `record --preempt-computations`: the
+//! search after a free run that lands far from the instance still stops
+//! at every pass), and on hosts that stop guest user mode at breakpoints:
+//! on PVM only the loops of the guest kernel are preempted.
 //!
 //! Not everywhere: the guest must be able to take an interrupt there
 //! (interrupts on, no interrupt shadow, no event half-delivered), and a

@@ -144,6 +144,12 @@ pub trait Seam: Clock {
         None
     }
 
+    /// Whether the recorder preempts a computation that may end too, not
+    /// only a loop that never does (`preemption::late_arming`).
+    fn preempts_computations(&self) -> bool {
+        false
+    }
+
     /// The guest halted until the virtual clock reaches `ns`: wait for it, but
     /// not past `limit`. A replayer returns at once (its clock is the log).
     fn wait_until(&self, ns: u64, limit: Instant);

@@ -777,10 +777,10 @@ impl Vm {
     /// if it has computed for the seam's quantum without an exit while a
     /// tick or another vCPU waits, and stands where a replay can find it
     /// again (see `preemption`): in a loop it never leaves by itself (a
-    /// state seen at an earlier kick of this stretch), or, where this host
-    /// stops guest user mode at breakpoints, anywhere else too, logged
-    /// with the time it computed for (the replay's late search). Returns
-    /// whether it did.
+    /// state seen at an earlier kick of this stretch), or, where the seam
+    /// asks for it and this host stops guest user mode at breakpoints,
+    /// anywhere else too, logged with the time it computed for (the
+    /// replay's late search). Returns whether it did.
     fn preempt_if_due(&mut self) -> Result<bool, VmError> {
         let Some(quantum) = self.seam.preemption_quantum() else {
             return Ok(false);
@@ -801,8 +801,8 @@ impl Vm {
         };
         let place_seen_before = self.run_loop.repeats.place_seen_before(place);
         // PVM preempts only loops: it stops guest user mode at no
-        // breakpoint, so its replays could not roll back into user code.
-        let may_end_here = self.run_loop.user_mode_stops;
+        // breakpoint, so its replays could not find user code.
+        let may_end_here = self.run_loop.user_mode_stops && self.seam.preempts_computations();
         if !(place_seen_before || may_end_here)
             || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
         {

@@ -182,16 +182,23 @@ pub struct RecordArgs {
     /// once, about guest user code computing (a long computation is normal).
     #[arg(long, default_value_t = DEFAULT_EXITLESS_LIMIT, value_name = "SECONDS")]
     pub exitless_limit: u64,
-    /// Preempt guest code that has run MS milliseconds without a VM exit
-    /// while a timer or another vCPU waits: a thread spinning on a flag
-    /// another thread sets then ends, and processes computing without
-    /// system calls interleave. The replay finds each preemption by its
-    /// state, with a hardware breakpoint, armed late (after a free run)
-    /// for a computation that ends. SVM and VMX hosts; on PVM only a loop
-    /// of the guest kernel that never ends is preempted (its user mode
-    /// stops at no breakpoint).
+    /// Preempt guest code that goes round a loop it never leaves by itself
+    /// (a state it comes back to, with no exit on the way), once it has
+    /// run MS milliseconds without a VM exit while a timer or another vCPU
+    /// waits: a thread spinning on a flag another thread sets then ends.
+    /// The replay finds each preemption by its state, with a hardware
+    /// breakpoint. SVM and VMX hosts; on PVM only the guest kernel is
+    /// preempted (its user mode stops at no breakpoint).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub preempt: Option<u64>,
+    /// With --preempt: preempt computations that end by themselves too, so
+    /// that processes computing without system calls interleave. The
+    /// replay runs freely for most of the time the recording computed
+    /// before it arms the breakpoint, and rolls back where it ran past;
+    /// its search can still cost a breakpoint stop per pass of a tight
+    /// loop (docs/recording.md). SVM and VMX hosts.
+    #[arg(long, requires = "preempt")]
+    pub preempt_computations: bool,
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     pub no_timing: bool,
