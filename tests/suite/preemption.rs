@@ -100,7 +100,7 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
 /// passes (a few hundred instructions each, whose registers repeat): a
 /// late search's stops come a pass apart, so that the test bed's emulated
 /// CPU makes few (the tight loop's cost is measured in docs/recording.md).
-const COUNT: u64 = 50_000;
+const COUNT: u64 = 100_000;
 
 /// How far each counter saw the other when it ended, from the lines
 /// "counter X done, Y at N" (in the order printed, which need not be the
