@@ -46,6 +46,7 @@ fn record(run: &RunOptions, output: &Path, timing: bool) -> Duration {
         exitless_limit: None,
         chaos: None,
         preempt: None,
+        preempt_computations: false,
     };
     let mut timing = TimingObserver::new("record", timing, None);
     let start = Instant::now();

@@ -111,6 +111,7 @@ fn record_and_replay(dir: &Path, input: Option<(u64, u64, u8)>) -> (Duration, Du
         exitless_limit: None,
         chaos: None,
         preempt: None,
+        preempt_computations: false,
     };
     let _ = std::fs::remove_file(&record.output);
     let start = Instant::now();

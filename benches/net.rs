@@ -37,6 +37,7 @@ fn main() {
         exitless_limit: None,
         chaos: None,
         preempt: None,
+        preempt_computations: false,
     };
     let timed = |recording: bool| {
         let start = Instant::now();

@@ -52,6 +52,8 @@ pub struct RecordOptions {
     /// Preempt guest code that computes this long without an exit
     /// (`--preempt`; see `provm_vmm::preemption`).
     pub preempt: Option<Duration>,
+    /// Preempt computations that end too (`--preempt-computations`).
+    pub preempt_computations: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +138,7 @@ pub fn record(
         exitless_limit: options.exitless_limit,
         chaos: options.chaos,
         preempt: options.preempt,
+        preempt_computations: options.preempt_computations,
     };
     let ended = start::start(
         &options.run,

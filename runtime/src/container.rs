@@ -118,6 +118,7 @@ fn recorded(
         exitless_limit: Some(EXITLESS_LIMIT),
         chaos: None,
         preempt: None,
+        preempt_computations: false,
     };
     // The exit timing, as `provm record` keeps it: `provm blame` and the
     // query's blame tables read a container's trace as any other.

@@ -30,6 +30,7 @@ pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
             at,
             pages: instance.pages.clone(),
             instance: instance.digest,
+            ran_ns: instance.ran_ns,
         },
     }
 }

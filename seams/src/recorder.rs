@@ -36,6 +36,8 @@ pub struct Recorder {
     /// After how long without an exit the guest is preempted, if it is
     /// (`preempting`).
     preemption_quantum: Option<Duration>,
+    /// Whether computations that end are preempted too.
+    preempts_computations: bool,
     /// When the guest last exited (host time), and the longest stretch
     /// between two exits so far (`longest_exitless`).
     exits: Mutex<(Instant, Duration)>,
@@ -126,6 +128,7 @@ impl Recorder {
             logging_ns: AtomicU64::new(0),
             delivery: Delivery::Doorbell,
             preemption_quantum: None,
+            preempts_computations: false,
             exits: Mutex::new((Instant::now(), Duration::ZERO)),
             memory_check_events: state_check::interval().filter(|_| traced),
             final_check: Mutex::new(None),
@@ -179,9 +182,11 @@ impl Recorder {
 
     /// Preempts guest code that has computed for `quantum` without an exit
     /// while a tick or another vCPU waits (`provm_vmm::preemption`); with
-    /// `None`, never.
-    pub fn preempting(mut self, quantum: Option<Duration>) -> Self {
+    /// `None`, never. With `computations`, a computation that ends too,
+    /// not only a loop that never does.
+    pub fn preempting(mut self, quantum: Option<Duration>, computations: bool) -> Self {
         self.preemption_quantum = quantum;
+        self.preempts_computations = computations;
         self
     }
 
@@ -229,6 +234,10 @@ impl Seam for Recorder {
 
     fn preemption_quantum(&self) -> Option<Duration> {
         self.preemption_quantum
+    }
+
+    fn preempts_computations(&self) -> bool {
+        self.preempts_computations
     }
 
     fn wait_until(&self, ns: u64, limit: Instant) {

@@ -76,6 +76,7 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         exitless_limit: exitless_limit(args.exitless_limit),
         chaos: args.chaos,
         preempt: args.preempt.map(Duration::from_millis),
+        preempt_computations: args.preempt_computations,
     };
     let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
     let recorded = provm_engine::record::record(

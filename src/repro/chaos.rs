@@ -180,6 +180,7 @@ fn record_seed(options: &ChaosOptions, seed: u64) -> Result<Ran, ReproError> {
         exitless_limit: options.exitless_limit,
         chaos: Some(seed),
         preempt: None,
+        preempt_computations: false,
     };
     let mut capture = ProvenanceCapture::new(None, Some(pinned), options.run.host_paths);
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());

@@ -611,7 +611,7 @@ pub fn test_program(name: &str) -> PathBuf {
 }
 
 /// The C programs the test images carry in /bin, from tests/data/NAME.c.
-const TEST_PROGRAMS: [&str; 13] = [
+const TEST_PROGRAMS: [&str; 14] = [
     "vector_copy",
     "ymm_hold",
     "ymm_signal",
@@ -625,6 +625,7 @@ const TEST_PROGRAMS: [&str; 13] = [
     "free_large",
     "race_counter",
     "spin_flag",
+    "two_counters",
 ];
 
 fn test_program_source(program: &str) -> PathBuf {

@@ -119,6 +119,13 @@ fn sample_events() -> Vec<Event> {
             at: place(0x40_2000),
             pages: vec![(0x1234, 2), (0x2000, 1)],
             instance: 0x0f1e_2d3c_4b5a_6978,
+            ran_ns: None,
+        },
+        Event::Preempted {
+            at: place(0x40_2010),
+            pages: vec![(0x1234, 1)],
+            instance: 0x0f1e_2d3c_4b5a_6979,
+            ran_ns: Some(7_654_321),
         },
     ]
 }
@@ -192,14 +199,18 @@ fn the_event_logs_of_format_6_still_decode() {
     );
 }
 
-/// The event logs of formats 7 to 11 still decode, as today's events
-/// without the kinds each lacked: vCPU switches (to 8) and preemptions.
+/// The event logs of formats 7 to 12 still decode, as today's events
+/// without the kinds each lacked: vCPU switches (to 8), preemptions (to
+/// 11) and timed preemptions (to 12).
 #[test]
-fn the_event_logs_of_formats_7_to_11_still_decode() {
-    for version in 7..=11 {
+fn the_event_logs_of_formats_7_to_12_still_decode() {
+    for version in 7..=12 {
         let events = sample_events_of_an_older_format(|event| match event {
             Event::Switch(_) => version <= 8,
-            Event::Preempted { .. } => true,
+            Event::Preempted { ran_ns: None, .. } => version <= 11,
+            Event::Preempted {
+                ran_ns: Some(_), ..
+            } => true,
             _ => false,
         });
         assert_eq!(

@@ -1,7 +1,8 @@
-//! Preemption without a PMU (`record --preempt MS`): guest code that goes
-//! round a loop it never leaves by itself, without VM exits, is preempted
-//! at a kick, and the replay finds the same instruction instance by its
-//! state (`provm_vmm::preemption`).
+//! Preemption without a PMU (`record --preempt MS`): guest code that
+//! computes without VM exits is preempted at a kick, and the replay finds
+//! the same instruction instance by its state (`provm_vmm::preemption`):
+//! a loop it never leaves by itself searched from the last exit, a
+//! computation that ends after a free run (`preemption::late_arming`).
 //! On SVM and VMX hosts (the test beds) user code is preempted; PVM stops
 //! guest user mode at no breakpoint, so there only the guest kernel is,
 //! and these tests check that it says so and that its traces still replay.
@@ -10,7 +11,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_replay_matches, images, one_guest_at_a_time, path, provm, Finished};
+use common::{
+    assert_replay_matches, images, one_guest_at_a_time, path, provm, provm_with_env, Finished,
+};
 use provm_cpu_model::Platform;
 use provm_trace::events::Event;
 use provm_trace::reader::Trace;
@@ -27,7 +30,8 @@ fn preempts_user_code() -> bool {
     Platform::detect() == Platform::Hardware
 }
 
-fn record_preempting(trace: &Path, command: &[&str]) -> Finished {
+/// Records `command` with `--preempt`, and `options` (before the image).
+fn record_preempting(trace: &Path, options: &[&str], command: &[&str]) -> Finished {
     let mut args = vec![
         "record",
         "-o",
@@ -36,22 +40,29 @@ fn record_preempting(trace: &Path, command: &[&str]) -> Finished {
         QUANTUM_MS,
         "--timeout",
         "600",
-        path(&images().tiny_qcow2),
-        "--",
     ];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&[path(&images().tiny_qcow2), "--"]);
     args.extend_from_slice(command);
     provm(&args)
 }
 
-/// The preemptions `trace` logged.
-fn preemptions(trace: &Path) -> usize {
+/// The preemptions `trace` logged: of loops that never end, and timed
+/// ones (of computations that may end).
+fn preemptions(trace: &Path) -> (usize, usize) {
     let opened = Trace::open(trace).unwrap();
     let mut events = opened.events().unwrap();
-    let mut count = 0;
+    let (mut loops, mut timed) = (0, 0);
     while let Some(event) = events.next_event().unwrap() {
-        count += usize::from(matches!(event, Event::Preempted { .. }));
+        match event {
+            Event::Preempted { ran_ns: None, .. } => loops += 1,
+            Event::Preempted {
+                ran_ns: Some(_), ..
+            } => timed += 1,
+            _ => {}
+        }
     }
-    count
+    (loops, timed)
 }
 
 /// A thread spinning on a flag that another sets, on one vCPU: the
@@ -73,13 +84,91 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
         assert!(spun.stderr.contains(warning), "{}", spun.stderr);
         return;
     }
-    let recorded = record_preempting(&trace, &["/bin/spin_flag"]);
+    let recorded = record_preempting(&trace, &[], &["/bin/spin_flag"]);
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     assert!(
         recorded.stdout.contains("flag set after the work"),
         "{}",
         recorded.stdout
     );
-    assert!(preemptions(&trace) > 0);
+    let (loops, timed) = preemptions(&trace);
+    assert!(loops + timed > 0);
     assert_replay_matches(&trace);
+}
+
+/// How far each counter of tests/data/two_counters.c counts, in its long
+/// passes (a few hundred instructions each, whose registers repeat): a
+/// late search's stops come a pass apart, so that the test bed's emulated
+/// CPU makes few (the tight loop's cost is measured in docs/recording.md).
+const COUNT: u64 = 100_000;
+
+/// How far each counter saw the other when it ended, from the lines
+/// "counter X done, Y at N" (in the order printed, which need not be the
+/// order they ended in).
+fn counts_seen(stdout: &str) -> Vec<u64> {
+    let seen: Vec<u64> = stdout
+        .lines()
+        .filter(|line| line.starts_with("counter "))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 2, "{stdout}");
+    seen
+}
+
+/// The replay's count of preemptions found after a free run, from its
+/// debug log (`vm/late_arming.rs`); asserts it matched.
+fn found_after_a_free_run(trace: &Path) -> u64 {
+    let replay = provm_with_env(
+        &["replay", path(trace)],
+        &[("PROVM_LOG", Path::new("provm_vmm=debug"))],
+    );
+    assert_eq!(replay.status, 0, "{}{}", replay.stdout, replay.stderr);
+    assert!(
+        replay.stdout.starts_with("replay matched: "),
+        "{}",
+        replay.stdout
+    );
+    let rollbacks = replay.stderr.matches("late arming: rolled back").count();
+    let found = replay
+        .stderr
+        .matches("late arming: preemption found after a free run")
+        .count();
+    eprintln!("replay: {found} preemptions found after a free run, {rollbacks} rollbacks");
+    found as u64
+}
+
+/// Two processes counting without system calls, on one vCPU: where user
+/// code stops at breakpoints, `--preempt-computations` preempts their
+/// computations, which end, so the guest's ticks come and the two
+/// interleave (the first to end saw the other part-way); the replay
+/// matches, finding preemptions after a free run. On PVM only loops of
+/// the guest kernel are preempted: the two run one after the other, as
+/// without `--preempt`, and the trace replays.
+#[test]
+fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("two-counters");
+    let count = COUNT.to_string();
+    let recorded = record_preempting(
+        &trace,
+        &["--preempt-computations"],
+        &["/bin/two_counters", &count, "long"],
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let seen = counts_seen(&recorded.stdout);
+    let (_, timed) = preemptions(&trace);
+    if !preempts_user_code() {
+        assert_eq!(timed, 0, "PVM preempts no computation that ends");
+        assert_replay_matches(&trace);
+        return;
+    }
+    // Run one after the other, the first saw the other at 0 and the
+    // second saw it done.
+    assert!(
+        seen.iter().any(|&saw| 0 < saw && saw < COUNT),
+        "the counters did not interleave: {}",
+        recorded.stdout
+    );
+    assert!(timed > 0);
+    assert!(found_after_a_free_run(&trace) > 0);
 }

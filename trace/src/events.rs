@@ -106,10 +106,16 @@ pub enum Event {
     /// the bytes of `pages`, every guest page written since the last
     /// preemption, as runs of page numbers (first, count). A replay runs
     /// the guest to the place and takes the stop whose state digests so.
+    /// `ran_ns`: for a computation that may end by itself, how long the
+    /// vCPU computed in the guest since its last exit (its thread's CPU
+    /// time), which a replay runs freely for in part before it looks
+    /// (`EventKind::PreemptedAfter`, format 13); `None` for a loop that
+    /// never ends, whose search starts at the last exit.
     Preempted {
         at: Place,
         pages: Vec<(u64, u64)>,
         instance: u64,
+        ran_ns: Option<u64>,
     },
 }
 
@@ -171,7 +177,10 @@ impl Event {
             Event::NetReceived(_) => EventKind::NetReceived,
             Event::NetSent { .. } => EventKind::NetSent,
             Event::Switch(_) => EventKind::Switch,
-            Event::Preempted { .. } => EventKind::Preempted,
+            Event::Preempted { ran_ns: None, .. } => EventKind::Preempted,
+            Event::Preempted {
+                ran_ns: Some(_), ..
+            } => EventKind::PreemptedAfter,
         }
     }
 }
@@ -222,11 +231,18 @@ impl fmt::Display for Event {
                 at,
                 pages,
                 instance,
-            } => write!(
-                f,
-                "preempted {at}, state {instance:016x} over {} written pages",
-                pages.iter().map(|(_, count)| count).sum::<u64>()
-            ),
+                ran_ns,
+            } => {
+                write!(
+                    f,
+                    "preempted {at}, state {instance:016x} over {} written pages",
+                    pages.iter().map(|(_, count)| count).sum::<u64>()
+                )?;
+                match ran_ns {
+                    Some(ns) => write!(f, ", after {ns} ns computing"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -253,10 +269,12 @@ pub enum EventKind {
     NetSent,
     Switch,
     Preempted,
+    /// A preemption with the time computed before it (format 13).
+    PreemptedAfter,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 19] = [
+    const ALL: [EventKind; 20] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -276,12 +294,14 @@ impl EventKind {
         EventKind::NetSent,
         EventKind::Switch,
         EventKind::Preempted,
+        EventKind::PreemptedAfter,
     ];
 
     pub fn is_exit(self) -> bool {
         (self as u8) <= EventKind::InterruptWindow as u8
             || self == EventKind::MsrRead
             || self == EventKind::Preempted
+            || self == EventKind::PreemptedAfter
     }
 
     pub fn name(self) -> &'static str {
@@ -305,6 +325,7 @@ impl EventKind {
             EventKind::NetSent => "net frame sent",
             EventKind::Switch => "vCPU switch",
             EventKind::Preempted => "preemption",
+            EventKind::PreemptedAfter => "timed preemption",
         }
     }
 
@@ -375,7 +396,10 @@ impl Encoder {
                 out.extend_from_slice(&digest.to_le_bytes());
             }
             Event::Preempted {
-                pages, instance, ..
+                pages,
+                instance,
+                ran_ns,
+                ..
             } => {
                 // Runs ascend: each as its gap from the last one's end.
                 put_varint(out, pages.len() as u64);
@@ -386,6 +410,9 @@ impl Encoder {
                     end = first.wrapping_add(count);
                 }
                 out.extend_from_slice(&instance.to_le_bytes());
+                if let Some(ns) = ran_ns {
+                    put_varint(out, *ns);
+                }
             }
         }
     }
@@ -517,6 +544,13 @@ impl Decoder {
                 at: self.place(input)?,
                 pages: input.page_runs()?,
                 instance: u64::from_le_bytes(input.array()?),
+                ran_ns: None,
+            },
+            EventKind::PreemptedAfter => Event::Preempted {
+                at: self.place(input)?,
+                pages: input.page_runs()?,
+                instance: u64::from_le_bytes(input.array()?),
+                ran_ns: Some(input.varint()?),
             },
         })
     }
@@ -677,6 +711,13 @@ mod tests {
                 at: at(0x40_1234),
                 pages: vec![(0x100, 3), (0x104, 1), (0x7_ffff, 1)],
                 instance: 0xfeed_f00d,
+                ran_ns: None,
+            },
+            Event::Preempted {
+                at: at(0x40_1234),
+                pages: vec![(0x100, 2)],
+                instance: 0xfeed_f00e,
+                ran_ns: Some(12_345_678),
             },
         ]
     }
@@ -693,7 +734,7 @@ mod tests {
         let mut decoded = decoder.decode_all(&first).unwrap();
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
-        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 8);
+        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 9);
     }
 
     /// An exit at the same place as the last costs its tag, one byte of

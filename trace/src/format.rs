@@ -52,11 +52,14 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// differs between hosts; a format-10 replay would digest it and report
 /// registers differing on a host whose TSC runs at another rate.
 /// Version 12: the recorder may preempt the guest between exits, logged as
-/// a `Preempted` event, which an older provm cannot replay.
+/// a `Preempted` event, which an older provm cannot replay. Version 13:
+/// it may preempt a computation that ends by itself too, logged with how
+/// long the guest computed before (`EventKind::PreemptedAfter`); a
+/// format-12 trace preempted only loops that never end.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 12;
+pub const FORMAT_VERSION: u16 = 13;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;

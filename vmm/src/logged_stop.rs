@@ -46,6 +46,9 @@ const DR6_SINGLE_STEP: u64 = 1 << 14;
 #[derive(Default)]
 pub struct StopBreakpoint {
     target: Option<LoggedStop>,
+    /// The breakpoint waits: the guest runs freely first
+    /// (`preemption::late_arming`).
+    held: bool,
     slot: Cell<Option<usize>>,
 }
 
@@ -72,8 +75,15 @@ impl StopBreakpoint {
         changed
     }
 
+    /// Holds the breakpoint back (`held`) or arms it. Returns whether
+    /// that changed, so the breakpoints must be applied again.
+    pub fn hold(&mut self, held: bool) -> bool {
+        std::mem::replace(&mut self.held, held) != held
+    }
+
     /// The logged stop the guest ran to, now reached: it runs to none.
     pub fn take(&mut self) -> Option<LoggedStop> {
+        self.held = false;
         self.target.take()
     }
 
@@ -95,10 +105,10 @@ impl StopBreakpoint {
     }
 
     /// `debug` with the logged stop's breakpoint after its own, if the
-    /// guest runs to one.
+    /// guest runs to one and it is not held back.
     pub fn added_to(&self, debug: &GuestDebug) -> Result<GuestDebug, GuestDebugError> {
         self.slot.set(None);
-        let Some(place) = self.place() else {
+        let Some(place) = self.place().filter(|_| !self.held) else {
             return Ok(debug.clone());
         };
         if debug.breakpoints.len() >= HW_BREAKPOINTS {
@@ -177,6 +187,28 @@ mod tests {
             window.added_to(&debugger(HW_BREAKPOINTS)),
             Err(GuestDebugError::WindowBreakpoint)
         ));
+    }
+
+    #[test]
+    fn a_held_breakpoint_is_left_out_until_armed_or_reached() {
+        let mut stop = StopBreakpoint::default();
+        stop.aim(Some(LoggedStop::Window(WINDOW)));
+        assert!(stop.hold(true));
+        assert!(!stop.hold(true));
+        assert_eq!(stop.added_to(&debugger(1)).unwrap(), debugger(1));
+        assert!(stop.hold(false));
+        assert_eq!(
+            stop.added_to(&debugger(0)).unwrap().breakpoints,
+            [WINDOW.rip]
+        );
+        stop.hold(true);
+        stop.take();
+        // The next stop is armed unless held anew.
+        stop.aim(Some(LoggedStop::Window(WINDOW)));
+        assert_eq!(
+            stop.added_to(&debugger(0)).unwrap().breakpoints,
+            [WINDOW.rip]
+        );
     }
 
     #[test]

@@ -3,9 +3,13 @@
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-pub type GuestMemory = GuestMemoryMmap<()>;
+/// Guest RAM, with a bit per page that the VMM's own writes set (a
+/// device's, a restore's): KVM's dirty log sees only the guest's, and a
+/// replay that puts the guest back (`preemption::rollback`) needs both.
+pub type GuestMemory = GuestMemoryMmap<AtomicBitmap>;
 
 /// Devices are mapped from here up; RAM must end below it.
 pub const MMIO_START: u64 = 0xd000_0000;

@@ -22,6 +22,19 @@
 //! take either. It runs the guest to the RIP with a hardware breakpoint and
 //! takes the first stop whose state digests so (`logged_stop`).
 //!
+//! Which instances: a state the kicks of one stretch without exits saw
+//! twice is a loop that never ends by itself, and its search from the last
+//! exit ends at the loop's first pass in that state (`Repeats`). Any other
+//! state is a computation that may end, whose search from the last exit
+//! would stop at every pass through the place; the recorder logs how long
+//! the guest computed before it, and the replay runs freely for most of
+//! that before it arms the breakpoint, rolling back where it ran past
+//! (`late_arming`, `rollback`). Only where the recorder is asked to
+//! (`Seam::preempts_computations`, `record --preempt-computations`: the
+//! search after a free run that lands far from the instance still stops
+//! at every pass), and on hosts that stop guest user mode at breakpoints:
+//! on PVM only the loops of the guest kernel are preempted.
+//!
 //! Not everywhere: the guest must be able to take an interrupt there
 //! (interrupts on, no interrupt shadow, no event half-delivered), and a
 //! breakpoint must be able to stop it there: not where RFLAGS.RF is set
@@ -50,7 +63,23 @@ use crate::memory::GuestMemory;
 use crate::seam::Place;
 use crate::vcpu::{Vcpu, VcpuError};
 
+pub mod late_arming;
+pub mod rollback;
+
 const PAGE: u64 = 4096;
+
+/// The calling thread's CPU time, in ns: on the vCPU thread, around
+/// KVM_RUN, the time the guest computed (which a host's load does not
+/// stretch as it does wall time).
+pub fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write; the clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
 
 /// Has KVM log the pages the guest writes, in every slot of `memory`
 /// (registered by `memory::register`), from now on.
@@ -116,10 +145,9 @@ const MAX_PLACES: usize = 1 << 16;
 /// The states the kicks of one stretch without exits found the guest in.
 /// One seen twice is a loop that never ends by itself: the guest went from
 /// that state back to it, and with no input on the way an equal state has
-/// an equal future. Only there does the recorder preempt, so the replay's
-/// search ends at the loop's first pass in that state, however long the
-/// recording spun; a computation that ends by itself goes on to its next
-/// exit, as without `--preempt`.
+/// an equal future. There the replay's search starts at the last exit and
+/// ends at the loop's first pass in that state, however long the recording
+/// spun; elsewhere it starts late (`late_arming`).
 #[derive(Default)]
 pub struct Repeats {
     /// The places seen: only a place seen before is digested.
@@ -128,7 +156,8 @@ pub struct Repeats {
 }
 
 impl Repeats {
-    /// Notes `place`; whether it was seen before in this stretch. At most
+    /// Notes `place`; whether it was seen before in this stretch (only
+    /// then is its state worth comparing). At most
     /// `MAX_PLACES` are kept: a stretch with more starts again, so that
     /// memory stays bounded in a computation of hours.
     pub fn place_seen_before(&mut self, place: Place) -> bool {

@@ -65,6 +65,11 @@ pub struct Instance {
     pub pages: Vec<(u64, u64)>,
     /// Of the system and vector registers and of the pages' bytes.
     pub digest: u64,
+    /// For a computation that may end by itself: how long the vCPU
+    /// computed in the guest since its last exit, its thread's CPU time,
+    /// which a replay runs freely for in part before it looks
+    /// (`preemption::late_arming`). `None` for a loop that never ends.
+    pub ran_ns: Option<u64>,
 }
 
 /// Where a replay must run the guest to, for an exit that KVM does not
@@ -137,6 +142,12 @@ pub trait Seam: Clock {
     /// (`preemption.rs`), if it does: only a recorder does.
     fn preemption_quantum(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// Whether the recorder preempts a computation that may end too, not
+    /// only a loop that never does (`preemption::late_arming`).
+    fn preempts_computations(&self) -> bool {
+        false
     }
 
     /// The guest halted until the virtual clock reaches `ns`: wait for it, but

@@ -9,7 +9,8 @@
 //! it: `layout` (where the devices sit, and their names), `devices` (the
 //! devices as one part, built as `layout` places them), `run_state` (what
 //! the run loop keeps between entries), `exits` (the device accesses),
-//! `debug` (breakpoints and steps, and their state), `state` (what a
+//! `debug` (breakpoints and steps, and their state), `late_arming` (a
+//! replay's late search for a timed preemption), `state` (what a
 //! snapshot saves), `view` (what an observer reads), `cpus` (the vCPUs
 //! beyond the running one), `parallel` (the vCPUs side by side, where
 //! nothing is recorded) and `error`.
@@ -48,6 +49,7 @@ mod error;
 mod exits;
 #[cfg(test)]
 mod fuzz;
+mod late_arming;
 mod layout;
 mod parallel;
 mod run_state;
@@ -130,6 +132,7 @@ enum Entry {
 
 /// A VM exit by kind, its data left in `kvm_run` (where the handlers read
 /// it): it outlives the borrow of the vCPU that KVM_RUN's answer holds.
+#[derive(Debug)]
 enum ExitKind {
     PortRead,
     PortWrite,
@@ -574,8 +577,10 @@ impl Vm {
             }
             Delivery::Doorbell => self.mark_doorbell(waiting),
         }
+        let held = self.begin_late_search(&logged)?;
         let aimed = logged.is_some();
-        if self.debug.logged_stop.aim(logged) && !self.debug.stepping_over {
+        let changed = self.debug.logged_stop.aim(logged) | self.debug.logged_stop.hold(held);
+        if changed && !self.debug.stepping_over {
             tracing::debug!("logged stop: running to it: {aimed}");
             self.keep_guest_debugregs(aimed)?;
             self.apply_guest_debug(&self.debug.guest_debug)?;
@@ -625,6 +630,17 @@ impl Vm {
             // Only to check the deadline and the seam: ticks wait for an exit.
             Duration::MAX
         };
+        // A late search's free run ends on time (its thread's: never
+        // later than the wall clock's).
+        let kick_after = match self
+            .run_loop
+            .late
+            .as_ref()
+            .and_then(|late| late.free_run_left_ns())
+        {
+            Some(left_ns) => kick_after.min(Duration::from_nanos(left_ns)),
+            None => kick_after,
+        };
         if std::mem::take(&mut self.debug.step_over_due) {
             // Without the window's breakpoint: the step may start on it.
             self.apply_without_window(&guest_debug::step_over())?;
@@ -634,16 +650,44 @@ impl Vm {
         if let Some(clock) = &mut self.exit_clock {
             clock.entering(&self.memory, self.seam.logging_ns());
         }
+        self.save_late_search_start()?;
+        // The guest's computing time, where a preemption is timed
+        // (recording) or searched for late (replay).
+        let stepping_over = self.debug.stepping_over;
+        let cpu_before = (self.seam.preemption_quantum().is_some() || self.run_loop.late.is_some())
+            .then(preemption::thread_cpu_ns);
         self.kicker.arm(kick_after)?;
         // The exit is this vCPU's, whoever runs after it.
         let vcpu = self.running_vcpu();
         let result = self.vcpu.fd.run();
         self.kicker.disarm()?;
+        if let Some(before) = cpu_before {
+            let cpu_ns = preemption::thread_cpu_ns().saturating_sub(before);
+            self.run_loop.computed_ns += cpu_ns;
+            if let Some(late) = &mut self.run_loop.late {
+                late.entered(cpu_ns, stepping_over);
+            }
+        }
+        // An exit before the preemption a late search runs to: the
+        // recording had none in this stretch, so the guest ran past it.
+        // No device or seam may see that exit.
+        let overshot = self
+            .run_loop
+            .late
+            .as_ref()
+            .is_some_and(|late| late.bounded())
+            && matches!(&result, Ok(exit) if !matches!(exit, VcpuExit::Intr | VcpuExit::Debug(_)));
         if let Some(clock) = &mut self.exit_clock {
             match &result {
+                _ if overshot => clock.resumed_without_exit(),
                 Ok(VcpuExit::Intr | VcpuExit::Debug(_)) | Err(_) => clock.resumed_without_exit(),
                 Ok(exit) => clock.exited(exit_device(exit), vcpu, self.seam.logging_ns()),
             }
+        }
+        if overshot {
+            let exit = result.as_ref().map(ExitKind::of).ok();
+            self.roll_back_late_search(&format!("an exit came first ({exit:?})"))?;
+            return Ok(Entry::Kicked);
         }
         let exit = match result {
             Ok(VcpuExit::Intr) => None,
@@ -655,6 +699,7 @@ impl Vm {
                     // A debugger's step that lands here is not shown as a
                     // stop of its own: the exit comes first.
                     self.debug.stepping_over = false;
+                    self.end_late_search();
                     let reached = self.debug.logged_stop.take();
                     self.apply_guest_debug(&self.debug.guest_debug)?;
                     match reached {
@@ -668,6 +713,7 @@ impl Vm {
                     self.logged_stop_made(false)?;
                     self.run_loop.at_exit = false;
                     self.debug.step_over_due = true;
+                    self.advance_late_search()?;
                     return Ok(Entry::Kicked);
                 }
                 StopKind::Other => return self.debug_stop(&debug),
@@ -681,6 +727,7 @@ impl Vm {
             Some(exit) => self.handle_exit(exit),
             None => {
                 self.debug.step_kicked = true;
+                self.advance_late_search()?;
                 Ok(Entry::Kicked)
             }
         }
@@ -693,6 +740,7 @@ impl Vm {
         self.run_loop.exitless_warned = false;
         self.run_loop.spin_watch.exited(self.run_loop.last_exit);
         self.run_loop.repeats.exited();
+        self.run_loop.computed_ns = 0;
         match exit {
             ExitKind::PortRead => self.port_read()?,
             ExitKind::PortWrite => self.port_write()?,
@@ -727,10 +775,12 @@ impl Vm {
 
     /// At a kick of a recording: preempts the guest, as an exit of its own,
     /// if it has computed for the seam's quantum without an exit while a
-    /// tick or another vCPU waits, goes round a loop it never leaves by
-    /// itself (a state seen at an earlier kick of this stretch), and
-    /// stands where a replay can find it again (see `preemption`).
-    /// Returns whether it did.
+    /// tick or another vCPU waits, and stands where a replay can find it
+    /// again (see `preemption`): in a loop it never leaves by itself (a
+    /// state seen at an earlier kick of this stretch), or, where the seam
+    /// asks for it and this host stops guest user mode at breakpoints,
+    /// anywhere else too, logged with the time it computed for (the
+    /// replay's late search). Returns whether it did.
     fn preempt_if_due(&mut self) -> Result<bool, VmError> {
         let Some(quantum) = self.seam.preemption_quantum() else {
             return Ok(false);
@@ -749,7 +799,11 @@ impl Vm {
         let Some(place) = self.vcpu.stoppable_place()? else {
             return Ok(false);
         };
-        if !self.run_loop.repeats.place_seen_before(place)
+        let place_seen_before = self.run_loop.repeats.place_seen_before(place);
+        // PVM preempts only loops: it stops guest user mode at no
+        // breakpoint, so its replays could not find user code.
+        let may_end_here = self.run_loop.user_mode_stops && self.seam.preempts_computations();
+        if !(place_seen_before || may_end_here)
             || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
         {
             return Ok(false);
@@ -760,17 +814,29 @@ impl Vm {
             .map_err(VmError::Kvm)?;
         let pages = self.run_loop.written.runs();
         let digest = preemption::digest(&self.vcpu, &self.memory, &pages)?;
-        if !self.run_loop.repeats.state_seen_before(place, digest) {
+        let in_a_loop = place_seen_before && self.run_loop.repeats.state_seen_before(place, digest);
+        if !in_a_loop && !may_end_here {
             return Ok(false);
         }
+        // A loop's search starts at the last exit; anything else's late.
+        let ran_ns = (!in_a_loop).then_some(self.run_loop.computed_ns);
         tracing::debug!(
-            "preempted at RIP {:#x}, in a loop, after {:?} without an exit",
+            "preempted at RIP {:#x}, {}, after {:?} without an exit ({ran_ns:?} ns computing)",
             place.rip,
+            if in_a_loop {
+                "in a loop"
+            } else {
+                "in a computation"
+            },
             self.run_loop.last_exit.elapsed()
         );
         self.run_loop.written.clear();
         self.run_loop.at_exit = true;
-        self.handle_exit(ExitKind::Preempted(Instance { pages, digest }))?;
+        self.handle_exit(ExitKind::Preempted(Instance {
+            pages,
+            digest,
+            ran_ns,
+        }))?;
         Ok(true)
     }
 

@@ -105,6 +105,8 @@ pub struct Recording {
     /// Preempt guest code that computes this long without an exit
     /// (`--preempt`; see `provm_vmm::preemption`).
     pub preempt: Option<Duration>,
+    /// Preempt computations that end too (`--preempt-computations`).
+    pub preempt_computations: bool,
 }
 
 /// The job `options` ask for and its data, checked; the machine gets the
@@ -226,11 +228,11 @@ fn restore(
                 pinned_clock(pinning, start_ns),
                 recording.requests,
             )
-            .preempting(recording.preempt)
+            .preempting(recording.preempt, recording.preempt_computations)
         }),
         (Logging::Trace(recording), None) => recorded(machine, snapshot, |start_ns| {
             let recorder = Recorder::new(recording.trace, start_ns, recording.requests)
-                .preempting(recording.preempt);
+                .preempting(recording.preempt, recording.preempt_computations);
             match options.net {
                 true => recorder.with_network(network()),
                 false => recorder,

@@ -50,11 +50,13 @@ impl Seam for Replayer {
                 at,
                 pages,
                 instance,
+                ran_ns,
             }) => Some(LoggedStop::Preemption(
                 place(at),
                 Instance {
                     pages: pages.clone(),
                     digest: *instance,
+                    ran_ns: *ran_ns,
                 },
             )),
             Some(Event::InterruptWindow { at }) if self.delivery == Delivery::LoggedWindow => {

@@ -191,6 +191,14 @@ pub struct RecordArgs {
     /// preempted (its user mode stops at no breakpoint).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub preempt: Option<u64>,
+    /// With --preempt: preempt computations that end by themselves too, so
+    /// that processes computing without system calls interleave. The
+    /// replay runs freely for most of the time the recording computed
+    /// before it arms the breakpoint, and rolls back where it ran past;
+    /// its search can still cost a breakpoint stop per pass of a tight
+    /// loop (docs/recording.md). SVM and VMX hosts.
+    #[arg(long, requires = "preempt")]
+    pub preempt_computations: bool,
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     pub no_timing: bool,

@@ -11,6 +11,8 @@ use provm_cpu_model::Platform;
 use crate::preemption;
 use crate::spin_watch::SpinWatch;
 
+use super::late_arming::{LateSearch, LateSearches};
+
 /// The run loop's own state (`Vm::run`, `Vm::run_once` and the exit
 /// handlers').
 pub(super) struct RunState {
@@ -38,6 +40,16 @@ pub(super) struct RunState {
     pub(super) user_mode_stops: bool,
     /// The last exit was a preemption: the vCPU gives way to the others.
     pub(super) preempted: bool,
+    /// A recording's: the vCPU thread's time in the guest since the last
+    /// exit, where it may preempt (`Instance::ran_ns`).
+    pub(super) computed_ns: u64,
+    /// A replay's: RAM as it was at the start of the last late search,
+    /// from the first one on (`preemption::rollback`).
+    pub(super) shadow: Option<preemption::rollback::Shadow>,
+    /// The late search under way, if any (`preemption::late_arming`).
+    pub(super) late: Option<LateSearch>,
+    /// What the late searches of this run did.
+    pub(super) late_searches: LateSearches,
 }
 
 impl RunState {
@@ -55,6 +67,10 @@ impl RunState {
             repeats: preemption::Repeats::default(),
             user_mode_stops: Platform::detect() == Platform::Hardware,
             preempted: false,
+            computed_ns: 0,
+            shadow: None,
+            late: None,
+            late_searches: LateSearches::default(),
         }
     }
 }

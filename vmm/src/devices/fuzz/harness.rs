@@ -9,8 +9,9 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::memory::GuestMemory;
 use proptest::prelude::*;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::bus::{Bus, BusDevice, SharedDevice};
 use crate::clock::Clock;
@@ -213,8 +214,8 @@ pub(crate) fn guest_bytes() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// `RAM` bytes of guest memory, `payload` at `PAYLOAD`.
-pub(crate) fn fuzz_memory(payload: &[u8]) -> GuestMemoryMmap {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+pub(crate) fn fuzz_memory(payload: &[u8]) -> GuestMemory {
+    let mem = GuestMemory::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
     mem.write_slice(payload, GuestAddress(PAYLOAD)).unwrap();
     mem
 }
@@ -223,7 +224,7 @@ pub(crate) fn fuzz_memory(payload: &[u8]) -> GuestMemoryMmap {
 /// their queues and flags live in.
 pub(crate) struct Fixture {
     pub(crate) clock: Arc<StepClock>,
-    pub(crate) mem: GuestMemoryMmap,
+    pub(crate) mem: GuestMemory,
 }
 
 impl Fixture {
@@ -232,7 +233,7 @@ impl Fixture {
         Self::over(fuzz_memory(payload))
     }
 
-    pub(crate) fn over(mem: GuestMemoryMmap) -> Self {
+    pub(crate) fn over(mem: GuestMemory) -> Self {
         Self {
             clock: Arc::default(),
             mem,

@@ -18,8 +18,9 @@ mod paravirt;
 
 pub(crate) use harness::{Fixture, Fuzzed, Op};
 
+use crate::memory::GuestMemory;
 use proptest::prelude::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::cmos::Cmos;
 use super::i8042::I8042;
@@ -181,7 +182,7 @@ fn chains() -> impl Strategy<Value = Chains> {
 impl Chains {
     /// Guest memory holding the queue, and a transport over it whose
     /// queues all use these rings (a hostile driver may share them).
-    fn live<D: VirtioDevice>(&self, device: D) -> (GuestMemoryMmap, MmioTransport<D>) {
+    fn live<D: VirtioDevice>(&self, device: D) -> (GuestMemory, MmioTransport<D>) {
         let mem = fuzz_memory(&self.payload);
         for (i, desc) in self.table.iter().enumerate() {
             let at = GuestAddress(DESC_TABLE + 16 * i as u64);
@@ -215,12 +216,12 @@ impl Chains {
 }
 
 /// How many chains the device has returned: the used ring's index.
-fn used_count(mem: &GuestMemoryMmap) -> u16 {
+fn used_count(mem: &GuestMemory) -> u16 {
     mem.read_obj(GuestAddress(USED + 2)).unwrap()
 }
 
 /// The used ring's entries, as (head, len).
-fn used_entries(mem: &GuestMemoryMmap) -> Vec<(u32, u32)> {
+fn used_entries(mem: &GuestMemory) -> Vec<(u32, u32)> {
     (0..u64::from(used_count(mem).min(RING)))
         .map(|i| {
             let at = USED + 4 + 8 * i;

@@ -3,8 +3,8 @@
 
 use std::io::{self, Read, Write};
 
+use super::{Reader, Writer};
 use tracing::warn;
-use virtio_queue::{Reader, Writer};
 
 use super::{
     read_config_bytes, QueueIo, VirtioDevice, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
@@ -254,7 +254,8 @@ impl VirtioDevice for VirtioBlock {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::memory::GuestMemory;
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
     use crate::bus::BusDevice;
@@ -296,7 +297,7 @@ mod tests {
     }
 
     struct Fixture {
-        mem: GuestMemoryMmap,
+        mem: GuestMemory,
         disk: Arc<Mutex<DiskState>>,
         transport: MmioTransport<VirtioBlock>,
     }

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 
+use super::{Reader, Writer};
 use tracing::warn;
-use virtio_queue::{Reader, Writer};
 
 use super::mmio::MmioTransport;
 use super::{DeviceQueues, QueueIo, VirtioDevice, VIRTIO_F_VERSION_1};
@@ -182,7 +182,8 @@ impl MmioTransport<VirtioConsole> {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::memory::GuestMemory;
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
     use crate::bus::Bus;
@@ -191,11 +192,11 @@ mod tests {
 
     /// Console with both queues set up by the driver.
     fn live_console(
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> (
         MmioTransport<VirtioConsole>,
         Arc<RecordingIrq>,
-        [virtio_queue::mock::MockSplitQueue<'_, GuestMemoryMmap>; 2],
+        [virtio_queue::mock::MockSplitQueue<'_, GuestMemory>; 2],
     ) {
         let (mut t, irq) = transport(VirtioConsole::new(), mem);
         let queues = [mock_queue(mem, 0), mock_queue(mem, 1)];
@@ -203,7 +204,7 @@ mod tests {
         (t, irq, queues)
     }
 
-    fn guest_bytes(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
+    fn guest_bytes(mem: &GuestMemory, addr: u64, len: usize) -> Vec<u8> {
         let mut data = vec![0; len];
         mem.read_slice(&mut data, GuestAddress(addr)).unwrap();
         data

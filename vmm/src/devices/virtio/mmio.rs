@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 use virtio_queue::{Error as QueueError, Queue, QueueState, QueueT};
-use vm_memory::{GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
+use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
 use super::{DeviceQueues, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
@@ -74,7 +74,7 @@ pub enum Error {
 /// device's queues, and its interrupt line.
 pub struct MmioTransport<D: VirtioDevice> {
     device: D,
-    mem: GuestMemoryMmap,
+    mem: crate::memory::GuestMemory,
     irq: SharedIrqLine,
     queues: Vec<Queue>,
     status: u32,
@@ -266,7 +266,11 @@ impl<D: VirtioDevice> Persist for MmioTransport<D> {
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
-    pub fn new(device: D, mem: GuestMemoryMmap, irq: SharedIrqLine) -> Result<Self, Error> {
+    pub fn new(
+        device: D,
+        mem: crate::memory::GuestMemory,
+        irq: SharedIrqLine,
+    ) -> Result<Self, Error> {
         let queues = device
             .queue_max_sizes()
             .iter()

@@ -5,8 +5,9 @@
 //! the interrupt; a device ([`VirtioDevice`]) only turns descriptor chains into
 //! work. All of it runs on the vCPU thread, at the exit that asked for it.
 
-use virtio_queue::{Queue, QueueT, Reader, Writer};
-use vm_memory::GuestMemoryMmap;
+use crate::memory::GuestMemory;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::bitmap::{AtomicBitmap, BS};
 
 use super::persist::Persist;
 
@@ -77,7 +78,7 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 /// A device's queues and the guest memory their buffers live in, lent to the
 /// device for one piece of work. Empty while the device is not live.
 pub struct DeviceQueues<'a> {
-    mem: &'a GuestMemoryMmap,
+    mem: &'a GuestMemory,
     queues: &'a mut [Queue],
     max_chain_descriptors: usize,
     /// Whether any chain went back to the driver (the transport then
@@ -87,7 +88,7 @@ pub struct DeviceQueues<'a> {
 
 impl<'a> DeviceQueues<'a> {
     pub(crate) fn new(
-        mem: &'a GuestMemoryMmap,
+        mem: &'a GuestMemory,
         queues: &'a mut [Queue],
         max_chain_descriptors: usize,
     ) -> Self {
@@ -115,11 +116,17 @@ impl<'a> DeviceQueues<'a> {
     }
 }
 
+/// A chain's device-readable bytes in guest RAM.
+pub type Reader<'a> = virtio_queue::Reader<'a, BS<'a, AtomicBitmap>>;
+/// A chain's device-writable bytes in guest RAM, whose bitmap marks what
+/// a device writes (`memory::GuestMemory`).
+pub type Writer<'a> = virtio_queue::Writer<'a, BS<'a, AtomicBitmap>>;
+
 /// One live queue: pops the chains the driver made available and returns
 /// them on the used ring (virtio 1.1 §2.6).
 pub struct QueueIo<'a> {
     queue: &'a mut Queue,
-    mem: &'a GuestMemoryMmap,
+    mem: &'a GuestMemory,
     max_chain_descriptors: usize,
     used: &'a mut bool,
 }
@@ -171,9 +178,10 @@ pub(crate) mod testing {
 
     use std::sync::{Arc, Mutex};
 
+    use crate::memory::GuestMemory;
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::mmio::{self, MmioTransport};
     use super::VirtioDevice;
@@ -206,8 +214,8 @@ pub(crate) mod testing {
         }
     }
 
-    pub fn guest_memory() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap()
+    pub fn guest_memory() -> GuestMemory {
+        GuestMemory::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap()
     }
 
     pub fn read_reg(dev: &mut impl BusDevice, offset: u64) -> u32 {
@@ -221,7 +229,7 @@ pub(crate) mod testing {
     }
 
     /// The driver-side rings of queue `index`, each queue in its own 64 KiB.
-    pub fn mock_queue(mem: &GuestMemoryMmap, index: u16) -> MockSplitQueue<'_, GuestMemoryMmap> {
+    pub fn mock_queue(mem: &GuestMemory, index: u16) -> MockSplitQueue<'_, GuestMemory> {
         MockSplitQueue::create(
             mem,
             GuestAddress(0x1_0000 * (u64::from(index) + 1)),
@@ -231,7 +239,7 @@ pub(crate) mod testing {
 
     pub fn transport<D: VirtioDevice>(
         device: D,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> (MmioTransport<D>, Arc<RecordingIrq>) {
         let irq = Arc::new(RecordingIrq::default());
         let transport = MmioTransport::new(device, mem.clone(), irq.clone()).unwrap();
@@ -242,7 +250,7 @@ pub(crate) mod testing {
     /// offered feature and setting up `queues` as queues 0, 1, ...
     pub fn initialize<D: VirtioDevice>(
         t: &mut MmioTransport<D>,
-        queues: &[&MockSplitQueue<'_, GuestMemoryMmap>],
+        queues: &[&MockSplitQueue<'_, GuestMemory>],
     ) {
         let rings: Vec<Rings> = queues
             .iter()
@@ -317,7 +325,7 @@ pub(crate) mod testing {
 
     /// Makes `descs` available as one chain, starting at descriptor `first`.
     pub fn add_chain(
-        queue: &MockSplitQueue<'_, GuestMemoryMmap>,
+        queue: &MockSplitQueue<'_, GuestMemory>,
         first: u16,
         descs: &[(u64, u32, u16)],
     ) {
@@ -328,7 +336,7 @@ pub(crate) mod testing {
     /// Writes `descs` as a chain in an indirect table at `addr` and returns
     /// the descriptor that refers to it (virtio 1.1 §2.6.5.3).
     pub fn indirect_table(
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         addr: u64,
         descs: &[(u64, u32, u16)],
     ) -> (u64, u32, u16) {
@@ -340,7 +348,7 @@ pub(crate) mod testing {
     }
 
     /// The used ring entries, as (head, len).
-    pub fn used(queue: &MockSplitQueue<'_, GuestMemoryMmap>) -> Vec<(u32, u32)> {
+    pub fn used(queue: &MockSplitQueue<'_, GuestMemory>) -> Vec<(u32, u32)> {
         let count = queue.used().idx().load();
         (0..count)
             .map(|i| {

@@ -15,8 +15,8 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
+use super::{Reader, Writer};
 use tracing::warn;
-use virtio_queue::{Reader, Writer};
 
 use super::mmio::MmioTransport;
 use super::{
@@ -184,7 +184,8 @@ mod tests {
     use std::collections::VecDeque;
     use std::sync::Mutex;
 
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::memory::GuestMemory;
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
     use crate::devices::virtio::mmio::regs;
@@ -211,12 +212,12 @@ mod tests {
     }
 
     fn live_net<'a>(
-        mem: &'a GuestMemoryMmap,
+        mem: &'a GuestMemory,
         wire: &Wire,
     ) -> (
         MmioTransport<VirtioNet>,
         Arc<RecordingIrq>,
-        [virtio_queue::mock::MockSplitQueue<'a, GuestMemoryMmap>; 2],
+        [virtio_queue::mock::MockSplitQueue<'a, GuestMemory>; 2],
     ) {
         let seam = LiveSeam::starting_at(0).with_network(Box::new(wire.clone()));
         let (mut t, irq) = transport(VirtioNet::new(Arc::new(seam)), mem);
