@@ -116,16 +116,10 @@ impl WrittenPages {
     pub fn runs(&self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (first_page, bitmap) in &self.slots {
-            for (word_index, &word) in bitmap.iter().enumerate() {
-                let mut bits = word;
-                while bits != 0 {
-                    let page =
-                        first_page + word_index as u64 * 64 + u64::from(bits.trailing_zeros());
-                    bits &= bits - 1;
-                    match runs.last_mut() {
-                        Some((first, count)) if *first + *count == page => *count += 1,
-                        _ => runs.push((page, 1)),
-                    }
+            for page in pages_set(bitmap).map(|page| first_page + page as u64) {
+                match runs.last_mut() {
+                    Some((first, count)) if *first + *count == page => *count += 1,
+                    _ => runs.push((page, 1)),
                 }
             }
         }
@@ -138,6 +132,21 @@ impl WrittenPages {
             bitmap.fill(0);
         }
     }
+}
+
+/// The page numbers a bitmap (a bit per page, from bit 0 of word 0, as
+/// KVM's dirty log and vm-memory's bitmap have them) sets, ascending.
+pub(crate) fn pages_set(bitmap: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    bitmap.iter().enumerate().flat_map(|(index, &word)| {
+        let mut bits = word;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let bit = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                index * 64 + bit
+            })
+        })
+    })
 }
 
 const MAX_PLACES: usize = 1 << 16;
@@ -247,6 +256,15 @@ const VECTOR_STATE: [std::ops::Range<usize>; 4] = [0..6, 24..28, 32..416, 576..8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bitmaps_pages_come_out_ascending_across_words() {
+        assert_eq!(pages_set(&[]).count(), 0);
+        assert_eq!(
+            pages_set(&[0b1001, 0, 1 << 63 | 1]).collect::<Vec<_>>(),
+            [0, 3, 128, 191]
+        );
+    }
 
     #[test]
     fn written_pages_come_out_as_runs_across_words_and_slots() {

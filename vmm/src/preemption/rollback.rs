@@ -11,6 +11,7 @@
 use kvm_ioctls::VmFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::pages_set;
 use crate::memory::GuestMemory;
 
 const PAGE: usize = 4096;
@@ -40,7 +41,7 @@ impl Shadow {
                 self.copies.push(copy);
                 continue;
             }
-            for page in pages(&written) {
+            for page in pages_set(&written) {
                 let at = page * PAGE;
                 memory
                     .read_slice(
@@ -63,7 +64,7 @@ impl Shadow {
         for (slot, region) in memory.iter().enumerate() {
             let written = written_since_last_asked(vm, slot, region)?;
             let start = region.start_addr();
-            for page in pages(&written) {
+            for page in pages_set(&written) {
                 let at = page * PAGE;
                 memory
                     .write_slice(
@@ -102,33 +103,9 @@ fn region_bitmap(
     std::ops::Deref::deref(region).bitmap()
 }
 
-/// The page numbers a bitmap (a bit per page, from bit 0 of word 0) sets,
-/// ascending.
-fn pages(bitmap: &[u64]) -> impl Iterator<Item = usize> + '_ {
-    bitmap.iter().enumerate().flat_map(|(index, &word)| {
-        let mut bits = word;
-        std::iter::from_fn(move || {
-            (bits != 0).then(|| {
-                let bit = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                index * 64 + bit
-            })
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bitmaps_pages_come_out_ascending_across_words() {
-        assert_eq!(pages(&[]).count(), 0);
-        assert_eq!(
-            pages(&[0b1001, 0, 1 << 63 | 1]).collect::<Vec<_>>(),
-            [0, 3, 128, 191]
-        );
-    }
 
     /// RAM written by the guest (KVM's log) and by the VMM (the bitmap)
     /// after a sync comes back as it was at the sync, and only the pages
