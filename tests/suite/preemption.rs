@@ -172,3 +172,26 @@ fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run()
     assert!(timed > 0);
     assert!(found_after_a_free_run(&trace) > 0);
 }
+
+/// `--preempt-computations` without `--preempt` (which gives the quantum)
+/// is refused, naming the missing option, before anything is written.
+#[test]
+fn preempting_computations_without_a_quantum_is_refused() {
+    let trace = trace_path("no-quantum");
+    let refused = provm(&[
+        "record",
+        "-o",
+        path(&trace),
+        "--preempt-computations",
+        path(&images().tiny_qcow2),
+        "--",
+        "true",
+    ]);
+    assert_eq!(refused.status, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--preempt <MS>"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!trace.exists());
+}
