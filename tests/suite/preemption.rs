@@ -96,6 +96,40 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
     assert_replay_matches(&trace);
 }
 
+/// The spinning thread and the one that sets its flag on two vCPUs, which
+/// a recording runs one at a time: the spinning vCPU is preempted and
+/// gives way to the other, whose thread then sets the flag, and the trace
+/// replays. With a chaos seed, which draws the quanta of preemption as
+/// well as the vCPU schedule. On PVM the spinning vCPU holds the other, as
+/// on one vCPU: the recording warns, naming the host.
+#[test]
+fn a_vcpu_spinning_in_user_space_gives_way_to_the_other_when_recorded() {
+    let _guest = one_guest_at_a_time();
+    let trace = trace_path("spin-flag-two-vcpus");
+    let options = ["--cpus", "2", "--chaos", "7"];
+    if !preempts_user_code() {
+        let warning = "preempts only the guest kernel here";
+        let spun = common::record_until_warned(
+            &trace,
+            &[&options[..], &["--preempt", QUANTUM_MS]].concat(),
+            &["/bin/spin_flag"],
+            warning,
+        );
+        assert!(spun.stderr.contains(warning), "{}", spun.stderr);
+        return;
+    }
+    let recorded = record_preempting(&trace, &options, &["/bin/spin_flag"]);
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    assert!(
+        recorded.stdout.contains("flag set after the work"),
+        "{}",
+        recorded.stdout
+    );
+    let (loops, timed) = preemptions(&trace);
+    assert!(loops + timed > 0);
+    assert_replay_matches(&trace);
+}
+
 /// How far each counter of tests/data/two_counters.c counts, in its long
 /// passes (a few thousand instructions each, whose registers repeat): a
 /// late search's stops come a pass apart, so that the test bed's emulated

@@ -63,6 +63,7 @@ use crate::memory::GuestMemory;
 use crate::seam::Place;
 use crate::vcpu::{Vcpu, VcpuError};
 
+pub mod chaos_quanta;
 pub mod late_arming;
 pub mod rollback;
 

@@ -319,12 +319,27 @@ impl Vm {
         })
     }
 
-    /// Draws the vCPU schedule from `seed` from now on (`record --chaos`);
-    /// nothing to draw with one vCPU.
+    /// Draws the vCPU schedule (with more than one) and the quanta of
+    /// preemption (`record --preempt`) from `seed` from now on (`record
+    /// --chaos`).
     pub fn chaos(&mut self, seed: u64) {
         if let Some(cpus) = &mut self.cpus {
             cpus.scheduler.chaos(seed);
         }
+        self.run_loop.chaos_quanta = Some(preemption::chaos_quanta::ChaosQuanta::new(seed));
+    }
+
+    /// How long the guest may compute without an exit before it is
+    /// preempted (`record --preempt`): the seam's quantum, or this
+    /// stretch's drawn from it (`record --chaos`).
+    fn preemption_quantum(&self) -> Option<Duration> {
+        let base = self.seam.preemption_quantum()?;
+        Some(
+            self.run_loop
+                .chaos_quanta
+                .as_ref()
+                .map_or(base, |quanta| quanta.of(base)),
+        )
     }
 
     /// Runs the vCPUs side by side, each on a host thread of its own, from
@@ -617,7 +632,7 @@ impl Vm {
     fn run_once(&mut self) -> Result<Entry, VmError> {
         let kick_after = if self.seam.delivery().preemptive() {
             self.until_next_tick().unwrap_or(Duration::MAX)
-        } else if let Some(quantum) = self.seam.preemption_quantum() {
+        } else if let Some(quantum) = self.preemption_quantum() {
             // When the quantum ends, and a quantum apart after: the kicks
             // that look for a loop to preempt (`preempt_if_due`).
             let past = self.run_loop.last_exit.elapsed();
@@ -741,6 +756,9 @@ impl Vm {
         self.run_loop.spin_watch.exited(self.run_loop.last_exit);
         self.run_loop.repeats.exited();
         self.run_loop.computed_ns = 0;
+        if let Some(quanta) = &mut self.run_loop.chaos_quanta {
+            quanta.next_stretch();
+        }
         match exit {
             ExitKind::PortRead => self.port_read()?,
             ExitKind::PortWrite => self.port_write()?,
@@ -782,7 +800,7 @@ impl Vm {
     /// anywhere else too, logged with the time it computed for (the
     /// replay's late search). Returns whether it did.
     fn preempt_if_due(&mut self) -> Result<bool, VmError> {
-        let Some(quantum) = self.seam.preemption_quantum() else {
+        let Some(quantum) = self.preemption_quantum() else {
             return Ok(false);
         };
         // A tick is scheduled, and after a quantum it is due; reading the

@@ -202,10 +202,11 @@ pub struct RecordArgs {
     /// Leave the exit timing (`provm blame`) out of the trace.
     #[arg(long)]
     pub no_timing: bool,
-    /// With --cpus N > 1: draw the vCPU schedule (when each vCPU runs, for
-    /// how many exits) from SEED, so that different seeds interleave the
-    /// guest's threads differently. The trace replays exactly, whatever
-    /// the seed.
+    /// Draw the vCPU schedule (with --cpus N > 1: when each vCPU runs, for
+    /// how many exits) and, with --preempt, how long each stretch without
+    /// exits may compute before it is preempted (an eighth of MS to twice
+    /// it) from SEED, so that different seeds interleave the guest's
+    /// threads differently. The trace replays exactly, whatever the seed.
     #[arg(long, value_name = "SEED")]
     pub chaos: Option<u64>,
     /// Name the host's files (the image and its backing files, the kernel)

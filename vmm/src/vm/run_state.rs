@@ -40,6 +40,8 @@ pub(super) struct RunState {
     pub(super) user_mode_stops: bool,
     /// The last exit was a preemption: the vCPU gives way to the others.
     pub(super) preempted: bool,
+    /// A chaos recording's: each stretch's quantum of preemption.
+    pub(super) chaos_quanta: Option<preemption::chaos_quanta::ChaosQuanta>,
     /// A recording's: the vCPU thread's time in the guest since the last
     /// exit, where it may preempt (`Instance::ran_ns`).
     pub(super) computed_ns: u64,
@@ -67,6 +69,7 @@ impl RunState {
             repeats: preemption::Repeats::default(),
             user_mode_stops: Platform::detect() == Platform::Hardware,
             preempted: false,
+            chaos_quanta: None,
             computed_ns: 0,
             shadow: None,
             late: None,
