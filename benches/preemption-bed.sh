@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # The cost of `record --preempt` on the SVM test bed (scripts/svm-testbed:
 # L1 under QEMU's TCG, SVM KVM inside, where guest user code can be
-# preempted; PVM preempts only its kernel): a thread spinning on a flag
-# that another sets (tests/data/spin_flag.c), PROVM_PREEMPT_RUNS times
-# (default 5) each:
-#   run     `provm run`, the peer: a live run preempts at any instruction
-#           and replays nothing
-#   record  `provm record --preempt 5`, which preempts the spinner's loop
-#   replay  `provm replay` of that trace, which finds each preemption by
-#           its state with a hardware breakpoint
-# and prints a table of medians (min-max) in seconds, the replay/record
-# ratio and the preemptions per trace, all from one L1 boot.
+# preempted; PVM preempts only its kernel, so there these workloads either
+# run one process after the other or wait for ever), PROVM_PREEMPT_RUNS
+# times (default 5) each workload:
+#   spin      a thread spinning on a flag that another sets
+#             (tests/data/spin_flag.c), `--preempt 5`: a loop that never
+#             ends by itself
+#   alone     one process computing without system calls (busybox sh
+#             counting to 20,000), `--preempt 5 --preempt-computations`
+#   counters  two such processes, each until the other has begun
+#             (tests/data/two_counters.c, 10,000 long passes), the same
+# each as
+#   run       `provm run`, the peer: a live run preempts at any
+#             instruction and replays nothing
+#   record    `provm record` with the workload's options
+#   replay    `provm replay` of that trace, which finds each preemption by
+#             its state with a hardware breakpoint (after a free run, for
+#             a computation's)
+# and prints a table of medians (min-max) in seconds, the ratios of the
+# medians, the preemptions per trace and, for computations, the
+# breakpoint stops per preemption the replay found after a free run, all
+# from one L1 boot.
 #
 #   benches/preemption-bed.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 runs="${PROVM_PREEMPT_RUNS:-5}"
 cargo build --release -q --manifest-path "$repo/Cargo.toml"
-# The tests' busybox image, with /bin/spin_flag, built by the test suite.
+# The tests' busybox image, with /bin/spin_flag and /bin/two_counters,
+# built by the test suite.
 image="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
 [ -n "$image" ] || { echo "no test image: run cargo test --release --test suite preemption first" >&2; exit 1; }
 job=$(cat <<JOB
@@ -26,16 +38,33 @@ JOB
 )
 job+=$(cat <<'JOB'
 
-seconds() { start=$(date +%s.%N); "$@" >/dev/null 2>&1 || echo "BENCH failed: $*"; end=$(date +%s.%N); awk "BEGIN { print $end - $start }"; }
+seconds() { start=$(date +%s.%N); "$@" >/dev/null 2>/tmp/stderr || echo "BENCH failed: $*"; end=$(date +%s.%N); awk "BEGIN { print $end - $start }"; }
+# measure NAME OPTIONS COMMAND...: one run, record and replay.
+measure() {
+  name=$1 options=$2
+  shift 2
+  echo "BENCH $name run $(seconds "$P" run "$IMAGE" -- "$@")"
+  rm -f /tmp/w.provm
+  echo "BENCH $name record $(seconds "$P" record -o /tmp/w.provm $options "$IMAGE" -- "$@")"
+  export PROVM_LOG=provm_vmm::vm::late_arming=debug
+  echo "BENCH $name replay $(seconds "$P" replay /tmp/w.provm)"
+  unset PROVM_LOG
+  echo "BENCH $name preemptions $("$P" inspect /tmp/w.provm | awk '$1 == "preemption" { print $2 }')"
+  found=$(grep -c 'preemption found after a free run' /tmp/stderr || true)
+  if [ "$found" -gt 0 ]; then
+    stops=$(sed -n 's/.*preemption found after a free run of [0-9]*% and \([0-9]*\) breakpoint stops.*/\1/p' /tmp/stderr |
+      awk '{ s += $1 } END { print s }')
+    echo "BENCH $name stops_per_found $(awk "BEGIN { print $stops / $found }")"
+    echo "BENCH $name rollbacks $(grep -c 'late arming: rolled back' /tmp/stderr || true)"
+  fi
+}
 "$P" run "$IMAGE" -- true >/dev/null 2>&1
 i=0
 while [ $i -lt $RUNS ]; do
   i=$((i + 1))
-  echo "BENCH run $(seconds "$P" run "$IMAGE" -- /bin/spin_flag)"
-  rm -f /tmp/spin.provm
-  echo "BENCH record $(seconds "$P" record -o /tmp/spin.provm --preempt 5 "$IMAGE" -- /bin/spin_flag)"
-  echo "BENCH replay $(seconds "$P" replay /tmp/spin.provm)"
-  echo "BENCH preemptions $("$P" inspect /tmp/spin.provm | awk '$1 == "preemption" { print $2 }')"
+  measure spin "--preempt 5" /bin/spin_flag
+  measure alone "--preempt 5 --preempt-computations" /bin/sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done'
+  measure counters "--preempt 5 --preempt-computations" /bin/two_counters 10000 long
 done
 JOB
 )
@@ -44,18 +73,19 @@ if grep -q 'BENCH failed' <<<"$out"; then
   grep 'BENCH failed' <<<"$out" >&2
   exit 1
 fi
-# median (min-max) of the values of KIND.
+# median (min-max) of the values of WORKLOAD KIND.
 stats() {
-  grep "^BENCH $1 " <<<"$out" | awk '{ print $3 }' | sort -n |
-    awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+  grep "^BENCH $1 $2 " <<<"$out" | awk '{ print $4 }' | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR == 0) { print "-"; exit }
+      m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
       printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
 }
-median() { stats "$1" | cut -d' ' -f1; }
-echo "| spin_flag on the SVM bed (Linux 6.12), $runs runs | seconds, median (min-max) |"
-echo "|---|---|"
-for kind in run record replay preemptions; do
-  echo "| $kind | $(stats "$kind") |"
+median() { stats "$1" "$2" | cut -d' ' -f1; }
+ratio() { awk "BEGIN { printf \"%.2f\", $(median "$1" "$2") / $(median "$1" "$3") }"; }
+echo "| SVM bed (Linux 6.12), $runs runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions | stops per preemption found after a free run | rollbacks |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for workload in spin alone counters; do
+  echo "| $workload | $(stats $workload run) | $(stats $workload record) | $(stats $workload replay) |" \
+    "$(ratio $workload record run) | $(ratio $workload replay record) | $(stats $workload preemptions) |" \
+    "$(stats $workload stops_per_found) | $(stats $workload rollbacks) |"
 done
-ratio() { awk "BEGIN { printf \"%.2f\", $(median "$1") / $(median "$2") }"; }
-echo "| replay / record (medians) | $(ratio replay record) |"
-echo "| record / run (medians) | $(ratio record run) |"
