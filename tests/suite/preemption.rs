@@ -65,26 +65,38 @@ fn preemptions(trace: &Path) -> (usize, usize) {
     (loops, timed)
 }
 
-/// A thread spinning on a flag that another sets, on one vCPU: the
-/// recording preempts the spinner, the setter runs, and the trace replays,
-/// each preemption found at its pass through the loop. On PVM the spinner
-/// is not preempted: the recording warns, naming the host, and is stopped.
-#[test]
-fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
-    let _guest = one_guest_at_a_time();
-    let trace = trace_path("spin-flag");
-    if !preempts_user_code() {
-        let warning = "preempts only the guest kernel here";
-        let spun = common::record_until_warned(
-            &trace,
-            &["--preempt", QUANTUM_MS],
-            &["/bin/spin_flag"],
-            warning,
-        );
-        assert!(spun.stderr.contains(warning), "{}", spun.stderr);
-        return;
+/// Records `command` with `--preempt` and `options` where this host
+/// preempts guest user code. On PVM, which preempts only the guest
+/// kernel, the program that waits for another to run waits for ever:
+/// records until the warning that names the host, asserts it came, and
+/// returns None.
+fn record_preempting_user_code(
+    trace: &Path,
+    options: &[&str],
+    command: &[&str],
+) -> Option<Finished> {
+    if preempts_user_code() {
+        return Some(record_preempting(trace, options, command));
     }
-    let recorded = record_preempting(&trace, &[], &["/bin/spin_flag"]);
+    let warning = "preempts only the guest kernel here";
+    let waited = common::record_until_warned(
+        trace,
+        &[options, &["--preempt", QUANTUM_MS]].concat(),
+        command,
+        warning,
+    );
+    assert!(waited.stderr.contains(warning), "{}", waited.stderr);
+    None
+}
+
+/// spin_flag recorded as `name` with `options`: the recording preempts
+/// the spinner, the setter runs, and the trace replays, each preemption
+/// found at its pass through the loop.
+fn spin_flag_ends_and_replays(name: &str, options: &[&str]) {
+    let trace = trace_path(name);
+    let Some(recorded) = record_preempting_user_code(&trace, options, &["/bin/spin_flag"]) else {
+        return;
+    };
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     assert!(
         recorded.stdout.contains("flag set after the work"),
@@ -96,6 +108,16 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
     assert_replay_matches(&trace);
 }
 
+/// A thread spinning on a flag that another sets, on one vCPU: the
+/// recording preempts the spinner, the setter runs, and the trace
+/// replays. On PVM the spinner is not preempted: the recording warns,
+/// naming the host, and is stopped.
+#[test]
+fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
+    let _guest = one_guest_at_a_time();
+    spin_flag_ends_and_replays("spin-flag", &[]);
+}
+
 /// The spinning thread and the one that sets its flag on two vCPUs, which
 /// a recording runs one at a time: the spinning vCPU is preempted and
 /// gives way to the other, whose thread then sets the flag, and the trace
@@ -105,29 +127,7 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
 #[test]
 fn a_vcpu_spinning_in_user_space_gives_way_to_the_other_when_recorded() {
     let _guest = one_guest_at_a_time();
-    let trace = trace_path("spin-flag-two-vcpus");
-    let options = ["--cpus", "2", "--chaos", "7"];
-    if !preempts_user_code() {
-        let warning = "preempts only the guest kernel here";
-        let spun = common::record_until_warned(
-            &trace,
-            &[&options[..], &["--preempt", QUANTUM_MS]].concat(),
-            &["/bin/spin_flag"],
-            warning,
-        );
-        assert!(spun.stderr.contains(warning), "{}", spun.stderr);
-        return;
-    }
-    let recorded = record_preempting(&trace, &options, &["/bin/spin_flag"]);
-    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
-    assert!(
-        recorded.stdout.contains("flag set after the work"),
-        "{}",
-        recorded.stdout
-    );
-    let (loops, timed) = preemptions(&trace);
-    assert!(loops + timed > 0);
-    assert_replay_matches(&trace);
+    spin_flag_ends_and_replays("spin-flag-two-vcpus", &["--cpus", "2", "--chaos", "7"]);
 }
 
 /// How far each counter of tests/data/two_counters.c counts, in its long
@@ -185,18 +185,10 @@ fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run()
     let trace = trace_path("two-counters");
     let count = COUNT.to_string();
     let command = ["/bin/two_counters", &count, "long"];
-    if !preempts_user_code() {
-        let warning = "preempts only the guest kernel here";
-        let counted = common::record_until_warned(
-            &trace,
-            &["--preempt", QUANTUM_MS, "--preempt-computations"],
-            &command,
-            warning,
-        );
-        assert!(counted.stderr.contains(warning), "{}", counted.stderr);
+    let Some(recorded) = record_preempting_user_code(&trace, &["--preempt-computations"], &command)
+    else {
         return;
-    }
-    let recorded = record_preempting(&trace, &["--preempt-computations"], &command);
+    };
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     let seen = counts_seen(&recorded.stdout);
     let (_, timed) = preemptions(&trace);
