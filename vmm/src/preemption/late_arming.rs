@@ -45,6 +45,14 @@ const OVERRUN_FACTOR: u64 = 2;
 /// and 70 s. A guest that did run past the instance in such a loop is
 /// found out as much later.
 const SEARCH_FACTOR: u64 = 200;
+/// Nor longer than this in all, whatever the recording's stretch: every
+/// attempt of one preemption's search runs within the replay's limit on
+/// a guest running without an exit (at least 60 s: the seams'
+/// `RecordedEnd::exitless_limit`), and the two
+/// bounded ones must leave most of it to the search from the start, the
+/// one that always finds the instance. A long stretch (a host busy while
+/// it recorded) made 200 times of it longer than that limit.
+const SEARCH_CAP_NS: u64 = 10_000_000_000;
 /// And this much more, so that a short stretch is not cut by the kick
 /// timer's granularity and the host's scheduling noise.
 const OVERRUN_SLACK_NS: u64 = 20_000_000;
@@ -130,7 +138,8 @@ impl LateArming {
                 .saturating_mul(factor)
                 .saturating_add(OVERRUN_SLACK_NS)
         };
-        let overran = computed > bound(OVERRUN_FACTOR) || self.entered_ns > bound(SEARCH_FACTOR);
+        let overran = computed > bound(OVERRUN_FACTOR)
+            || self.entered_ns > bound(SEARCH_FACTOR).min(SEARCH_CAP_NS);
         if self.ran_freely() && overran {
             return Phase::Overran;
         }
@@ -203,6 +212,20 @@ mod tests {
         assert_eq!(search.computed_ns(), 9 * MS);
         assert_eq!(search.phase(), Phase::Search);
         search.entered(20 * MS, true);
+        assert_eq!(search.phase(), Phase::Overran);
+    }
+
+    #[test]
+    fn a_long_stretchs_search_is_cut_within_the_replays_limit() {
+        let mut search = LateArming::new(1000 * MS);
+        search.entered(900 * MS, false);
+        // Stops as dear as steps, for 10 s in all: not yet 200 stretches.
+        for _ in 0..4550 {
+            search.entered(MS, false);
+            search.entered(MS, true);
+        }
+        assert_eq!(search.phase(), Phase::Search);
+        search.entered(MS, true);
         assert_eq!(search.phase(), Phase::Overran);
     }
 
