@@ -38,7 +38,14 @@ JOB
 )
 job+=$(cat <<'JOB'
 
-seconds() { start=$(date +%s.%N); "$@" >/dev/null 2>/tmp/stderr || echo "BENCH failed: $*"; end=$(date +%s.%N); awk "BEGIN { print $end - $start }"; }
+# seconds COMMAND...: its time; if it fails, that and the last lines it
+# wrote to stderr (why).
+seconds() {
+  start=$(date +%s.%N)
+  "$@" >/dev/null 2>/tmp/stderr || { echo "BENCH failed: $*"; tail -n 3 /tmp/stderr | cut -c1-300 | sed 's/^/BENCH why: /'; }
+  end=$(date +%s.%N)
+  awk "BEGIN { print $end - $start }"
+}
 # measure NAME OPTIONS COMMAND...: one run, record and replay.
 measure() {
   name=$1 options=$2
@@ -74,7 +81,7 @@ out="$("$repo/scripts/svm-testbed" run --kernel 6.12 -- /bin/sh -c "$job" 2>&1)"
 # A failed step is counted, not timed (`failed` below), and fails the bench.
 failed=0
 if grep -q 'BENCH failed' <<<"$out"; then
-  grep 'BENCH failed' <<<"$out" >&2
+  grep -E 'BENCH (failed|why)' <<<"$out" >&2
   failed=1
 fi
 # median (min-max) of the values of WORKLOAD KIND, the failed ones left out.
