@@ -48,10 +48,11 @@ const SEARCH_FACTOR: u64 = 200;
 /// Nor longer than this in all, whatever the recording's stretch: every
 /// attempt of one preemption's search runs within the replay's limit on
 /// a guest running without an exit (at least 60 s: the seams'
-/// `RecordedEnd::exitless_limit`), and the two
-/// bounded ones must leave most of it to the search from the start, the
-/// one that always finds the instance. A long stretch (a host busy while
-/// it recorded) made 200 times of it longer than that limit.
+/// `RecordedEnd::exitless_limit`), and the two bounded ones must leave
+/// most of it to the search from the start, the one that always finds
+/// the instance. 200 times a long stretch (a host busy while it
+/// recorded) can pass that limit: in a bench run at 200 without this cap
+/// one two_counters replay of five failed, presumably so (no log kept).
 const SEARCH_CAP_NS: u64 = 10_000_000_000;
 /// And this much more, so that a short stretch is not cut by the kick
 /// timer's granularity and the host's scheduling noise.
