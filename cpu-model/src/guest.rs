@@ -7,7 +7,7 @@
 use crate::baseline::{guest_model, Baseline, BaselineError};
 use crate::entry::CpuidEntry;
 use crate::hidden::{self, HiddenFeature, Platform};
-use crate::vector_state;
+use crate::vector_state::{self, UnsavedVectorState};
 
 /// CPUID leaf 1, EDX: the local APIC.
 const APIC: u32 = 1 << 9;
@@ -70,12 +70,12 @@ impl GuestCpu {
 /// The kernel arguments this host's KVM makes necessary, given the hidden
 /// features the kernel must ignore (`GuestCpu::ignored_by_kernel`): those
 /// features, and how vector state is kept safe where the kernel cannot
-/// manage it.
-pub fn kernel_args(ignored: &[&HiddenFeature]) -> String {
+/// manage it (as `keeping` says).
+pub fn kernel_args(ignored: &[&HiddenFeature], keeping: UnsavedVectorState) -> String {
     format!(
         "{} {}",
         hidden::kernel_args_hiding(ignored),
-        vector_state::kernel_args(ignored)
+        vector_state::kernel_args(ignored, keeping)
     )
 }
 

@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use provm_cpu_model::check as cpuid_check;
+use provm_cpu_model::vector_state::{
+    UnsavedVectorState, NO_USER_PREEMPTION, VMM_KEEPS_VECTOR_STATE,
+};
 use provm_cpu_model::CpuProbe;
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::ImageFile;
@@ -127,6 +130,14 @@ pub fn booted(
     }
     if prepared.input_disk.is_some() {
         key.push_str("\ninput disk");
+    }
+    // A run's guest where the VMM keeps vector state for its kernel boots
+    // with other arguments than a recording's (`UnsavedVectorState`).
+    let mut recording_args = identity.cpu.kernel_args.split_whitespace();
+    if prepared.boot.vector_state == UnsavedVectorState::KeptByVmm
+        && recording_args.any(|arg| arg == NO_USER_PREEMPTION)
+    {
+        key.push_str(&format!("\n{VMM_KEEPS_VECTOR_STATE}"));
     }
     let path = cache_dir()
         .join("snapshots")

@@ -379,16 +379,18 @@ fn library_switches(cmdline: &str) -> Vec<String> {
         return Vec::new();
     };
     let switches = cpu::library_switches(&cpu::CpuFeatures::of_this_cpu(xcr0));
-    // Kernel patch 0008's argument, which the VMM passes for this hazard.
-    // Only the command line says it was asked for: a kernel without the
-    // patch (`--kernel`) ignores it.
-    let asked_for_syscall_switches = cmdline
-        .split_whitespace()
-        .any(|arg| arg == "provm.user_preempt=0");
-    let scheduling = if asked_for_syscall_switches {
+    // Kernel patch 0008's or 0011's argument, which the VMM passes for this
+    // hazard. Only the command line says which was asked for: a kernel
+    // without the patches (`--kernel`) ignores them.
+    let asked_for = |wanted: &str| cmdline.split_whitespace().any(|arg| arg == wanted);
+    let scheduling = if asked_for("provm.user_preempt=0") {
         "provm.user_preempt=0 is set, so processes are switched only at system \
          calls (kernel patch 0008) and only a signal handler that uses AVX can \
          clobber the registers of the code it interrupts"
+    } else if asked_for("provm.vector_state=vmm") {
+        "provm.vector_state=vmm is set, so the VMM saves and loads each process's \
+         vector state at a switch (kernel patch 0011) and only a signal handler \
+         that uses AVX can clobber the registers of the code it interrupts"
     } else {
         "the kernel preempts processes anywhere, so any two that use AVX can \
          corrupt each other's registers"

@@ -5,13 +5,14 @@
 //! opening of /dev/kvm. The model itself, and every decision about it, is
 //! `provm-cpu-model`'s (`GuestCpu`, which `Vm::new` boots with too).
 
+use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_cpu_model::{self as cpu_model, Baseline, CpuProbe, GuestCpu, Platform};
 
 use crate::vcpu::{self, Vcpu};
 use crate::vm::{open_kvm, VmError};
 
 /// The CPU model a VM of one vCPU booted with `baseline` gets on this host,
-/// and what its kernel is told, without building one. One vCPU for every
+/// and what a recording's kernel is told, without building one. One vCPU for every
 /// machine: an SMP guest's kernel keeps "apic" (`GuestCpu::ignored_by_kernel`),
 /// yet the snapshot cache's key and a recording's manifest have always
 /// named this model; naming the SMP one would boot every SMP machine anew.
@@ -24,7 +25,7 @@ pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let ignored = guest_cpu.ignored_by_kernel(&vcpu.cpuid);
     Ok(CpuProbe {
         supported,
-        kernel_args: cpu_model::kernel_args(&ignored),
+        kernel_args: cpu_model::kernel_args(&ignored, UnsavedVectorState::SwitchedAtSystemCalls),
         ignored_by_kernel: ignored.iter().map(|f| f.name).collect(),
         guest: vcpu.cpuid,
     })

@@ -54,14 +54,14 @@
 use std::collections::HashSet;
 
 use iced_x86::{Decoder, DecoderOptions};
-use kvm_bindings::{kvm_xsave, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
 use kvm_ioctls::VmFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::memory::GuestMemory;
 use crate::seam::Place;
-use crate::vcpu::{Vcpu, VcpuError};
+use crate::vcpu::{self, Vcpu, VcpuError};
 
 pub mod chaos_quanta;
 pub mod late_arming;
@@ -217,7 +217,10 @@ pub fn digest(vcpu: &Vcpu, memory: &GuestMemory, pages: &[(u64, u64)]) -> Result
         hash.update(&word.to_le_bytes());
     }
     for range in VECTOR_STATE {
-        hash.update(&xsave_bytes(&xsave)[range]);
+        // KVM's XSAVE area is in the standard, uncompacted form, in which KVM
+        // puts a component's initial state where the guest has it in use
+        // nowhere, so equal registers give equal bytes.
+        hash.update(&vcpu::xsave_bytes(&xsave)[range]);
     }
     let mut page = [0u8; PAGE as usize];
     for &(first, count) in pages {
@@ -232,19 +235,6 @@ pub fn digest(vcpu: &Vcpu, memory: &GuestMemory, pages: &[(u64, u64)]) -> Result
         }
     }
     Ok(hash.digest())
-}
-
-/// The bytes of KVM's XSAVE area (the standard, uncompacted form, in which
-/// KVM puts a component's initial state where the guest has it in use
-/// nowhere, so equal registers give equal bytes).
-fn xsave_bytes(xsave: &kvm_xsave) -> &[u8] {
-    // SAFETY: `region` is plain data, 4 KiB of u32; viewed as bytes.
-    unsafe {
-        std::slice::from_raw_parts(
-            xsave.region.as_ptr().cast::<u8>(),
-            std::mem::size_of_val(&xsave.region),
-        )
-    }
 }
 
 /// The parts of the XSAVE area digested: the x87 control, status and tag

@@ -98,6 +98,28 @@ fn user_mode(read: Result<kvm_sregs, kvm_ioctls::Error>) -> Result<bool, VcpuErr
     Ok(sregs.cs.dpl == 3)
 }
 
+/// The bytes of KVM's XSAVE area (`kvm_xsave::region`).
+pub fn xsave_bytes(xsave: &kvm_xsave) -> &[u8] {
+    // SAFETY: `region` is plain data, 4 KiB of u32; viewed as bytes.
+    unsafe {
+        std::slice::from_raw_parts(
+            xsave.region.as_ptr().cast::<u8>(),
+            std::mem::size_of_val(&xsave.region),
+        )
+    }
+}
+
+/// The bytes of KVM's XSAVE area, to fill.
+pub fn xsave_bytes_mut(xsave: &mut kvm_xsave) -> &mut [u8] {
+    // SAFETY: as `xsave_bytes`; any bytes are a valid `region`.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            xsave.region.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(&xsave.region),
+        )
+    }
+}
+
 fn getting(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
     move |source| VcpuError::State {
         action: "read",
@@ -462,10 +484,20 @@ impl Vcpu {
 
     /// The system and vector registers, as they are now.
     pub fn system_and_vector_registers(&self) -> Result<(kvm_sregs, kvm_xsave), VcpuError> {
-        Ok((
-            self.system_registers()?,
-            self.fd.get_xsave().map_err(getting("XSAVE area"))?,
-        ))
+        Ok((self.system_registers()?, self.vector_registers()?))
+    }
+
+    /// The vector registers (KVM's XSAVE area), as they are now.
+    pub fn vector_registers(&self) -> Result<kvm_xsave, VcpuError> {
+        self.fd.get_xsave().map_err(getting("XSAVE area"))
+    }
+
+    /// Loads the vector registers from `xsave`, an XSAVE area in the
+    /// standard form of `vector_registers`.
+    pub fn set_vector_registers(&self, xsave: &kvm_xsave) -> Result<(), VcpuError> {
+        // SAFETY: `xsave` is a whole kvm_xsave, the legacy 4 KiB size that
+        // KVM_SET_XSAVE reads; KVM checks its contents.
+        unsafe { self.fd.set_xsave(xsave) }.map_err(setting("XSAVE area"))
     }
 
     /// Whether KVM is part-way through delivering an event (an exception,

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
+use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_cpu_model::{self as cpu_model, Baseline, CpuidEntry, GuestCpu, Platform};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -54,6 +55,7 @@ mod layout;
 mod parallel;
 mod run_state;
 mod state;
+mod vector_state;
 mod view;
 
 pub use error::VmError;
@@ -75,6 +77,9 @@ pub struct BootSource {
     pub cmdline: String,
     /// The CPU model the guest boots with.
     pub cpu: Baseline,
+    /// How the guest keeps the vector state its kernel cannot save, where
+    /// the host lets user mode have such state (PVM).
+    pub vector_state: UnsavedVectorState,
 }
 
 /// The machine: everything needed to build a VM, booted or restored.
@@ -234,7 +239,7 @@ impl Vm {
         let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpu_model::kernel_args(&ignored),
+            cpu_model::kernel_args(&ignored, boot.vector_state),
         );
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));

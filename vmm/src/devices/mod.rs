@@ -13,6 +13,7 @@ pub mod persist;
 pub mod pic;
 pub mod pit;
 pub mod serial;
+pub mod vector_state;
 pub mod virtio;
 
 /// An interrupt request line into the interrupt controller.

@@ -17,6 +17,7 @@ use crate::devices::persist::Persist;
 use crate::devices::pic::{self, Pic, PicIrqLine};
 use crate::devices::pit::{Pit, PIT_PORT, PIT_PORT_LEN};
 use crate::devices::serial::{ConsoleTail, SerialPort, COM1_BASE, COM1_IRQ, UART_REGISTERS};
+use crate::devices::vector_state::{VectorStatePorts, VECTOR_STATE_PORT, VECTOR_STATE_PORT_LEN};
 use crate::devices::virtio::block::VirtioBlock;
 use crate::devices::virtio::console::VirtioConsole;
 use crate::devices::virtio::mmio::MmioTransport;
@@ -53,6 +54,8 @@ pub(super) struct Devices {
     pub(super) console_tail: ConsoleTail,
     /// The SMP kernel's requests (kernels/smp).
     pub(super) smp_ports: Arc<Mutex<SmpPorts>>,
+    /// The guest kernel's requests to save and load vector state (patch 0011).
+    pub(super) vector_state_ports: Arc<Mutex<VectorStatePorts>>,
 }
 
 impl Devices {
@@ -96,6 +99,12 @@ impl Devices {
         pio.insert(DOORBELL_PORT.into(), DOORBELL_PORT_LEN, doorbell.clone())?;
         let smp_ports = Arc::new(Mutex::new(SmpPorts::default()));
         pio.insert(SMP_PORT.into(), SMP_PORT_LEN, smp_ports.clone())?;
+        let vector_state_ports = Arc::new(Mutex::new(VectorStatePorts::default()));
+        pio.insert(
+            VECTOR_STATE_PORT.into(),
+            VECTOR_STATE_PORT_LEN,
+            vector_state_ports.clone(),
+        )?;
 
         let disk = ObservedDisk {
             disk,
@@ -158,6 +167,7 @@ impl Devices {
             input_disk,
             console_tail,
             smp_ports,
+            vector_state_ports,
         })
     }
 

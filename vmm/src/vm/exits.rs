@@ -33,7 +33,8 @@ impl Vm {
     }
 
     /// A port write: each access of a string instruction writes its own
-    /// element to the device, in order.
+    /// element to the device, in order; then what the guest kernel asked
+    /// of the vCPU's vector state, if that was the port.
     pub(super) fn port_write(&mut self) -> Result<(), VmError> {
         let at = match self.out_exit_rip {
             OutExitRip::PastInstruction => self.vcpu.place()?,
@@ -42,7 +43,7 @@ impl Vm {
         let PioExit { port, size, data } = self.vcpu.pio_exit();
         self.seam.exit(Exit::PioWrite { port, data }, at);
         self.devices.pio.write_elements(port.into(), size, data);
-        Ok(())
+        self.keep_vector_state()
     }
 
     /// An RDMSR of an MSR the VMM answers (see `msr`): from its model.

@@ -11,6 +11,7 @@ use crate::devices::paravirt::{DOORBELL_PORT, DOORBELL_PORT_LEN, SMP_PORT, SMP_P
 use crate::devices::pic;
 use crate::devices::pit::{PIT_PORT, PIT_PORT_LEN};
 use crate::devices::serial::{COM1_BASE, UART_REGISTERS};
+use crate::devices::vector_state::{VECTOR_STATE_PORT, VECTOR_STATE_PORT_LEN};
 use crate::memory::{MMIO_DEVICE_SIZE, MMIO_START};
 
 /// The SYSCALL instruction's entry point (IA32_LSTAR).
@@ -56,6 +57,8 @@ pub fn port_device(port: u16) -> &'static str {
         "doorbell"
     } else if within(SMP_PORT.into(), SMP_PORT_LEN) {
         "smp"
+    } else if within(VECTOR_STATE_PORT.into(), VECTOR_STATE_PORT_LEN) {
+        "vector-state"
     } else if port == i8042::DATA_PORT || port == i8042::COMMAND_PORT {
         "i8042"
     } else {
@@ -72,6 +75,7 @@ pub const EXIT_DEVICES: &[&str] = &[
     "serial",
     "doorbell",
     "smp",
+    "vector-state",
     "apic",
     "i8042",
     "virtio-blk",
@@ -127,6 +131,7 @@ mod tests {
         assert_eq!(port_device(0x21), "pic");
         assert_eq!(port_device(0x43), "pit");
         assert_eq!(port_device(0x441), "doorbell");
+        assert_eq!(port_device(0x454), "vector-state");
         assert_eq!(port_device(0x80), "none");
         assert_eq!(mmio_device(CLOCK_MMIO + 8), "clock");
         assert_eq!(mmio_device(BLOCK_MMIO), "virtio-blk");
