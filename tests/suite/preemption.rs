@@ -6,6 +6,7 @@
 //! On SVM and VMX hosts (the test beds) user code is preempted; PVM stops
 //! guest user mode at no breakpoint, so there only the guest kernel is,
 //! and these tests check that it says so and that its traces still replay.
+//! `provm run`, which nothing replays, preempts user code on every host.
 
 use crate::common;
 
@@ -205,6 +206,33 @@ fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run()
     );
     assert!(timed > 0);
     assert!(found_after_a_free_run(&trace) > 0);
+}
+
+/// `provm run` preempts guest user code anywhere, on every host: on PVM,
+/// whose guest kernel cannot save user mode's vector state, the VMM keeps
+/// it for the kernel (patch 0011), which then switches processes at any
+/// tick too, not only at system calls. Two processes counting without
+/// system calls, each until the other has begun, end having seen each
+/// other part-way; a thread spinning on a flag another sets finishes. Run
+/// where the kernel switches only at system calls, the first counter and
+/// the spinner wait for ever (the recordings above on PVM).
+#[test]
+fn user_code_is_preempted_when_run() {
+    let _guest = one_guest_at_a_time();
+    let image = path(&images().tiny_qcow2);
+    let count = COUNT.to_string();
+    let run = |command: &[&str]| {
+        let ran = provm(&[&["run", "--timeout", "300", image, "--"], command].concat());
+        assert_eq!(ran.status, 0, "{}{}", ran.stdout, ran.stderr);
+        ran.stdout
+    };
+    let counted = run(&["/bin/two_counters", &count, "long"]);
+    assert!(
+        counts_seen(&counted).iter().all(|&saw| saw > 0),
+        "{counted}"
+    );
+    let spun = run(&["/bin/spin_flag"]);
+    assert!(spun.contains("flag set after the work"), "{spun}");
 }
 
 /// `--preempt-computations` without `--preempt` (which gives the quantum)
