@@ -470,6 +470,9 @@ fn image_inputs_digest() -> String {
     for program in TEST_PROGRAMS {
         hasher.update(std::fs::read(test_program_source(program)).unwrap());
     }
+    for header in TEST_PROGRAM_HEADERS {
+        hasher.update(std::fs::read(test_program_source(header).with_extension("h")).unwrap());
+    }
     let gcc = Command::new("gcc")
         .arg("--version")
         .output()
@@ -627,6 +630,9 @@ const TEST_PROGRAMS: [&str; 14] = [
     "spin_flag",
     "two_counters",
 ];
+
+/// The headers of tests/data that the programs include.
+const TEST_PROGRAM_HEADERS: [&str; 1] = ["avx_runs"];
 
 fn test_program_source(program: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"))

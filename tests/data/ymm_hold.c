@@ -5,12 +5,12 @@
  * only their SSE state gives each the other's upper halves.
  * Usage: ymm_hold SEED */
 #include <sched.h>
-#include <setjmp.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "avx_runs.h"
 
 enum { REGISTERS = 16, LANES = 4, ROUNDS = 20 };
 /* About 10 ms of spinning per round natively, a tick of the guest's 100 Hz
@@ -34,26 +34,6 @@ static void hold(const Registers in, Registers out) {
                      : "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6",
                        "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",
                        "xmm14", "xmm15");
-}
-
-static sigjmp_buf no_avx;
-
-static void on_sigill(int signal) {
-    (void)signal;
-    siglongjmp(no_avx, 1);
-}
-
-/* Whether this process can execute AVX instructions: tried, not asked of
- * CPUID, which on PVM says no (the guest kernel's OSXSAVE is clear) where
- * the CPU runs them all the same (the host's XCR0 is in force). */
-static int avx_runs(void) {
-    struct sigaction action = {.sa_handler = on_sigill}, old;
-    sigaction(SIGILL, &action, &old);
-    int runs = !sigsetjmp(no_avx, 1);
-    if (runs)
-        __asm__ volatile("vxorps %%ymm0, %%ymm0, %%ymm0" ::: "xmm0");
-    sigaction(SIGILL, &old, 0);
-    return runs;
 }
 
 int main(int argc, char **argv) {

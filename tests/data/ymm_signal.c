@@ -15,6 +15,8 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 
+#include "avx_runs.h"
+
 enum { MAX_ROUNDS = 1000000 };
 /* Spins per round after the system call: a few microseconds, so that the
  * timer's interrupts land while the pattern is held. */
@@ -49,7 +51,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ymm_signal SIGNALS\n");
         return 2;
     }
-    if (!__builtin_cpu_supports("avx")) {
+    if (!avx_runs()) {
         printf("no AVX in user space: nothing to check\n");
         return 2;
     }
