@@ -12,10 +12,11 @@ use crate::vcpu::{self, Vcpu};
 use crate::vm::{open_kvm, VmError};
 
 /// The CPU model a VM of one vCPU booted with `baseline` gets on this host,
-/// and what a recording's kernel is told, without building one. One vCPU for every
-/// machine: an SMP guest's kernel keeps "apic" (`GuestCpu::ignored_by_kernel`),
-/// yet the snapshot cache's key and a recording's manifest have always
-/// named this model; naming the SMP one would boot every SMP machine anew.
+/// and what a recording's kernel is told, without building one. One vCPU
+/// for every machine: an SMP guest's kernel keeps "apic"
+/// (`GuestCpu::ignored_by_kernel`), yet the snapshot cache's key and a
+/// recording's manifest have always named this model; naming the SMP one
+/// would boot every SMP machine anew.
 pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let kvm = open_kvm()?;
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
