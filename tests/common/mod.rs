@@ -471,7 +471,7 @@ fn image_inputs_digest() -> String {
         hasher.update(std::fs::read(test_program_source(program)).unwrap());
     }
     for header in TEST_PROGRAM_HEADERS {
-        hasher.update(std::fs::read(test_program_source(header).with_extension("h")).unwrap());
+        hasher.update(std::fs::read(test_data(header)).unwrap());
     }
     let gcc = Command::new("gcc")
         .arg("--version")
@@ -632,10 +632,16 @@ const TEST_PROGRAMS: [&str; 14] = [
 ];
 
 /// The headers of tests/data that the programs include.
-const TEST_PROGRAM_HEADERS: [&str; 1] = ["avx_runs"];
+const TEST_PROGRAM_HEADERS: [&str; 1] = ["avx_runs.h"];
+
+fn test_data(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file)
+}
 
 fn test_program_source(program: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{program}.c"))
+    test_data(&format!("{program}.c"))
 }
 
 fn populate_busybox_root(root: &Path) {

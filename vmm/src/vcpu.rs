@@ -339,7 +339,7 @@ impl Vcpu {
             cpuid: self.cpuid.clone(),
             regs: fd.get_regs().map_err(getting("registers"))?,
             sregs: fd.get_sregs().map_err(getting("system registers"))?,
-            xsave: fd.get_xsave().map_err(getting("XSAVE area"))?,
+            xsave: self.vector_registers()?,
             events: fd.get_vcpu_events().map_err(getting("pending events"))?,
             debug: fd.get_debug_regs().map_err(getting("debug registers"))?,
             msrs: self.readable_msrs(kvm)?,
@@ -431,9 +431,7 @@ impl Vcpu {
         self.restore_msrs(kvm, &state.msrs)?;
         fd.set_regs(&state.regs).map_err(setting("registers"))?;
         fd.set_xcrs(&state.xcrs).map_err(setting("XCRs"))?;
-        // SAFETY: the area came from KVM_GET_XSAVE, the legacy 4 KiB size
-        // that KVM_SET_XSAVE reads.
-        unsafe { fd.set_xsave(&state.xsave) }.map_err(setting("XSAVE area"))?;
+        self.set_vector_registers(&state.xsave)?;
         fd.set_vcpu_events(&state.events)
             .map_err(setting("pending events"))?;
         fd.set_debug_regs(&state.debug)
