@@ -15,6 +15,7 @@ use provm_guest_agent::{provenance_messages, GuestMessage, HostMessage, Job, Out
 
 use crate::provenance;
 use crate::stdin_pipe::StdinPipe;
+use crate::terminal::Terminal;
 
 /// Most bytes read from a pipe at once, each read sent as one frame: the
 /// channel's writes are system calls, slow in the emulated guest kernel, so
@@ -67,12 +68,30 @@ pub fn run(
         spawn_failure(&error).ok_or_else(|| format!("cannot run {program}: {error}"))
     };
     let output_error = |error| format!("cannot read the command's output: {error}");
+    let terminal_error = |error| format!("cannot make the command's terminal: {error}");
+    let mut terminal = job
+        .terminal
+        .map(Terminal::open)
+        .transpose()
+        .map_err(terminal_error)?;
+    if let (Some(terminal), true) = (&terminal, job.live_stdin) {
+        live_stdin = Some(terminal.input().map_err(terminal_error)?);
+    }
     let program = OsStr::from_bytes(program);
     let command_of = |program: &OsStr| -> Result<Command, String> {
-        let stdin = stdin
-            .try_clone()
-            .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
-        let mut command = command(program, args, &env, stdin);
+        let mut command = command(program, args, &env);
+        match &terminal {
+            Some(terminal) => terminal.attach(&mut command).map_err(terminal_error)?,
+            None => {
+                let stdin = stdin
+                    .try_clone()
+                    .map_err(|error| format!("cannot duplicate the standard input: {error}"))?;
+                command
+                    .stdin(stdin)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+            }
+        }
         if let Some((uid, gid)) = ids {
             command.uid(uid).gid(gid);
         }
@@ -85,7 +104,12 @@ pub fn run(
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
-        let outputs = (traced.stdout.take(), traced.stderr.take());
+        let outputs = outputs(
+            terminal.as_mut(),
+            traced.stdout.take(),
+            traced.stderr.take(),
+        )
+        .map_err(output_error)?;
         forward(outputs, traced.pid, live_stdin.as_mut(), host).map_err(output_error)?;
         let (outcome, records) = traced
             .finish()
@@ -101,7 +125,8 @@ pub fn run(
         Ok(child) => child,
         Err(error) => return not_started(error),
     };
-    let outputs = (child.stdout.take(), child.stderr.take());
+    let outputs = outputs(terminal.as_mut(), child.stdout.take(), child.stderr.take())
+        .map_err(output_error)?;
     forward(outputs, child.id(), live_stdin.as_mut(), host).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
@@ -143,18 +168,34 @@ fn environment(env: &[Vec<u8>]) -> Result<Vec<(&OsStr, &OsStr)>, String> {
 }
 
 /// The command, with exactly the environment `env` (whose PATH is the one
-/// a bare `program` is looked up in), `stdin` as its standard input and
-/// its outputs piped to the agent.
-fn command(program: &OsStr, args: &[Vec<u8>], env: &[(&OsStr, &OsStr)], stdin: File) -> Command {
+/// a bare `program` is looked up in); its standard streams are set apart.
+fn command(program: &OsStr, args: &[Vec<u8>], env: &[(&OsStr, &OsStr)]) -> Command {
     let mut command = Command::new(program);
     command
         .args(args.iter().map(|arg| OsStr::from_bytes(arg)))
         .env_clear()
-        .envs(env.iter().copied())
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .envs(env.iter().copied());
     command
+}
+
+/// What the agent reads the spawned command's output from: its two pipes,
+/// or its terminal's master, the agent's slave then closed.
+fn outputs(
+    terminal: Option<&mut Terminal>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+) -> io::Result<(Option<File>, Option<File>)> {
+    let file = |pipe: Option<OwnedFd>| pipe.map(File::from);
+    match terminal {
+        Some(terminal) => {
+            terminal.spawned();
+            Ok((Some(terminal.output()?), None))
+        }
+        None => Ok((
+            file(stdout.map(OwnedFd::from)),
+            file(stderr.map(OwnedFd::from)),
+        )),
+    }
 }
 
 /// The PATH `env` sets (its last, as for the environment a command gets).
@@ -221,20 +262,14 @@ type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
 /// has exited, the signals the host asks for meanwhile to the command, and
 /// its live standard input to `stdin`.
 fn forward(
-    (stdout, stderr): (Option<ChildStdout>, Option<ChildStderr>),
+    (stdout, stderr): (Option<File>, Option<File>),
     pid: u32,
     mut stdin: Option<&mut StdinPipe>,
     host: &mut impl Host,
 ) -> io::Result<()> {
     let mut outputs: [Output; 2] = [
-        (
-            stdout.map(OwnedFd::from).map(File::from),
-            GuestMessage::Stdout,
-        ),
-        (
-            stderr.map(OwnedFd::from).map(File::from),
-            GuestMessage::Stderr,
-        ),
+        (stdout, GuestMessage::Stdout),
+        (stderr, GuestMessage::Stderr),
     ];
     // Readable once the command has exited: until then the host may signal
     // it, though it has closed its output. None where the kernel has no
@@ -268,9 +303,16 @@ fn forward(
                 continue;
             }
             if let Some(file) = pipe {
-                match file.read(&mut buffer)? {
-                    0 => *pipe = None,
-                    len => host.send(message(buffer[..len].to_vec())),
+                match file.read(&mut buffer) {
+                    // A terminal's master says EIO once its slaves have
+                    // all closed: its end of file.
+                    Ok(0) => *pipe = None,
+                    Err(error) if error.raw_os_error() == Some(libc::EIO) => *pipe = None,
+                    // Non-blocking where the live input writes to the same
+                    // master: nothing more now.
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(error) => return Err(error),
+                    Ok(len) => host.send(message(buffer[..len].to_vec())),
                 }
             }
         }
@@ -373,7 +415,7 @@ fn outcome(status: libc::c_int) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use provm_guest_agent::ProvRecord;
+    use provm_guest_agent::{ProvRecord, WindowSize};
     use std::io::Write;
 
     #[test]
@@ -605,6 +647,29 @@ mod tests {
         let received = messages.iter().filter(|m| **m == GuestMessage::Received);
         assert_eq!(received.count(), 2);
         assert_eq!(stdout_of(&messages), b"one\ntwo\ndone\n");
+
+        // On a terminal: the command's streams are it, of the job's size,
+        // and what the host types is echoed and read as a line; its output
+        // (stderr too) comes back as stdout, lines ended CR LF.
+        let script = "test -t 0 && test -t 2 && echo on a terminal >&2; stty size; \
+                      read line; echo \"got $line\"";
+        let job = Job {
+            terminal: Some(WindowSize {
+                rows: 24,
+                columns: 80,
+            }),
+            live_stdin: true,
+            ..host_job(&["sh", "-c", script], &["PATH=/bin:/usr/bin"], "/")
+        };
+        let (result, messages) = fed_on_host(&job, vec![HostMessage::Stdin(b"typed\n".to_vec())]);
+        assert_eq!(result, Ok(Outcome::Exited(0)));
+        let stdout = String::from_utf8(stdout_of(&messages)).unwrap();
+        // The echo falls where the line was typed (here, as the host's
+        // thread ran); it comes before the line is read.
+        let echo = stdout.find("typed\r\n").unwrap();
+        assert!(echo < stdout.find("got typed").unwrap(), "{stdout}");
+        let rest = stdout.replacen("typed\r\n", "", 1);
+        assert_eq!(rest, "on a terminal\r\n24 80\r\ngot typed\r\n");
 
         traced_pipeline_on_host();
     }

@@ -1,6 +1,6 @@
 //! What the host asks the agent to run, and how it ended.
 
-use crate::codec::{DecodeError, Reader};
+use crate::codec::{put_bytes, put_u32, put_u64, DecodeError, Reader};
 
 /// What the host asks the guest to run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,6 +59,84 @@ pub struct Job {
     /// with the guest, or read by one that replays the journal itself (a
     /// container's write-back).
     pub leave_root_clean: bool,
+    /// The command runs on a terminal of this size in the guest (a
+    /// container's `process.terminal`): its standard input, output and
+    /// error are the terminal, and its output comes back as stdout, the
+    /// terminal's line discipline applied. `None`: pipes.
+    pub terminal: Option<WindowSize>,
+}
+
+/// A terminal's size, in characters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSize {
+    pub rows: u16,
+    pub columns: u16,
+}
+
+impl WindowSize {
+    fn encode(self, out: &mut Vec<u8>) {
+        put_u32(out, self.rows.into());
+        put_u32(out, self.columns.into());
+    }
+
+    /// A flag, then the size if it is set.
+    pub(crate) fn decode_optional(
+        reader: &mut Reader<'_>,
+    ) -> Result<Option<WindowSize>, DecodeError> {
+        if !reader.bool()? {
+            return Ok(None);
+        }
+        let mut dimension = || {
+            u16::try_from(reader.u32()?).map_err(|_| DecodeError::Malformed("a terminal's size"))
+        };
+        Ok(Some(WindowSize {
+            rows: dimension()?,
+            columns: dimension()?,
+        }))
+    }
+}
+
+impl Job {
+    /// Encodes the fields that came after `outputs`, in the order they
+    /// came, up to the last one that is not its default: a job that uses
+    /// none of the later ones encodes as jobs did before they existed, so
+    /// older agents' traces keep their bytes (and a decoder stops where
+    /// the bytes end).
+    pub(crate) fn encode_optional_fields(&self, out: &mut Vec<u8>) {
+        let mut fields: Vec<(bool, Vec<u8>)> = Vec::new();
+        let mut field = |set: bool, write: &dyn Fn(&mut Vec<u8>)| {
+            let mut bytes = Vec::new();
+            write(&mut bytes);
+            fields.push((set, bytes));
+        };
+        field(!self.user.is_empty(), &|out| put_bytes(out, &self.user));
+        field(self.input_disk, &|out| out.push(self.input_disk.into()));
+        let limits = !self.hostname.is_empty() || !self.rlimits.is_empty();
+        field(limits, &|out| {
+            put_bytes(out, &self.hostname);
+            put_u64(out, self.rlimits.len() as u64);
+            for limit in &self.rlimits {
+                put_u64(out, limit.resource.into());
+                put_u64(out, limit.soft);
+                put_u64(out, limit.hard);
+            }
+        });
+        field(self.live_stdin, &|out| out.push(self.live_stdin.into()));
+        field(self.leave_root_clean, &|out| {
+            out.push(self.leave_root_clean.into())
+        });
+        field(self.terminal.is_some(), &|out| {
+            out.push(self.terminal.is_some().into());
+            self.terminal.into_iter().for_each(|size| size.encode(out));
+        });
+        let used = fields
+            .iter()
+            .rposition(|(set, _)| *set)
+            .map_or(0, |last| last + 1);
+        fields[..used]
+            .iter()
+            .for_each(|(_, bytes)| out.extend_from_slice(bytes));
+    }
 }
 
 /// A resource limit, as setrlimit(2) takes it.

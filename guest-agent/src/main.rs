@@ -28,6 +28,7 @@ mod provenance;
 mod resolver;
 mod root;
 mod stdin_pipe;
+mod terminal;
 mod user;
 
 use std::fs::{File, OpenOptions};
@@ -217,8 +218,10 @@ impl Agent {
             .and_then(|stdin| {
                 outputs::prepare(&job.outputs)?;
                 // A live stdin's chunks wait on the channel until the
-                // command runs, which reads them from a pipe.
-                let (live_stdin, stdin) = match (job.live_stdin, stdin) {
+                // command runs, which reads them from a pipe (or from its
+                // terminal, whose master takes them: `command::run`).
+                let piped = job.live_stdin && job.terminal.is_none();
+                let (live_stdin, stdin) = match (piped, stdin) {
                     (true, _) => {
                         let (pipe, read) = StdinPipe::new()
                             .map_err(|error| format!("cannot make the stdin pipe: {error}"))?;

@@ -3,7 +3,7 @@
 use crate::codec::{
     frame, frame_head, put_bytes, put_list, put_u64, DecodeError, FrameReader, Reader, MAX_PAYLOAD,
 };
-use crate::job::{Job, Outcome, Rlimit};
+use crate::job::{Job, Outcome, Rlimit, WindowSize};
 use crate::records::ProvRecord;
 use crate::tree::Entry;
 
@@ -101,32 +101,7 @@ impl HostMessage {
                 put_list(&mut payload, &job.inputs);
                 payload.push(job.stdin.into());
                 put_list(&mut payload, &job.outputs);
-                // Only when set: a job as root, with no input disk, no
-                // host name, no limits, no live stdin and a root thrown
-                // away, encodes as it did before.
-                let (live, clean) = (job.live_stdin, job.leave_root_clean);
-                let limits = !job.hostname.is_empty() || !job.rlimits.is_empty() || live || clean;
-                if !job.user.is_empty() || job.input_disk || limits {
-                    put_bytes(&mut payload, &job.user);
-                }
-                if job.input_disk || limits {
-                    payload.push(job.input_disk.into());
-                }
-                if limits {
-                    put_bytes(&mut payload, &job.hostname);
-                    put_u64(&mut payload, job.rlimits.len() as u64);
-                    for limit in &job.rlimits {
-                        put_u64(&mut payload, limit.resource.into());
-                        put_u64(&mut payload, limit.soft);
-                        put_u64(&mut payload, limit.hard);
-                    }
-                }
-                if live || clean {
-                    payload.push(live.into());
-                }
-                if clean {
-                    payload.push(1);
-                }
+                job.encode_optional_fields(&mut payload);
                 kind::RUN
             }
             HostMessage::PowerOff => kind::POWER_OFF,
@@ -213,6 +188,9 @@ impl HostMessage {
                 }
                 if !reader.is_empty() {
                     job.leave_root_clean = reader.bool()?;
+                }
+                if !reader.is_empty() {
+                    job.terminal = WindowSize::decode_optional(&mut reader)?;
                 }
                 HostMessage::Run(job)
             }
@@ -441,7 +419,15 @@ mod tests {
             leave_root_clean: true,
             ..Job::default()
         };
-        for job in [as_root_by_disk, root_kept] {
+        // A terminal never sized is 0 by 0, still a terminal.
+        let on_a_terminal = Job {
+            terminal: Some(WindowSize {
+                rows: 0,
+                columns: 0,
+            }),
+            ..Job::default()
+        };
+        for job in [as_root_by_disk, root_kept, on_a_terminal] {
             let job = HostMessage::Run(job);
             let mut reader = FrameReader::default();
             reader.push(&job.encode());
@@ -469,6 +455,10 @@ mod tests {
                 hard: u64::MAX,
             }],
             leave_root_clean: true,
+            terminal: Some(WindowSize {
+                rows: 24,
+                columns: 80,
+            }),
         });
         let mut reader = FrameReader::default();
         reader.push(&job.encode());

@@ -23,15 +23,21 @@ impl StdinPipe {
     /// A pipe whose read end is the command's standard input.
     pub fn new() -> io::Result<(StdinPipe, File)> {
         let (read, write) = io::pipe()?;
-        let write = File::from(OwnedFd::from(write));
-        set_non_blocking(&write)?;
-        let pipe = StdinPipe {
-            pipe: Some(write),
+        let pipe = StdinPipe::writing_to(File::from(OwnedFd::from(write)))?;
+        Ok((pipe, File::from(OwnedFd::from(read))))
+    }
+
+    /// Writes to `file` instead (a terminal's master, which the command
+    /// reads through its slave); closing it at the end closes this
+    /// descriptor only.
+    pub fn writing_to(file: File) -> io::Result<StdinPipe> {
+        set_non_blocking(&file)?;
+        Ok(StdinPipe {
+            pipe: Some(file),
             pending: VecDeque::new(),
             written: 0,
             ending: false,
-        };
-        Ok((pipe, File::from(OwnedFd::from(read))))
+        })
     }
 
     /// Queues a chunk of the host's stdin.
@@ -63,7 +69,11 @@ impl StdinPipe {
                 Ok(len) => self.written += len,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(done),
                 // The command will read no more: what is left is dropped.
-                Err(error) if error.kind() == io::ErrorKind::BrokenPipe => {
+                // (A terminal whose slave all have closed says EIO.)
+                Err(error)
+                    if error.kind() == io::ErrorKind::BrokenPipe
+                        || error.raw_os_error() == Some(libc::EIO) =>
+                {
                     self.pipe = None;
                     break;
                 }

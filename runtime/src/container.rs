@@ -18,6 +18,7 @@ use provm_engine::timing::TimingObserver;
 use provm_engine::transfer::{live_stdin, Input, Output};
 
 use crate::bundle;
+use crate::console;
 use crate::fifo;
 use crate::rootfs;
 use crate::signals;
@@ -44,6 +45,11 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let overlay = containers.dir(id).join(ROOT_OVERLAY);
     let mut options = run_options(&container);
     (options.stdin, options.live_stdin) = stdin(&container)?;
+    if container.plan.terminal {
+        let size = console::window_size()
+            .map_err(|error| format!("cannot read the terminal's size: {error}"))?;
+        options.terminal = Some(size);
+    }
     options.keep_overlay = Some(overlay.clone());
     // The write-back reads it with ext4-view, which replays the journal.
     options.overlay_reader_replays_journal = true;

@@ -902,6 +902,19 @@ pub fn in_terminal(command: &Command) -> Command {
     script
 }
 
+/// A container's command that says whether its streams are a terminal,
+/// and which, then reads a line typed at it.
+pub const ON_A_TERMINAL: &str =
+    "test -t 0 && test -t 1 && echo \"a terminal: $(tty)\"; read line; echo \"got $line\"";
+
+/// `ON_A_TERMINAL`'s output, `typed` typed at it: its streams were the
+/// guest's own terminal, whose line discipline ends lines with CR LF (a
+/// client's terminal that is not raw may add a CR of its own).
+pub fn assert_typed_at_a_terminal(stdout: &str) {
+    assert!(stdout.contains("a terminal: /dev/pts/0\r"), "{stdout}");
+    assert!(stdout.contains("got typed\r"), "{stdout}");
+}
+
 /// `child`'s output, once it has ended, with `input` written to its
 /// standard input, which stays open until then.
 pub fn fed_while_it_runs(mut child: Child, input: &[u8]) -> Output {

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replay_matches, container_image, fed_while_it_runs, in_terminal, one_guest_at_a_time,
-    scratch, spawn_piped,
+    assert_replay_matches, assert_typed_at_a_terminal, container_image, fed_while_it_runs,
+    in_terminal, one_guest_at_a_time, scratch, spawn_piped, ON_A_TERMINAL,
 };
 
 const NAMESPACE: &str = "provm-test";
@@ -242,7 +242,7 @@ fn ctr_run_t_gives_the_container_a_terminal() {
     let _guest = one_guest_at_a_time();
     let containerd = containerd();
     let id = "terminal";
-    let run = containerd.run(&["-t", "--rm"], id, "read line; echo \"got $line\"");
+    let run = containerd.run(&["-t", "--rm"], id, ON_A_TERMINAL);
     let output = fed_while_it_runs(spawn_piped(&mut in_terminal(&run)), b"typed\n");
     // script(1) puts the terminal's output, ctr's errors among it, on its own.
     assert!(
@@ -252,11 +252,7 @@ fn ctr_run_t_gives_the_container_a_terminal() {
         text(&output.stderr),
         containerd.log()
     );
-    assert!(
-        text(&output.stdout).contains("got typed"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_typed_at_a_terminal(&text(&output.stdout));
     assert_replay_matches(&containerd.trace(id));
 }
 

@@ -36,6 +36,7 @@ pub fn job(options: &RunOptions, root_device: &str) -> Result<Job, RunError> {
         user: options.user.clone().unwrap_or_default().into_bytes(),
         hostname: options.hostname.clone().unwrap_or_default().into_bytes(),
         rlimits: options.rlimits.clone(),
+        terminal: options.terminal,
         leave_root_clean: options.keep_overlay.is_some() && !options.overlay_reader_replays_journal,
         root_device: root_device.as_bytes().to_vec(),
         entropy: match &options.pinned {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use provm_cpu_model::Baseline;
-use provm_guest_agent::Rlimit;
+use provm_guest_agent::{Rlimit, WindowSize};
 
 use crate::disk::overlay::OverlayLocation;
 use crate::host_paths::HostPaths;
@@ -61,6 +61,10 @@ pub struct RunOptions {
     /// provm's own standard input (a pipe, a socket) streams to the
     /// command as it runs, instead.
     pub live_stdin: bool,
+    /// The command runs on a terminal of this size in the guest (a
+    /// container's `process.terminal`), typed at through the live standard
+    /// input; `None`: on pipes.
+    pub terminal: Option<WindowSize>,
     /// What comes back to the host after the command (`--output`).
     pub outputs: Vec<Output>,
     /// Replace outputs that exist on the host.
@@ -103,6 +107,7 @@ impl RunOptions {
             inputs: Vec::new(),
             stdin: None,
             live_stdin: false,
+            terminal: None,
             outputs: Vec::new(),
             force_outputs: false,
             net: false,
