@@ -1,6 +1,6 @@
 //! What signal handlers ask of the guest under way, run or recorded:
-//! Ctrl-C that a recording end cleanly, and provm-runtime's `kill` that
-//! the command get a signal. One set per process, which runs one guest at
+//! Ctrl-C that a recording end cleanly, provm-runtime's `kill` that the
+//! command get a signal, and SIGWINCH that its terminal take a new size. One set per process, which runs one guest at
 //! a time.
 
 use provm_seams::HostRequests;
@@ -20,4 +20,11 @@ pub fn end_recording() {
 /// sends a container).
 pub fn signal_command(signal: libc::c_int) {
     REQUESTS.signal_command(signal);
+}
+
+/// Gives the command's terminal in the guest the size `rows` by `columns`
+/// at the guest's next exit (a recording keeps it there, for its replay).
+/// One atomic store, so a signal handler may call it (SIGWINCH's).
+pub fn resize_terminal(rows: u16, columns: u16) {
+    REQUESTS.resize_terminal(rows, columns);
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use provm_analysis::guest::Guest;
 
 use provm_guest_agent::{
-    DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord,
+    DecodeError, FrameReader, GuestMessage, HostMessage, Job, Outcome, ProvRecord, WindowSize,
 };
 use provm_seams::{HostRequests, NO_HOST_REQUESTS};
 use provm_vmm::vm::{BootSource, Vm, VmConfig, VmError, VmEvent, VmSnapshot};
@@ -223,9 +223,12 @@ impl GuestSession {
                 // neither comes.
                 Ok(VmEvent::AgentOutput(_) | VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                // The command has ended: nothing is left to signal or feed.
+                // The command has ended: nothing is left to signal, size
+                // or feed.
                 Err(VmError::Stopped(_))
-                    if self.requests.take_signal().is_some() || self.requests.take_stdin() => {}
+                    if self.requests.take_signal().is_some()
+                        | self.requests.take_resize().is_some()
+                        | self.requests.take_stdin() => {}
                 Err(error) => return Err(self.vm_error(error)),
             }
         }
@@ -258,18 +261,27 @@ impl GuestSession {
                 Ok(VmEvent::DebugStop(_) | VmEvent::Paused) => {}
                 Ok(VmEvent::Halted) => return Err(self.guest_error(GuestError::Halted)),
                 Ok(VmEvent::Reset) => return Err(self.guest_error(GuestError::Reset)),
-                // Stopped for a signal to the command, or standard input:
-                // the recorder logs what is sent here, as the host's input.
-                Err(VmError::Stopped(reason)) => match self.requests.take_signal() {
+                // Stopped for a signal to the command, its terminal's size,
+                // or standard input: the recorder logs what is sent here,
+                // as the host's input.
+                Err(VmError::Stopped(reason)) => {
+                    let signal = self.requests.take_signal();
                     // `kill` takes signals 1 to SIGRTMAX (64) only.
-                    Some(signal) => {
-                        if let Ok(signal) = u8::try_from(signal) {
-                            self.vm.send_to_agent(&HostMessage::Signal(signal).encode());
-                        }
+                    if let Some(signal) = signal.and_then(|signal| u8::try_from(signal).ok()) {
+                        self.vm.send_to_agent(&HostMessage::Signal(signal).encode());
                     }
-                    None if self.requests.take_stdin() => return Ok(None),
-                    None => return Err(self.vm_error(VmError::Stopped(reason))),
-                },
+                    let resize = self.requests.take_resize();
+                    if let Some((rows, columns)) = resize {
+                        let size = WindowSize { rows, columns };
+                        self.vm.send_to_agent(&HostMessage::Resize(size).encode());
+                    }
+                    if self.requests.take_stdin() {
+                        return Ok(None);
+                    }
+                    if signal.is_none() && resize.is_none() {
+                        return Err(self.vm_error(VmError::Stopped(reason)));
+                    }
+                }
                 Err(error) => return Err(self.vm_error(error)),
             }
         }

@@ -110,7 +110,8 @@ pub fn run(
             traced.stderr.take(),
         )
         .map_err(output_error)?;
-        forward(outputs, traced.pid, live_stdin.as_mut(), host).map_err(output_error)?;
+        let streams = (live_stdin.as_mut(), terminal.as_ref());
+        forward(outputs, traced.pid, streams, host).map_err(output_error)?;
         let (outcome, records) = traced
             .finish()
             .map_err(|error| format!("cannot trace the command: {error}"))?;
@@ -127,7 +128,8 @@ pub fn run(
     };
     let outputs = outputs(terminal.as_mut(), child.stdout.take(), child.stderr.take())
         .map_err(output_error)?;
-    forward(outputs, child.id(), live_stdin.as_mut(), host).map_err(output_error)?;
+    let streams = (live_stdin.as_mut(), terminal.as_ref());
+    forward(outputs, child.id(), streams, host).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
 
@@ -259,12 +261,12 @@ type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
 
 /// Passes the command's output to `host` as it arrives, each stream in its
 /// own message, until both pipes are at end of file and the command `pid`
-/// has exited, the signals the host asks for meanwhile to the command, and
-/// its live standard input to `stdin`.
+/// has exited, the signals the host asks for meanwhile to the command, its
+/// live standard input to `stdin`, and its terminal's sizes to `terminal`.
 fn forward(
     (stdout, stderr): (Option<File>, Option<File>),
     pid: u32,
-    mut stdin: Option<&mut StdinPipe>,
+    (mut stdin, terminal): (Option<&mut StdinPipe>, Option<&Terminal>),
     host: &mut impl Host,
 ) -> io::Result<()> {
     let mut outputs: [Output; 2] = [
@@ -277,7 +279,7 @@ fn forward(
     let mut running = pidfd(pid);
     let mut channel = host.channel();
     // Those that came before the command started.
-    channel = take_messages(pid, host, channel, stdin.as_deref_mut())?;
+    channel = take_messages(pid, host, channel, (stdin.as_deref_mut(), terminal))?;
     let mut buffer = vec![0; CHUNK];
     while outputs.iter().any(|(pipe, _)| pipe.is_some()) || running.is_some() {
         let [stdout, stderr] = outputs
@@ -317,7 +319,7 @@ fn forward(
             }
         }
         if fds[2].revents != 0 {
-            channel = take_messages(pid, host, channel, stdin.as_deref_mut())?;
+            channel = take_messages(pid, host, channel, (stdin.as_deref_mut(), terminal))?;
         }
         if fds[3].revents != 0 {
             running = None;
@@ -330,13 +332,13 @@ fn forward(
 }
 
 /// Takes the host's messages for the command `pid`: sends it the signals,
-/// queues its live standard input in `stdin`; returns the channel to poll
-/// for more (-1 once it has closed).
+/// queues its live standard input in `stdin`, sizes its `terminal`;
+/// returns the channel to poll for more (-1 once it has closed).
 fn take_messages(
     pid: u32,
     host: &mut impl Host,
     channel: RawFd,
-    mut stdin: Option<&mut StdinPipe>,
+    (mut stdin, terminal): (Option<&mut StdinPipe>, Option<&Terminal>),
 ) -> io::Result<RawFd> {
     let Ok(messages) = host.messages() else {
         return Ok(-1);
@@ -347,6 +349,11 @@ fn take_messages(
                 // SAFETY: kill(2) takes two integers and touches no memory of
                 // ours; a command that has already exited is no error here.
                 unsafe { libc::kill(pid as libc::pid_t, libc::c_int::from(signal)) };
+            }
+            (HostMessage::Resize(size), _) => {
+                if let Some(terminal) = terminal {
+                    terminal.resize(size)?;
+                }
             }
             (HostMessage::Stdin(chunk), Some(pipe)) => pipe.push(chunk),
             (HostMessage::StdinEnd, Some(pipe)) => pipe.end(),
@@ -670,6 +677,24 @@ mod tests {
         assert!(echo < stdout.find("got typed").unwrap(), "{stdout}");
         let rest = stdout.replacen("typed\r\n", "", 1);
         assert_eq!(rest, "on a terminal\r\n24 80\r\ngot typed\r\n");
+        // A new size from the host, before the line it waits for.
+        let job = Job {
+            argv: ["sh", "-c", "read line; stty size"]
+                .map(|arg| arg.as_bytes().to_vec())
+                .to_vec(),
+            ..job
+        };
+        let resized = WindowSize {
+            rows: 30,
+            columns: 100,
+        };
+        let stdin = vec![
+            HostMessage::Resize(resized),
+            HostMessage::Stdin(b"typed\n".to_vec()),
+        ];
+        let (result, messages) = fed_on_host(&job, stdin);
+        assert_eq!(result, Ok(Outcome::Exited(0)));
+        assert_eq!(stdout_of(&messages), b"typed\r\n30 100\r\n");
 
         traced_pipeline_on_host();
     }

@@ -74,25 +74,29 @@ pub struct WindowSize {
 }
 
 impl WindowSize {
-    fn encode(self, out: &mut Vec<u8>) {
+    pub(crate) fn encode(self, out: &mut Vec<u8>) {
         put_u32(out, self.rows.into());
         put_u32(out, self.columns.into());
+    }
+
+    pub(crate) fn decode(reader: &mut Reader<'_>) -> Result<WindowSize, DecodeError> {
+        let mut dimension = || {
+            u16::try_from(reader.u32()?).map_err(|_| DecodeError::Malformed("a terminal's size"))
+        };
+        Ok(WindowSize {
+            rows: dimension()?,
+            columns: dimension()?,
+        })
     }
 
     /// A flag, then the size if it is set.
     pub(crate) fn decode_optional(
         reader: &mut Reader<'_>,
     ) -> Result<Option<WindowSize>, DecodeError> {
-        if !reader.bool()? {
-            return Ok(None);
+        match reader.bool()? {
+            true => WindowSize::decode(reader).map(Some),
+            false => Ok(None),
         }
-        let mut dimension = || {
-            u16::try_from(reader.u32()?).map_err(|_| DecodeError::Malformed("a terminal's size"))
-        };
-        Ok(Some(WindowSize {
-            rows: dimension()?,
-            columns: dimension()?,
-        }))
     }
 }
 

@@ -70,8 +70,9 @@ struct Agent {
     channel: File,
     /// What has arrived on the channel and is not yet a whole message.
     frames: FrameReader,
-    /// Signals for the command that came with its data, before it started.
-    early_signals: Vec<HostMessage>,
+    /// Signals and terminal sizes for the command that came with its
+    /// data, before it started.
+    early_requests: Vec<HostMessage>,
     /// The initramfs's /dev/null: every command's stdin, whether or not the
     /// image has a /dev.
     null: File,
@@ -117,7 +118,7 @@ impl Agent {
         let agent = Agent {
             channel,
             frames: FrameReader::default(),
-            early_signals: Vec::new(),
+            early_requests: Vec::new(),
             null,
             premounted,
             root: None,
@@ -143,7 +144,7 @@ impl Agent {
                     | HostMessage::StdinEnd,
                 )) => {}
                 // For a command that has ended.
-                Some(Ok(HostMessage::Signal(_))) => {}
+                Some(Ok(HostMessage::Signal(_) | HostMessage::Resize(_))) => {}
                 Some(Err(error)) => self.fail(format!("cannot decode the host's message: {error}")),
             }
         }
@@ -188,7 +189,9 @@ impl Agent {
         loop {
             match self.next_message() {
                 Some(Ok(HostMessage::DataEnd)) => return inputs.finish(),
-                Some(Ok(signal @ HostMessage::Signal(_))) => self.early_signals.push(signal),
+                Some(Ok(early @ (HostMessage::Signal(_) | HostMessage::Resize(_)))) => {
+                    self.early_requests.push(early)
+                }
                 Some(Ok(message)) => {
                     inputs.take(message)?;
                     self.send(&GuestMessage::Received);
@@ -210,7 +213,7 @@ impl Agent {
         } else {
             job
         };
-        self.early_signals.clear();
+        self.early_requests.clear();
         let outcome = entropy::seed(&job.entropy)
             .and_then(|()| set_wall_clock(job.wall_clock_ns))
             .and_then(|()| self.enter_root(&job.root_device, job.leave_root_clean))
@@ -233,7 +236,7 @@ impl Agent {
                 let mut host = JobHost {
                     channel: &self.channel,
                     frames: &mut self.frames,
-                    early_signals: &mut self.early_signals,
+                    early_requests: &mut self.early_requests,
                     root: self.root.as_ref(),
                 };
                 let outcome = command::run(job, stdin, live_stdin, &mut host)?;
@@ -316,7 +319,7 @@ fn send(channel: &File, root: Option<&Root>, message: &GuestMessage) {
 struct JobHost<'a> {
     channel: &'a File,
     frames: &'a mut FrameReader,
-    early_signals: &'a mut Vec<HostMessage>,
+    early_requests: &'a mut Vec<HostMessage>,
     root: Option<&'a Root>,
 }
 
@@ -330,7 +333,7 @@ impl command::Host for JobHost<'_> {
     }
 
     fn messages(&mut self) -> io::Result<Vec<HostMessage>> {
-        let mut messages = mem::take(self.early_signals);
+        let mut messages = mem::take(self.early_requests);
         if has_bytes(self.channel)? {
             let mut buffer = vec![0; READ_SIZE];
             match (&*self.channel).read(&mut buffer)? {
@@ -343,6 +346,7 @@ impl command::Host for JobHost<'_> {
             match HostMessage::decode(kind, &payload) {
                 Ok(
                     message @ (HostMessage::Signal(_)
+                    | HostMessage::Resize(_)
                     | HostMessage::Stdin(_)
                     | HostMessage::StdinEnd),
                 ) => messages.push(message),

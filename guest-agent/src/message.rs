@@ -31,6 +31,9 @@ pub enum HostMessage {
     /// once if it runs, as it starts if it has not yet; after it ended,
     /// nothing. Linux's signals are numbered 1 to 64.
     Signal(u8),
+    /// The command's terminal (see [`Job::terminal`]) takes this size, as
+    /// the host's did (SIGWINCH); without one, nothing.
+    Resize(WindowSize),
 }
 
 /// Messages from the agent to the host.
@@ -66,6 +69,7 @@ mod kind {
     pub const DATA_END: u8 = 5;
     pub const SIGNAL: u8 = 6;
     pub const STDIN_END: u8 = 7;
+    pub const RESIZE: u8 = 8;
     pub const READY: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
     pub const STDERR: u8 = 0x83;
@@ -118,6 +122,10 @@ impl HostMessage {
             HostMessage::Signal(signal) => {
                 payload.push(*signal);
                 kind::SIGNAL
+            }
+            HostMessage::Resize(size) => {
+                size.encode(&mut payload);
+                kind::RESIZE
             }
         };
         (frame_head(kind, &payload, tail.len()), tail)
@@ -200,6 +208,7 @@ impl HostMessage {
             kind::DATA_END => HostMessage::DataEnd,
             kind::STDIN_END => HostMessage::StdinEnd,
             kind::SIGNAL => HostMessage::Signal(reader.u8()?),
+            kind::RESIZE => HostMessage::Resize(WindowSize::decode(&mut reader)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         reader.finish(message)

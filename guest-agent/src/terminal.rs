@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::process::CommandExt;
+use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 
 use crate::stdin_pipe::StdinPipe;
@@ -40,16 +40,7 @@ impl Terminal {
             .stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
             .stderr(Stdio::from(slave.try_clone()?));
-        // SAFETY: between fork and exec the closure calls only setsid(2)
-        // and ioctl(2), both async-signal-safe, and allocates nothing.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        provm_guest_agent::pty::make_controlling(command);
         Ok(())
     }
 
@@ -58,6 +49,18 @@ impl Terminal {
     /// closed theirs.
     pub fn spawned(&mut self) {
         self.slave = None;
+    }
+
+    /// Gives the terminal a new size: its foreground processes get
+    /// SIGWINCH, as on the host.
+    pub fn resize(&self, size: WindowSize) -> io::Result<()> {
+        let window = provm_guest_agent::pty::window(size);
+        // SAFETY: the TIOCSWINSZ ioctl reads the winsize on this stack, for
+        // the master this terminal keeps open.
+        if unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &window) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The master, to read the command's output from.

@@ -114,6 +114,9 @@ fn start_process(
             .stdin(Stdio::from(pty.slave))
             .stdout(streams.0)
             .stderr(streams.1);
+        // As runc's: the terminal's new sizes (SIGWINCH) and hangup come
+        // to the container's process, which passes them to the guest.
+        provm_guest_agent::pty::make_controlling(&mut command);
     }
     fds::close_inherited_on_exec()
         .map_err(|error| format!("cannot close the engine's descriptors: {error}"))?;

@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,9 @@ use provm_engine::record::{self, RecordOptions};
 use provm_engine::run;
 use provm_engine::start::RunOptions;
 use provm_engine::timing::TimingObserver;
-use provm_engine::transfer::{live_stdin, Input, Output};
+use provm_engine::transfer::{live_stdin, terminal, Input, Output};
 
 use crate::bundle;
-use crate::console;
 use crate::fifo;
 use crate::rootfs;
 use crate::signals;
@@ -46,8 +46,10 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let mut options = run_options(&container);
     (options.stdin, options.live_stdin) = stdin(&container)?;
     if container.plan.terminal {
-        let size = console::window_size()
+        let size = terminal::size(std::io::stdin().as_fd())
             .map_err(|error| format!("cannot read the terminal's size: {error}"))?;
+        terminal::forward_resizes()
+            .map_err(|error| format!("cannot follow the terminal's size: {error}"))?;
         options.terminal = Some(size);
     }
     options.keep_overlay = Some(overlay.clone());

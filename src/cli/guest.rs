@@ -11,6 +11,7 @@ use provm_engine::host_paths::HostPaths;
 use provm_engine::image;
 use provm_engine::record::RecordOptions;
 use provm_engine::start::RunOptions;
+use provm_engine::transfer::terminal::RawStdin;
 
 use super::args::{exitless_limit, GuestArgs, RecordArgs, ReproArgs, RunArgs};
 
@@ -25,18 +26,21 @@ pub fn run(args: RunArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::error:
     )?;
     let timing = args.timing.options(false);
     let provenance = args.provenance.clone();
-    let serial = args.serial;
-    let options = RunOptions {
+    let (serial, tty) = (args.serial, args.tty);
+    let mut options = RunOptions {
         parallel: !serial,
         ..run_options(args, verbose)?
     };
+    let terminal = on_the_terminal(&mut options, tty)?;
     let mut observers = RunObservers::new(&options, "run", &timing, provenance);
     let ran = provm_engine::run::run(
         &options,
         &mut observers.all(),
         &mut std::io::stdout(),
         &mut std::io::stderr(),
-    )?;
+    );
+    drop(terminal);
+    let ran = ran?;
     observers.finish()?;
     if let Some(digest) = &ran.events_sha256 {
         eprintln!("provm: event log sha256 {digest}");
@@ -64,12 +68,13 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
     )?;
     let timing = args.run.timing.options(!args.no_timing);
     let provenance = args.run.provenance.clone();
+    let tty = args.run.tty;
     let mut run = run_options(args.run, verbose)?;
     run.cpu = args.cpu;
     if args.keep_host_paths {
         run.host_paths = HostPaths::Kept;
     }
-    let options = RecordOptions {
+    let mut options = RecordOptions {
         run,
         output,
         embed_image: args.embed_image,
@@ -78,6 +83,7 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         preempt: args.preempt.map(Duration::from_millis),
         preempt_computations: args.preempt_computations,
     };
+    let terminal = on_the_terminal(&mut options.run, tty)?;
     let mut observers = RunObservers::new(&options.run, "record", &timing, provenance);
     let recorded = provm_engine::record::record(
         &options,
@@ -85,6 +91,7 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
         &mut std::io::stdout(),
         &mut std::io::stderr(),
     );
+    drop(terminal);
     // A recording cut short still has its timing.
     observers.finish()?;
     let recorded = recorded?;
@@ -102,6 +109,27 @@ fn run_options(args: RunArgs, verbose: bool) -> Result<RunOptions, Box<dyn std::
         dns: args.dns,
         ..guest_options(args.guest, verbose, true)?
     })
+}
+
+/// With `--tty`: the command runs on a terminal in the guest, typed at
+/// from provm's own, made raw (until the returned guard is dropped, before
+/// provm says anything more) and followed in its size.
+fn on_the_terminal(
+    options: &mut RunOptions,
+    tty: bool,
+) -> Result<Option<RawStdin>, Box<dyn std::error::Error>> {
+    use std::io::IsTerminal;
+    if !tty {
+        return Ok(None);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err("--tty types at the command from the terminal provm runs in, and provm's standard input is not one: run provm from a terminal, or drop --tty".into());
+    }
+    let (raw, size) = RawStdin::enter()
+        .map_err(|error| format!("cannot hand this terminal to the command: {error}"))?;
+    options.terminal = Some(size);
+    options.live_stdin = true;
+    Ok(Some(raw))
 }
 
 /// The run's options; a container image is resolved to its disk here, and

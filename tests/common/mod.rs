@@ -4,6 +4,8 @@
 //! the benches each use part of it.
 #![allow(dead_code)]
 
+pub mod terminal;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -885,34 +887,35 @@ pub fn spawn_piped(command: &mut Command) -> Child {
         .unwrap()
 }
 
-/// `command` run in a terminal of its own, as a user typing it would:
-/// script(1) makes the terminal, and its own streams are the terminal's
-/// input and output. `command`'s environment goes on its line.
-pub fn in_terminal(command: &Command) -> Command {
-    let quoted =
-        |word: &std::ffi::OsStr| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''"));
-    let env = command
-        .get_envs()
-        .map(|(key, value)| format!("{}={}", key.to_str().unwrap(), quoted(value.unwrap())));
-    let words =
-        std::iter::once(quoted(command.get_program())).chain(command.get_args().map(quoted));
-    let line = env.chain(words).collect::<Vec<_>>().join(" ");
-    let mut script = Command::new("script");
-    script.args(["-qec", &line, "/dev/null"]);
-    script
-}
+/// A command that says whether its streams are a terminal, and which,
+/// then when it is ready for a line, and its terminal's size once it has
+/// the line: for a test that resizes the terminal, then types (see
+/// `resized_then_typed`).
+pub const ON_A_TERMINAL_SIZED: &str = "test -t 0 && test -t 1 && echo \"a terminal: $(tty)\"; \
+     echo \"ready at $(stty size)\"; read line; echo \"now $(stty size)\"; echo \"got $line\"";
 
-/// A container's command that says whether its streams are a terminal,
-/// and which, then reads a line typed at it.
-pub const ON_A_TERMINAL: &str =
-    "test -t 0 && test -t 1 && echo \"a terminal: $(tty)\"; read line; echo \"got $line\"";
-
-/// `ON_A_TERMINAL`'s output, `typed` typed at it: its streams were the
-/// guest's own terminal, whose line discipline ends lines with CR LF (a
-/// client's terminal that is not raw may add a CR of its own).
-pub fn assert_typed_at_a_terminal(stdout: &str) {
-    assert!(stdout.contains("a terminal: /dev/pts/0\r"), "{stdout}");
-    assert!(stdout.contains("got typed\r"), "{stdout}");
+/// `ON_A_TERMINAL_SIZED` on `terminal`, 24 by 80 when it started: resized
+/// to 50 by 132 once it is ready, then typed at `typed`. Its exit status
+/// and output, which must show that its streams were the guest's own
+/// terminal (whose line discipline ends lines with CR LF; a client's
+/// terminal that is not raw may add a CR of its own) and that it took
+/// both sizes.
+pub fn resized_then_typed(mut terminal: terminal::OnATerminal) -> (Option<i32>, String) {
+    terminal.wait_for("ready at");
+    terminal.resize(50, 132);
+    // The new size reaches the guest at its next exit, long before this.
+    std::thread::sleep(Duration::from_secs(3));
+    terminal.type_in(b"typed\n");
+    let (status, output) = terminal.finish();
+    for line in [
+        "a terminal: /dev/pts/0\r",
+        "ready at 24 80\r",
+        "now 50 132\r",
+        "got typed\r",
+    ] {
+        assert!(output.contains(line), "no {line:?} in: {output}");
+    }
+    (status, output)
 }
 
 /// `child`'s output, once it has ended, with `input` written to its

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replay_matches, assert_typed_at_a_terminal, container_image, fed_while_it_runs,
-    in_terminal, one_guest_at_a_time, scratch, spawn_piped, ON_A_TERMINAL,
+    assert_replay_matches, container_image, one_guest_at_a_time, resized_then_typed, scratch,
+    terminal::OnATerminal, ON_A_TERMINAL_SIZED,
 };
 
 const NAMESPACE: &str = "provm-test";
@@ -235,24 +235,18 @@ fn ctr_run_gets_the_containers_streams_and_status_and_its_trace_replays() {
 }
 
 /// `ctr run -t`, typed at in a terminal: the shim takes the terminal the
-/// runtime makes, what is typed reaches the command as it runs, its output
-/// comes back through the terminal, and the trace replays.
+/// runtime makes, the command's terminal in the guest follows the size of
+/// ctr's (ctr's resize, the shim's `ResizePty`, the runtime's SIGWINCH),
+/// what is typed reaches the command as it runs, its output comes back
+/// through the terminal, and the trace replays.
 #[test]
 fn ctr_run_t_gives_the_container_a_terminal() {
     let _guest = one_guest_at_a_time();
     let containerd = containerd();
     let id = "terminal";
-    let run = containerd.run(&["-t", "--rm"], id, ON_A_TERMINAL);
-    let output = fed_while_it_runs(spawn_piped(&mut in_terminal(&run)), b"typed\n");
-    // script(1) puts the terminal's output, ctr's errors among it, on its own.
-    assert!(
-        output.status.success(),
-        "{}{}\n{}",
-        text(&output.stdout),
-        text(&output.stderr),
-        containerd.log()
-    );
-    assert_typed_at_a_terminal(&text(&output.stdout));
+    let run = containerd.run(&["-t", "--rm"], id, ON_A_TERMINAL_SIZED);
+    let (status, output) = resized_then_typed(OnATerminal::spawn(run, 24, 80));
+    assert_eq!(status, Some(0), "{output}\n{}", containerd.log());
     assert_replay_matches(&containerd.trace(id));
 }
 

@@ -495,3 +495,38 @@ fn a_pipe_left_open_streams_to_the_command_and_the_trace_replays() {
     );
     common::assert_replay_matches(&trace);
 }
+
+/// `provm record -t`: the command's streams are a terminal in the guest,
+/// typed at from provm's, whose size the guest's takes at the start and
+/// when it changes; the replay types and resizes where the recording did.
+#[test]
+fn a_terminal_types_at_the_command_and_its_new_size_reaches_the_guest() {
+    let _guest = common::one_guest_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("terminal.provm");
+    let image = path(&images().tiny_qcow2);
+    let mut record = Command::new(env!("CARGO_BIN_EXE_provm"));
+    record.args(["record", "-t", "-o", path(&trace), image, "--"]);
+    record.args(["sh", "-c", common::ON_A_TERMINAL_SIZED]);
+    let terminal = common::terminal::OnATerminal::spawn(record, 24, 80);
+    let (status, output) = common::resized_then_typed(terminal);
+    assert_eq!(status, Some(0), "{output}");
+    common::assert_replay_matches(&trace);
+}
+
+/// `-t` without a terminal on provm's standard input is refused, naming
+/// what is missing, before anything is written.
+#[test]
+fn a_terminal_asked_for_without_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("no-terminal.provm");
+    let image = path(&images().tiny_qcow2);
+    let refused = provm(&["record", "-t", "-o", path(&trace), image, "--", "true"]);
+    assert_eq!(refused.status, 125, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("standard input is not one"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!trace.exists());
+}

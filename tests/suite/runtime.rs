@@ -19,8 +19,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replay_cut_short, assert_replay_matches, assert_typed_at_a_terminal, fed_while_it_runs,
-    images, in_terminal, one_guest_at_a_time, path, provm, scratch, spawn_piped, ON_A_TERMINAL,
+    assert_replay_cut_short, assert_replay_matches, fed_while_it_runs, images, one_guest_at_a_time,
+    path, provm, resized_then_typed, scratch, spawn_piped, terminal::OnATerminal,
+    ON_A_TERMINAL_SIZED,
 };
 
 const IMAGE: &str = "localhost/provm-busybox:test";
@@ -192,13 +193,6 @@ impl Podman {
     fn start(&self, args: &[&str]) -> (Child, PathBuf) {
         let (mut run, cidfile) = self.run_command(args);
         (spawn_piped(&mut run), cidfile)
-    }
-
-    /// `podman run` of `args` started in a terminal that script(1) makes,
-    /// which its standard streams, piped, feed and read.
-    fn start_in_terminal(&self, args: &[&str]) -> (Child, PathBuf) {
-        let (run, cidfile) = self.run_command(args);
-        (spawn_piped(&mut in_terminal(&run)), cidfile)
     }
 
     /// The `podman run` of `args`, and the file that will hold the
@@ -631,16 +625,15 @@ fn podman_run_i_streams_a_pipe_left_open() {
 }
 
 /// `podman run -it`: the command's streams are a terminal in the guest,
-/// and what is typed at the host's streams to it as it runs (a line,
-/// echoed by the guest's terminal).
+/// of the size of podman's, which it follows; what is typed at podman's
+/// streams to it as it runs (a line, echoed by the guest's terminal).
 #[test]
 fn podman_run_it_streams_the_terminal() {
     let _guest = one_guest_at_a_time();
     let podman = podman();
-    let args = ["-it", "--rm", IMAGE, "sh", "-c", ON_A_TERMINAL];
-    let (child, cidfile) = podman.start_in_terminal(&args);
-    let output = fed_while_it_runs(child, b"typed\n");
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    assert_typed_at_a_terminal(&text(&output.stdout));
+    let args = ["-it", "--rm", IMAGE, "sh", "-c", ON_A_TERMINAL_SIZED];
+    let (command, cidfile) = podman.run_command(&args);
+    let (status, output) = resized_then_typed(OnATerminal::spawn(command, 24, 80));
+    assert_eq!(status, Some(0), "{output}");
     assert_replay_matches(&podman.trace(&podman.id(&cidfile)));
 }

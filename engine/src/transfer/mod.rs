@@ -51,6 +51,7 @@ pub mod inputs;
 pub mod live_stdin;
 pub mod outputs;
 mod survey;
+pub mod terminal;
 mod tree_messages;
 
 use std::path::{Path, PathBuf};

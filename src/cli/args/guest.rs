@@ -54,6 +54,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOST:PORT", requires = "net",
           value_parser = provm_engine::net::resolver::parse_dns)]
     pub dns: Option<std::net::SocketAddr>,
+    /// Run the command on a terminal in the guest, typed at from the one
+    /// provm runs in (like `docker run -it`): a shell prompts and edits
+    /// lines, Ctrl-C and Ctrl-D go to the command, and the guest's
+    /// terminal follows this one's size. This terminal is raw until the
+    /// command ends; a recording keeps what was typed, where it came.
+    #[arg(short = 't', long)]
+    pub tty: bool,
     #[command(flatten)]
     pub timing: TimingArgs,
     #[command(flatten)]
