@@ -904,7 +904,7 @@ pub fn resized_then_typed(mut terminal: terminal::OnATerminal) -> (Option<i32>, 
     terminal.wait_for("ready at");
     terminal.resize(50, 132);
     // The new size reaches the guest at its next exit, long before this.
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(1));
     terminal.type_in(b"typed\n");
     let (status, output) = terminal.finish();
     for line in [
