@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# What `record --preempt 5 --preempt-computations` costs on this host's
+# own KVM, against `provm run` (the peer: a live run preempts anywhere and
+# replays nothing), ROUNDS runs (default 5) of each workload:
+#   alone   one process computing without system calls (busybox sh
+#           counting to 20,000, on the tests' busybox image)
+#   python  two CPU-bound threads of pure Python, each counting to
+#           3,000,000 (the held-out suite's kind of program, as in
+#           tests/suite/preemption.rs), on scripts/debian-image's image
+# each as run, record and the replay of that trace. Prints medians
+# (min-max) in seconds, record / run and replay / record, and the
+# preemptions each trace logged. On PVM a recording preempts only the
+# guest kernel (docs/recording.md), so there the Python threads run one
+# after the other when recorded and interleave when run. The SVM test
+# bed's table, where user code is preempted: benches/preemption-bed.sh.
+#
+#   benches/preemption.sh [ROUNDS]
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+provm="$repo/target/release/provm"
+rounds="${1:-5}"
+# shellcheck source=benches/timing.sh
+source "$repo/benches/timing.sh"
+
+cargo build --release -q --manifest-path "$repo/Cargo.toml"
+busybox="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
+[ -n "$busybox" ] || { echo "no test image: run cargo test --release --test suite preemption first" >&2; exit 1; }
+debian="$("$repo/scripts/debian-image")"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+python_threads='
+import threading
+count = [0, 0]
+done = []
+def work(me):
+    for i in range(1, 3000000 + 1):
+        count[me] = i
+    done.append(count[1 - me])
+threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print("the first to end saw the other at", done[0])
+'
+preempting=(--preempt 5 --preempt-computations)
+declare -A times
+
+# measure NAME IMAGE COMMAND...: one run, one recording and its replay.
+measure() {
+  local name="$1" image="$2"
+  shift 2
+  times["$name run"]+="$(seconds "$provm" run "$image" -- "$@") "
+  rm -f "$work/trace.provm"
+  times["$name record"]+="$(seconds "$provm" record -o "$work/trace.provm" "${preempting[@]}" "$image" -- "$@") "
+  times["$name replay"]+="$(seconds "$provm" replay "$work/trace.provm") "
+  times["$name preemptions"]+="$("$provm" inspect "$work/trace.provm" |
+    awk '$1 == "preemption" { n += $2 } $1 == "timed" && $2 == "preemption" { n += $3 } END { print n + 0 }') "
+}
+
+# The first run and recording of each boots its machine: not timed.
+"$provm" run "$busybox" -- true >/dev/null 2>&1
+"$provm" record -o "$work/warm.provm" "$busybox" -- true >/dev/null 2>&1
+"$provm" run "$debian" -- true >/dev/null 2>&1
+"$provm" record -o "$work/warm2.provm" "$debian" -- true >/dev/null 2>&1
+for round in $(seq "$rounds"); do
+  echo "bench: round $round of $rounds" >&2
+  measure alone "$busybox" /bin/sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done'
+  measure python "$debian" python3 -c "$python_threads"
+done
+
+stats() { tr ' ' '\n' <<<"${times[$1]}" | grep . | summary; }
+ratio() {
+  local over under
+  over="$(tr ' ' '\n' <<<"${times[$1]}" | grep . | median)"
+  under="$(tr ' ' '\n' <<<"${times[$2]}" | grep . | median)"
+  awk "BEGIN { printf \"%.2f\", $over / $under }"
+}
+echo "| $(uname -r), $rounds runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions |"
+echo "|---|---|---|---|---|---|---|"
+for workload in alone python; do
+  echo "| $workload | $(stats "$workload run") | $(stats "$workload record") | $(stats "$workload replay") |" \
+    "$(ratio "$workload record" "$workload run") | $(ratio "$workload replay" "$workload record") |" \
+    "$(stats "$workload preemptions") |"
+done
