@@ -1,7 +1,7 @@
 //! What signal handlers ask of the guest under way, run or recorded:
 //! Ctrl-C that a recording end cleanly, provm-runtime's `kill` that the
-//! command get a signal, and SIGWINCH that its terminal take a new size. One set per process, which runs one guest at
-//! a time.
+//! command get a signal, and SIGWINCH that its terminal take a new size.
+//! One set per process, which runs one guest at a time.
 
 use provm_seams::HostRequests;
 

@@ -3,12 +3,12 @@
 //! atomics): that it end at the guest's next exit (Ctrl-C), that a signal
 //! go to the guest's command there (a container runtime's `kill`), that its
 //! terminal take a new size (SIGWINCH), or that standard input that came go
-//! to it. The recorder stops the guest while
-//! any is due: to end, at once (`Recorder::stop_reason`); for a signal or
-//! input, right after its next exit, never at a kick, which a replay does
-//! not meet again (`Recorder::host_input_due`). The session then sends the
-//! signal or the input to the agent, which the log keeps as the host's
-//! input there, so that a replay sends it after the same exit.
+//! to it. The recorder stops the guest while any is due: to end, at once
+//! (`Recorder::stop_reason`); for a signal, a size or input, right after
+//! its next exit, never at a kick, which a replay does not meet again
+//! (`Recorder::host_input_due`). The session then sends it to the agent,
+//! which the log keeps as the host's input there, so that a replay sends
+//! it after the same exit.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
