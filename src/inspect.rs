@@ -191,6 +191,13 @@ fn readable(path: &Path, trace: &Trace) -> Result<String, FormatError> {
                 "stdin      live: streamed as the command ran (in the log)"
             )?;
         }
+        if let Some(size) = &m.terminal {
+            writeln!(
+                out,
+                "terminal   {}x{} at the start: the command ran on a terminal in the guest, typed at (what was typed and each new size are in the log)",
+                size.columns, size.rows
+            )?;
+        }
         for output in &m.outputs {
             writeln!(
                 out,

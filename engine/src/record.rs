@@ -16,7 +16,7 @@ use provm_cpu_model::{self as cpu_model, Platform};
 use provm_guest_agent::{Job, Outcome as CommandOutcome};
 use provm_seams::delivery;
 use provm_trace::format::{FormatError, SectionKind};
-use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome};
+use provm_trace::manifest::{InterruptDelivery, Manifest, Outcome, TerminalSize};
 use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::machine_version;
 use provm_vmm::vm::VmSnapshot;
@@ -322,6 +322,10 @@ fn manifest(
         input_disk: data.input_disk.as_ref().map(|disk| disk.digest.clone()),
         stdin: data.inputs.stdin_digest(),
         stdin_live: data.live_stdin.is_some(),
+        terminal: options.run.terminal.map(|size| TerminalSize {
+            rows: size.rows,
+            columns: size.columns,
+        }),
         outputs: options
             .run
             .outputs

@@ -511,6 +511,12 @@ fn a_terminal_types_at_the_command_and_its_new_size_reaches_the_guest() {
     let terminal = common::terminal::OnATerminal::spawn(record, 24, 80);
     let (status, output) = common::resized_then_typed(terminal);
     assert_eq!(status, Some(0), "{output}");
+    let inspected = provm(&["inspect", path(&trace)]);
+    assert!(
+        inspected.stdout.contains("terminal   80x24 at the start"),
+        "{}",
+        inspected.stdout
+    );
     common::assert_replay_matches(&trace);
 }
 

@@ -294,6 +294,7 @@ fn sample_manifest() -> Manifest {
         }),
         stdin: None,
         stdin_live: false,
+        terminal: None,
         outputs: Vec::new(),
     }
 }

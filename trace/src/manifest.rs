@@ -78,6 +78,11 @@ pub struct Manifest {
     /// with no digest known at the start.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin_live: bool,
+    /// The command ran on a terminal in the guest, this size at the start
+    /// (`-t`, a container's `process.terminal`): its standard input was
+    /// typed at it, live, and each new size is in the log as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalSize>,
     /// The guest paths whose files came back after the command
     /// (`--output`); their content is in the log, as the guest sent it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -95,6 +100,13 @@ pub struct InputRecord {
     /// Regular files in it, and their bytes.
     pub files: u64,
     pub bytes: u64,
+}
+
+/// A terminal's size, in characters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub columns: u16,
 }
 
 /// A byte stream's digest and length.

@@ -154,6 +154,7 @@ pub fn sample_sections() -> Sections {
         input_disk: None,
         stdin: None,
         stdin_live: false,
+        terminal: None,
         outputs: Vec::new(),
     };
     let outcome = Outcome {
