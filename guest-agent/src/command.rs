@@ -104,13 +104,8 @@ pub fn run(
             Ok(traced) => traced,
             Err(error) => return not_started(error),
         };
-        let outputs = outputs(
-            terminal.as_mut(),
-            traced.stdout.take(),
-            traced.stderr.take(),
-        )
-        .map_err(output_error)?;
-        let streams = (live_stdin.as_mut(), terminal.as_ref());
+        let outputs = (traced.stdout.take(), traced.stderr.take());
+        let streams = (live_stdin.as_mut(), terminal.as_mut());
         forward(outputs, traced.pid, streams, host).map_err(output_error)?;
         let (outcome, records) = traced
             .finish()
@@ -126,9 +121,8 @@ pub fn run(
         Ok(child) => child,
         Err(error) => return not_started(error),
     };
-    let outputs = outputs(terminal.as_mut(), child.stdout.take(), child.stderr.take())
-        .map_err(output_error)?;
-    let streams = (live_stdin.as_mut(), terminal.as_ref());
+    let outputs = (child.stdout.take(), child.stderr.take());
+    let streams = (live_stdin.as_mut(), terminal.as_mut());
     forward(outputs, child.id(), streams, host).map_err(output_error)?;
     reap(child.id()).map_err(|error| format!("cannot wait for the command: {error}"))
 }
@@ -186,18 +180,17 @@ fn outputs(
     terminal: Option<&mut Terminal>,
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
-) -> io::Result<(Option<File>, Option<File>)> {
-    let file = |pipe: Option<OwnedFd>| pipe.map(File::from);
-    match terminal {
+) -> io::Result<[Option<File>; 2]> {
+    Ok(match terminal {
         Some(terminal) => {
             terminal.spawned();
-            Ok((Some(terminal.output()?), None))
+            [Some(terminal.output()?), None]
         }
-        None => Ok((
-            file(stdout.map(OwnedFd::from)),
-            file(stderr.map(OwnedFd::from)),
-        )),
-    }
+        None => [
+            stdout.map(|pipe| File::from(OwnedFd::from(pipe))),
+            stderr.map(|pipe| File::from(OwnedFd::from(pipe))),
+        ],
+    })
 }
 
 /// The PATH `env` sets (its last, as for the environment a command gets).
@@ -259,16 +252,19 @@ fn spawn_failure(error: &io::Error) -> Option<Outcome> {
 /// message that carries its bytes.
 type Output = (Option<File>, fn(Vec<u8>) -> GuestMessage);
 
-/// Passes the command's output to `host` as it arrives, each stream in its
-/// own message, until both pipes are at end of file and the command `pid`
-/// has exited, the signals the host asks for meanwhile to the command, its
-/// live standard input to `stdin`, and its terminal's sizes to `terminal`.
+/// Passes the command's output (its pipes', or its terminal's) to `host`
+/// as it arrives, each stream in its own message, until both are at end of
+/// file and the command `pid` has exited, the signals the host asks for
+/// meanwhile to the command, its live standard input to `stdin`, and its
+/// terminal's sizes to `terminal`.
 fn forward(
-    (stdout, stderr): (Option<File>, Option<File>),
+    (stdout, stderr): (Option<ChildStdout>, Option<ChildStderr>),
     pid: u32,
-    (mut stdin, terminal): (Option<&mut StdinPipe>, Option<&Terminal>),
+    (mut stdin, mut terminal): (Option<&mut StdinPipe>, Option<&mut Terminal>),
     host: &mut impl Host,
 ) -> io::Result<()> {
+    let [stdout, stderr] = outputs(terminal.as_deref_mut(), stdout, stderr)?;
+    let terminal = terminal.as_deref();
     let mut outputs: [Output; 2] = [
         (stdout, GuestMessage::Stdout),
         (stderr, GuestMessage::Stderr),

@@ -7,11 +7,11 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::os::fd::AsFd;
+use std::process::Command;
 
 use crate::stdin_pipe::StdinPipe;
-use provm_guest_agent::WindowSize;
+use provm_guest_agent::{pty, WindowSize};
 
 /// The terminal's master, and its slave until the command has it.
 pub struct Terminal {
@@ -22,7 +22,7 @@ pub struct Terminal {
 impl Terminal {
     /// A new pseudo-terminal of `size`.
     pub fn open(size: WindowSize) -> io::Result<Terminal> {
-        let (master, slave) = provm_guest_agent::pty::open(Some(size))?;
+        let (master, slave) = pty::open(Some(size))?;
         Ok(Terminal {
             master: File::from(master),
             slave: Some(File::from(slave)),
@@ -36,12 +36,7 @@ impl Terminal {
             .slave
             .as_ref()
             .expect("the slave is kept until spawned");
-        command
-            .stdin(Stdio::from(slave.try_clone()?))
-            .stdout(Stdio::from(slave.try_clone()?))
-            .stderr(Stdio::from(slave.try_clone()?));
-        provm_guest_agent::pty::make_controlling(command);
-        Ok(())
+        pty::attach(command, slave.as_fd())
     }
 
     /// Closes the agent's slave once the command has it: the master then
@@ -54,13 +49,7 @@ impl Terminal {
     /// Gives the terminal a new size: its foreground processes get
     /// SIGWINCH, as on the host.
     pub fn resize(&self, size: WindowSize) -> io::Result<()> {
-        let window = provm_guest_agent::pty::window(size);
-        // SAFETY: the TIOCSWINSZ ioctl reads the winsize on this stack, for
-        // the master this terminal keeps open.
-        if unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &window) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        pty::resize(self.master.as_fd(), size)
     }
 
     /// The master, to read the command's output from.

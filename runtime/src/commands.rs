@@ -1,9 +1,9 @@
 //! The lifecycle's commands, each refusing what its container's state
 //! does not allow with what to do instead, and writing nothing then.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use provm_engine::image::root_dir;
@@ -107,16 +107,11 @@ fn start_process(
         let socket = args.console_socket.as_ref().expect("checked by create");
         let pty = console::open().map_err(|error| format!("cannot make a terminal: {error}"))?;
         console::send(socket, &pty.master)?;
-        let stream = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
-        let streams = (|| Ok::<_, std::io::Error>((stream(&pty.slave)?, stream(&pty.slave)?)))()
+        // The slave is the container's process's streams and, as runc's,
+        // its controlling terminal: the terminal's new sizes (SIGWINCH)
+        // and hangup come to it, and it passes them to the guest.
+        provm_guest_agent::pty::attach(&mut command, pty.slave.as_fd())
             .map_err(|error| format!("cannot share the terminal: {error}"))?;
-        command
-            .stdin(Stdio::from(pty.slave))
-            .stdout(streams.0)
-            .stderr(streams.1);
-        // As runc's: the terminal's new sizes (SIGWINCH) and hangup come
-        // to the container's process, which passes them to the guest.
-        provm_guest_agent::pty::make_controlling(&mut command);
     }
     fds::close_inherited_on_exec()
         .map_err(|error| format!("cannot close the engine's descriptors: {error}"))?;

@@ -46,7 +46,7 @@ pub fn run(containers: &Containers, id: &str) -> Result<i32, String> {
     let mut options = run_options(&container);
     (options.stdin, options.live_stdin) = stdin(&container)?;
     if container.plan.terminal {
-        let size = terminal::size(std::io::stdin().as_fd())
+        let size = provm_guest_agent::pty::size(std::io::stdin().as_fd())
             .map_err(|error| format!("cannot read the terminal's size: {error}"))?;
         terminal::forward_resizes()
             .map_err(|error| format!("cannot follow the terminal's size: {error}"))?;

@@ -6,8 +6,8 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
+use std::os::fd::AsFd;
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,15 +27,10 @@ impl OnATerminal {
     /// Starts `command` on a new terminal of `rows` by `columns`.
     pub fn spawn(mut command: Command, rows: u16, columns: u16) -> OnATerminal {
         let (master, slave) = pty::open(Some(WindowSize { rows, columns })).unwrap();
-        let slave = File::from(slave);
-        command
-            .stdin(Stdio::from(slave.try_clone().unwrap()))
-            .stdout(Stdio::from(slave.try_clone().unwrap()))
-            .stderr(Stdio::from(slave));
-        pty::make_controlling(&mut command);
+        pty::attach(&mut command, slave.as_fd()).unwrap();
         let child = command.spawn().unwrap();
-        // The test's copies of the slave are gone with `command`.
-        drop(command);
+        // The test's copies of the slave are gone with these.
+        drop((command, slave));
         let master = File::from(master);
         let output = Arc::new(Mutex::new(Vec::new()));
         let (mut reader, written) = (master.try_clone().unwrap(), Arc::clone(&output));
@@ -79,11 +74,7 @@ impl OnATerminal {
 
     /// Gives the terminal a new size, as a window's resize does.
     pub fn resize(&self, rows: u16, columns: u16) {
-        let window = pty::window(WindowSize { rows, columns });
-        // SAFETY: the TIOCSWINSZ ioctl reads the winsize on this stack, for
-        // the master this holds open.
-        let resized = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &window) };
-        assert_eq!(resized, 0, "{}", std::io::Error::last_os_error());
+        pty::resize(self.master.as_fd(), WindowSize { rows, columns }).unwrap();
     }
 
     /// The program's exit status and all it wrote, once it has ended (at

@@ -8,24 +8,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
-use provm_guest_agent::WindowSize;
-
-/// The size of the terminal `fd` is.
-pub fn size(fd: BorrowedFd<'_>) -> io::Result<WindowSize> {
-    // SAFETY: the TIOCGWINSZ ioctl writes only the winsize on this stack,
-    // for the open descriptor `fd`. It is async-signal-safe, and so is this
-    // function (an OS error allocates nothing): SIGWINCH's handler calls it.
-    unsafe {
-        let mut size: libc::winsize = std::mem::zeroed();
-        if libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(WindowSize {
-            rows: size.ws_row,
-            columns: size.ws_col,
-        })
-    }
-}
+use provm_guest_agent::{pty, WindowSize};
 
 /// Makes the terminal `fd` is raw; returns its settings before. With
 /// `keep_output`, its output processing stays as it was (a user's
@@ -63,7 +46,7 @@ impl RawStdin {
     /// size; returns its size now too.
     pub fn enter() -> io::Result<(RawStdin, WindowSize)> {
         let stdin = io::stdin();
-        let size = size(stdin.as_fd())?;
+        let size = pty::size(stdin.as_fd())?;
         let before = make_raw(stdin.as_fd(), true)?;
         forward_resizes()?;
         Ok((RawStdin { before }, size))
@@ -99,7 +82,7 @@ extern "C" fn resized(_: libc::c_int) {
     // SAFETY: descriptor 0 stays open for the process's life; borrowing it
     // raw, not through io::stdin(), keeps the handler free of locks.
     let stdin = unsafe { BorrowedFd::borrow_raw(libc::STDIN_FILENO) };
-    if let Ok(size) = size(stdin) {
+    if let Ok(size) = pty::size(stdin) {
         crate::requests::resize_terminal(size.rows, size.columns);
     }
 }
