@@ -24,6 +24,8 @@
 # PROVM_SVM_TESTBED_MEMORY defaults to 8192 here.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+# shellcheck source=benches/timing.sh
+source "$repo/benches/timing.sh"
 mode="${1:?floor, record or peer}"; shift
 work="$repo/target/inputs-bed"
 mkdir -p "$work"
@@ -32,8 +34,7 @@ for mib in "$@"; do
   [ -s "$work/d$mib/x.bin" ] || { mkdir -p "$work/d$mib"; head -c "${mib}M" /dev/urandom >"$work/d$mib/x.bin"; }
 done
 # The tests' busybox image, built by the test suite (cargo test builds it).
-image="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
-[ -n "$image" ] || { echo "no test image: run cargo test --release --test suite data_io first" >&2; exit 1; }
+image="$(tests_image data_io)"
 if [ "$mode" = peer ]; then
   root="$work/peer-root"
   rm -rf "$root"; mkdir -p "$root"/{bin,proc,sys,dev,mnt}

@@ -26,12 +26,13 @@
 #   benches/preemption-bed.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+# shellcheck source=benches/timing.sh
+source "$repo/benches/timing.sh"
 runs="${PROVM_PREEMPT_RUNS:-5}"
 cargo build --release -q --manifest-path "$repo/Cargo.toml"
 # The tests' busybox image, with /bin/spin_flag and /bin/two_counters,
 # built by the test suite.
-image="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
-[ -n "$image" ] || { echo "no test image: run cargo test --release --test suite preemption first" >&2; exit 1; }
+image="$(tests_image preemption)"
 job=$(cat <<JOB
 P=$repo/target/release/provm; IMAGE=$image; RUNS=$runs
 JOB
@@ -91,8 +92,9 @@ stats() {
       m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
       printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
 }
-median() { stats "$1" "$2" | cut -d' ' -f1; }
-ratio() { awk "BEGIN { printf \"%.2f\", $(median "$1" "$2") / $(median "$1" "$3") }"; }
+# (timing.sh's median takes numbers; this one a workload's kind.)
+median_of() { stats "$1" "$2" | cut -d' ' -f1; }
+ratio() { awk "BEGIN { printf \"%.2f\", $(median_of "$1" "$2") / $(median_of "$1" "$3") }"; }
 echo "| SVM bed (Linux 6.12), $runs runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions | stops per preemption found after a free run | rollbacks | failed |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for workload in spin alone counters; do

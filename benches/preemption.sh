@@ -5,8 +5,8 @@
 #   alone   one process computing without system calls (busybox sh
 #           counting to 20,000, on the tests' busybox image)
 #   python  two CPU-bound threads of pure Python, each counting to
-#           3,000,000 (the held-out suite's kind of program, as in
-#           tests/suite/preemption.rs), on scripts/debian-image's image
+#           3,000,000 (tests/data/python_threads.py, the held-out suite's
+#           kind of program), on scripts/debian-image's image
 # each as run, record and the replay of that trace. Prints medians
 # (min-max) in seconds, record / run and replay / record, and the
 # preemptions each trace logged. On PVM a recording preempts only the
@@ -23,25 +23,11 @@ rounds="${1:-5}"
 source "$repo/benches/timing.sh"
 
 cargo build --release -q --manifest-path "$repo/Cargo.toml"
-busybox="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
-[ -n "$busybox" ] || { echo "no test image: run cargo test --release --test suite preemption first" >&2; exit 1; }
+busybox="$(tests_image preemption)"
 debian="$("$repo/scripts/debian-image")"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-python_threads='
-import threading
-count = [0, 0]
-done = []
-def work(me):
-    for i in range(1, 3000000 + 1):
-        count[me] = i
-    done.append(count[1 - me])
-threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
-for thread in threads: thread.start()
-for thread in threads: thread.join()
-print("the first to end saw the other at", done[0])
-'
 preempting=(--preempt 5 --preempt-computations)
 declare -A times
 
@@ -65,7 +51,7 @@ measure() {
 for round in $(seq "$rounds"); do
   echo "bench: round $round of $rounds" >&2
   measure alone "$busybox" /bin/sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done'
-  measure python "$debian" python3 -c "$python_threads"
+  measure python "$debian" python3 -c "$(cat "$repo/tests/data/python_threads.py")" 3000000
 done
 
 stats() { tr ' ' '\n' <<<"${times[$1]}" | grep . | summary; }

@@ -1,4 +1,4 @@
-# Shared by the shell benchmarks (hosts.sh, smp.sh): source it.
+# Shared by the shell benchmarks (hosts.sh, smp.sh and others): source it.
 
 # seconds COMMAND...: the wall time of one run, failing if it fails.
 seconds() {
@@ -26,4 +26,14 @@ private_cache() {
   mkdir -p "$1"
   cp -r "${PROVM_CACHE:-$HOME/.cache/provm}/kernels" "$1/" 2>/dev/null || true
   export PROVM_CACHE="$1"
+}
+
+# tests_image MODULE: the tests' busybox image under $repo (the newest the
+# test suite built), or an error that names the suite's MODULE, which
+# builds it.
+tests_image() {
+  local image
+  image="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
+  [ -n "$image" ] || { echo "no test image: run cargo test --release --test suite $1 first" >&2; return 1; }
+  echo "$image"
 }

@@ -29,8 +29,7 @@ rounds="${1:-5}"
 source "$repo/benches/timing.sh"
 
 cargo build --release -q --manifest-path "$repo/Cargo.toml"
-image="$(ls -t "$repo"/target/tmp/test-images/*/tiny.qcow2 2>/dev/null | head -n 1)"
-[ -n "$image" ] || { echo "no test image: run cargo test --release --test suite vector_state first" >&2; exit 1; }
+image="$(tests_image vector_state)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for program in ymm_hold two_counters; do

@@ -636,7 +636,8 @@ const TEST_PROGRAMS: [&str; 14] = [
 /// The headers of tests/data that the programs include.
 const TEST_PROGRAM_HEADERS: [&str; 1] = ["avx_runs.h"];
 
-fn test_data(file: &str) -> PathBuf {
+/// A file of tests/data.
+pub fn test_data(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(file)

@@ -235,30 +235,8 @@ fn user_code_is_preempted_when_run() {
     assert!(spun.contains("flag set after the work"), "{spun}");
 }
 
-/// Two threads of pure Python, each counting this far without a system
-/// call (CPython hands its lock over only when a waiting thread, woken by
-/// a tick, asks for it).
+/// How far each of tests/data/python_threads.py's two threads counts.
 const PYTHON_COUNT: u64 = 3_000_000;
-
-/// The threads, each noting how far the other had counted when it ended;
-/// prints what the first to end saw.
-fn python_threads() -> String {
-    format!(
-        "
-import threading
-count = [0, 0]
-done = []
-def work(me):
-    for i in range(1, {PYTHON_COUNT} + 1):
-        count[me] = i
-    done.append(count[1 - me])
-threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
-for thread in threads: thread.start()
-for thread in threads: thread.join()
-print('the first to end saw the other at', done[0])
-"
-    )
-}
 
 /// What the first Python thread to end saw of the other.
 fn python_thread_saw(stdout: &str) -> u64 {
@@ -279,8 +257,9 @@ fn python_thread_saw(stdout: &str) -> u64 {
 fn two_python_threads_interleave_when_run_and_their_recording_replays() {
     let _guest = one_guest_at_a_time();
     let image = path(common::debian_image());
-    let script = python_threads();
-    let command = ["python3", "-c", &script];
+    let script = std::fs::read_to_string(common::test_data("python_threads.py")).unwrap();
+    let count = PYTHON_COUNT.to_string();
+    let command = ["python3", "-c", &script, &count];
     let ran = provm(&[&["run", "--timeout", "600", image, "--"][..], &command].concat());
     assert_eq!(ran.status, 0, "{}{}", ran.stdout, ran.stderr);
     let seen = python_thread_saw(&ran.stdout);
