@@ -1,7 +1,7 @@
 //! Files in provm's cache that hold one checksummed section, as a trace
-//! does: the booted guest's snapshot (`fast_start`) and the kernel
-//! compressed as traces embed it (`record`). Written atomically, verified
-//! on read; an unreadable one is said and made again.
+//! does: the booted guest's snapshot (`fast_start`), and the kernel and
+//! the initramfs compressed as traces embed them (`record`). Written
+//! atomically, verified on read; an unreadable one is said and made again.
 
 use std::path::Path;
 

@@ -247,9 +247,13 @@ fn leading(
     manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
     Ok(Leading {
         manifest,
-        kernel: embedded_kernel(&prepared.boot.kernel, &identity.kernel_sha256)?,
+        kernel: embedded(SectionKind::Kernel, &identity.kernel_sha256, || {
+            read_to_embed(&prepared.boot.kernel)
+        })?,
         kernel_profile,
-        initramfs: compress(&prepared.boot.initramfs),
+        initramfs: embedded(SectionKind::Initramfs, &identity.initramfs_sha256, || {
+            Ok(prepared.boot.initramfs.clone())
+        })?,
         snapshot: encoded.bytes,
     })
 }
@@ -335,20 +339,25 @@ fn manifest(
     }
 }
 
-/// The kernel compressed as traces embed it. Compressing it at every
-/// recording took 0.17 s here (15 MB at level 9) and about 5 s on a slow
-/// host (the test bed's emulated L1), so it is done once per kernel and
-/// cached, keyed by its digest.
-fn embedded_kernel(path: &Path, sha256: &str) -> Result<Vec<u8>, RecordError> {
+/// A section compressed as traces embed it, by the digest of what it
+/// holds: the kernel or the initramfs. Compressing them at every
+/// recording took 0.17 s here (the kernel: 15 MB at level 9) and about 5 s
+/// on a slow host (the test bed's emulated L1), so it is done once per
+/// kernel and per initramfs and cached, keyed by its digest.
+fn embedded(
+    kind: SectionKind,
+    sha256: &str,
+    read: impl FnOnce() -> Result<Vec<u8>, RecordError>,
+) -> Result<Vec<u8>, RecordError> {
     let cached = kernel::cache_dir()
         .join("embedded")
         .join(format!("{sha256}.zstd{EMBED_LEVEL}"));
-    if let Some(bytes) = cached_section::read(&cached, SectionKind::Kernel) {
+    if let Some(bytes) = cached_section::read(&cached, kind) {
         return Ok(bytes);
     }
-    let bytes = compress(&read_to_embed(path)?);
-    if let Err(error) = cached_section::write(&cached, SectionKind::Kernel, &bytes) {
-        tracing::warn!("cannot cache the compressed kernel: {error}");
+    let bytes = compress(&read()?);
+    if let Err(error) = cached_section::write(&cached, kind, &bytes) {
+        tracing::warn!("cannot cache the compressed {kind:?} section: {error}");
     }
     Ok(bytes)
 }

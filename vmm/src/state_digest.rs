@@ -17,11 +17,15 @@ use kvm_bindings::{
 use provm_cpu_model::CpuidEntry;
 use serde::Serialize;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3, Xxh3Default};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
+
+use xxh3_by_blocks::{is_zero, Xxh3ByBlocks, BLOCK};
 
 use crate::memory::GuestMemory;
 use crate::msr::IA32_TSC;
 use crate::vcpu::VcpuState;
+
+mod xxh3_by_blocks;
 
 /// The machine's state as digests.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,25 +60,42 @@ pub struct MemoryDigest {
 }
 
 /// The digests of all guest RAM, in one pass: the pieces' digests are
-/// taken while each piece is in the cache for the whole digest.
+/// taken while each piece is in the cache for the whole digest. A piece of
+/// zeros, most of a small guest's RAM, is not hashed again: its digest is
+/// the same everywhere.
 pub fn memory(memory: &GuestMemory) -> MemoryDigest {
-    let mut hash = Xxh3::new();
-    let mut pieces = Vec::new();
-    for region in memory.iter() {
-        let len = usize::try_from(region.len()).expect("a mapped region fits the address space");
-        // SAFETY: the region stays mapped for its whole length while
-        // `memory` lives, and nothing writes it meanwhile: the one vCPU is
-        // run by the thread digesting it, and is out of the guest.
-        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
-        pieces.reserve(len / PIECE_SIZE);
-        for page in bytes.chunks(4096) {
-            hash.update(page);
-            // Truncated: a piece's digest only says where, not whether.
-            pieces.extend(page.chunks(PIECE_SIZE).map(|piece| xxh3_64(piece) as u16));
+    let regions: Vec<&[u8]> = memory
+        .iter()
+        .map(|region| {
+            let len =
+                usize::try_from(region.len()).expect("a mapped region fits the address space");
+            assert_eq!(len % BLOCK, 0, "a region is whole pages");
+            // SAFETY: the region stays mapped for its whole length while
+            // `memory` lives, and nothing writes it meanwhile: the one vCPU
+            // is run by the thread digesting it, and is out of the guest.
+            unsafe { std::slice::from_raw_parts(region.as_ptr(), len) }
+        })
+        .collect();
+    let blocks = regions.iter().flat_map(|bytes| bytes.chunks_exact(BLOCK));
+    let count = blocks.clone().count();
+    let zero_piece = xxh3_64(&[0; PIECE_SIZE]) as u16;
+    let mut hash = Xxh3ByBlocks::new();
+    let mut pieces = Vec::with_capacity(count * BLOCK / PIECE_SIZE);
+    let mut last = None;
+    for (index, block) in blocks.enumerate() {
+        let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
+        // Truncated: a piece's digest only says where, not whether.
+        pieces.extend(block.chunks(PIECE_SIZE).map(|piece| match is_zero(piece) {
+            true => zero_piece,
+            false => xxh3_64(piece) as u16,
+        }));
+        match index + 1 == count {
+            true => last = Some(block),
+            false => hash.block(block),
         }
     }
     MemoryDigest {
-        whole: hash.digest(),
+        whole: hash.finish(last.expect("guest RAM is not empty")),
         pieces,
     }
 }
@@ -293,6 +314,25 @@ mod tests {
             ram.write_obj(0u8, GuestAddress(address)).unwrap();
             assert_eq!(memory(&ram), before);
         }
+    }
+
+    /// What traces store: XXH3-64 of every byte of RAM, and each piece's
+    /// XXH3-64 truncated, however many pages are zeros.
+    #[test]
+    fn the_memory_digest_is_xxh3_of_all_ram_and_of_each_piece() {
+        let ram = crate::memory::create(crate::memory::MIN_MEMORY_MIB).unwrap();
+        for (address, value) in [(0x10, 7u64), (0x1_2345, u64::MAX), (0x40_0000, 3)] {
+            ram.write_obj(value, GuestAddress(address)).unwrap();
+        }
+        let mut bytes = vec![0; ram.last_addr().0 as usize + 1];
+        ram.read_slice(&mut bytes, GuestAddress(0)).unwrap();
+        let digest = memory(&ram);
+        assert_eq!(digest.whole, xxh3_64(&bytes));
+        let pieces: Vec<u16> = bytes
+            .chunks(PIECE_SIZE)
+            .map(|piece| xxh3_64(piece) as u16)
+            .collect();
+        assert_eq!(digest.pieces, pieces);
     }
 
     #[test]
