@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use object::{Object, ObjectSymbol};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -19,7 +19,7 @@ pub enum ProfileError {
 }
 
 /// The kernel functions and variables an observer uses.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Symbols {
     /// `do_syscall_64(regs, nr)`: every system call enters here.
     pub do_syscall_64: u64,

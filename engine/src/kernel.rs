@@ -5,8 +5,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use provm_analysis::profile::ProfileError;
-use provm_analysis::KernelInfo;
 use sha2::{Digest, Sha256};
 
 use crate::notice;
@@ -137,30 +135,6 @@ fn build_dir(variant: Variant) -> Result<PathBuf, KernelError> {
 /// an observer reads (kernels/profile/provm_profile.c), as JSON.
 pub fn profile_path(vmlinux: &Path) -> PathBuf {
     vmlinux.with_file_name("profile.json")
-}
-
-/// Why a built kernel's description could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum KernelInfoError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Profile(#[from] ProfileError),
-}
-
-/// The description of the kernel at `vmlinux` (its symbols) and of the
-/// profile built beside it (its structure offsets).
-pub fn info(vmlinux: &Path) -> Result<KernelInfo, KernelInfoError> {
-    let read = |path: PathBuf| {
-        std::fs::read(&path).map_err(|source| KernelInfoError::Read { path, source })
-    };
-    Ok(KernelInfo::load(
-        &read(vmlinux.to_owned())?,
-        &read(profile_path(vmlinux))?,
-    )?)
 }
 
 /// The built vmlinux of `variant` for the current inputs.

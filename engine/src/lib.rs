@@ -28,6 +28,7 @@ pub mod host_paths;
 pub mod image;
 pub mod initramfs;
 pub mod kernel;
+pub mod kernel_info;
 pub mod machine;
 pub mod net;
 pub mod observer;

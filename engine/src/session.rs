@@ -300,7 +300,7 @@ impl GuestSession {
     /// (`current_task`); `None` when the kernel's symbols, its profile or
     /// the task cannot be read.
     fn running_task(&self) -> Option<String> {
-        let kernel = crate::kernel::info(&self.kernel).ok()?;
+        let kernel = crate::kernel_info::load(&self.kernel).ok()?;
         let view = self.vm.view().ok()?;
         let guest = Guest::new(&view, &kernel);
         let task = guest.task(guest.current_task().ok()?).ok()?;

@@ -36,7 +36,8 @@ use provm_vmm::vm::{Vm, VmError, VmSnapshot};
 use crate::digest::HashingWriter;
 use crate::disk::root::RootError;
 use crate::fast_start::{self, BootedSnapshot, FastStartError, Identity};
-use crate::kernel::{self, KernelError};
+use crate::kernel::KernelError;
+use crate::kernel_info;
 use crate::machine::{Machine, MachineError, Prepared};
 use crate::net;
 use crate::observer::{self, GuestKernel, JobOutput, Observer, ObserverError};
@@ -175,7 +176,7 @@ pub fn start(
     if let Some(seed) = chaos {
         vm.chaos(seed);
     }
-    let kernel = GuestKernel::new(|| Ok(kernel::info(&prepared.boot.kernel)?));
+    let kernel = GuestKernel::new(|| Ok(kernel_info::load(&prepared.boot.kernel)?));
     observer::each(observers, |observer| observer.attach(&mut vm, &kernel))
         .map_err(RunError::Observer)?;
     let mut session = GuestSession::resume(vm, deadline, &prepared.boot.kernel);
