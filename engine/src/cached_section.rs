@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use provm_trace::format::{FormatError, SectionKind, SectionWriter, TraceReader};
+use provm_trace::format::{FormatError, SectionHeader, SectionKind, SectionWriter, TraceReader};
 
 /// The section of kind `kind` cached at `path`, verified by its checksum;
 /// `None` if there is none, or it cannot be read (said as a warning).
@@ -25,6 +25,12 @@ pub fn read(path: &Path, kind: SectionKind) -> Option<Vec<u8>> {
             None
         }
     }
+}
+
+/// The header of the section cached at `path` (its kind, length and
+/// checksum), its payload unread; `None` if there is none.
+pub fn header(path: &Path) -> Option<SectionHeader> {
+    TraceReader::open(path).ok()?.next_header().ok()?
 }
 
 /// Caches `bytes` at `path` as one section of kind `kind`.

@@ -20,6 +20,7 @@ mod cached_section;
 mod compress;
 pub mod digest;
 pub mod disk;
+pub mod embedded;
 pub mod explain;
 pub mod fast_start;
 pub mod holes;

@@ -21,9 +21,9 @@ use provm_trace::writer::{Ending, Leading, TraceWriter};
 use provm_vmm::machine_version;
 use provm_vmm::vm::VmSnapshot;
 
-use crate::cached_section;
 use crate::digest;
 use crate::disk::chain::{self, ChainError};
+use crate::embedded::{self, EMBED_LEVEL};
 use crate::fast_start::{BootedSnapshot, Identity};
 use crate::holes;
 use crate::host;
@@ -36,10 +36,6 @@ use crate::session::SessionError;
 use crate::start::{self, Booted, Logging, Recording, RunError, RunOptions};
 use crate::transfer::{self, JobData};
 use crate::utc;
-
-/// zstd level for the embedded kernel, initramfs and image: archival, so
-/// smaller beats faster, within a few seconds for a kernel.
-const EMBED_LEVEL: i32 = 9;
 
 pub struct RecordOptions {
     pub run: RunOptions,
@@ -247,12 +243,12 @@ fn leading(
     manifest.kernel_profile_sha256 = digest::bytes_sha256(&kernel_profile);
     Ok(Leading {
         manifest,
-        kernel: embedded(SectionKind::Kernel, &identity.kernel_sha256, || {
+        kernel: embedded::section(SectionKind::Kernel, &identity.kernel_sha256, || {
             read_to_embed(&prepared.boot.kernel)
         })?,
         kernel_profile,
-        initramfs: embedded(SectionKind::Initramfs, &identity.initramfs_sha256, || {
-            Ok(prepared.boot.initramfs.clone())
+        initramfs: embedded::section(SectionKind::Initramfs, &identity.initramfs_sha256, || {
+            Ok::<_, RecordError>(prepared.boot.initramfs.clone())
         })?,
         snapshot: encoded.bytes,
     })
@@ -337,33 +333,6 @@ fn manifest(
             .map(|o| o.guest.clone())
             .collect(),
     }
-}
-
-/// A section compressed as traces embed it, by the digest of what it
-/// holds: the kernel or the initramfs. Compressing them at every
-/// recording took 0.17 s here (the kernel: 15 MB at level 9) and about 5 s
-/// on a slow host (the test bed's emulated L1), so it is done once per
-/// kernel and per initramfs and cached, keyed by its digest.
-fn embedded(
-    kind: SectionKind,
-    sha256: &str,
-    read: impl FnOnce() -> Result<Vec<u8>, RecordError>,
-) -> Result<Vec<u8>, RecordError> {
-    let cached = kernel::cache_dir()
-        .join("embedded")
-        .join(format!("{sha256}.zstd{EMBED_LEVEL}"));
-    if let Some(bytes) = cached_section::read(&cached, kind) {
-        return Ok(bytes);
-    }
-    let bytes = compress(&read()?);
-    if let Err(error) = cached_section::write(&cached, kind, &bytes) {
-        tracing::warn!("cannot cache the compressed {kind:?} section: {error}");
-    }
-    Ok(bytes)
-}
-
-fn compress(bytes: &[u8]) -> Vec<u8> {
-    zstd::bulk::compress(bytes, EMBED_LEVEL).expect("compressing to memory cannot fail")
 }
 
 /// The whole file, in memory. An embedded image is held twice (raw and

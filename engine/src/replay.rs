@@ -22,6 +22,7 @@ use provm_vmm::vm::{Vm, VmError, VmSnapshot};
 
 use crate::disk::chain::{self, ChainError, ExtractedChain};
 use crate::disk::overlay::OverlayLocation;
+use crate::embedded;
 use crate::explain::{self, Explanation};
 use crate::holes::{self, Hole};
 use crate::host;
@@ -321,7 +322,7 @@ impl Opened {
     /// Opens the trace, checks this host's CPU and the image, and decodes
     /// the snapshot it starts from.
     pub fn open(options: &ReplayOptions) -> Result<(Opened, VmSnapshot), ReplayError> {
-        let trace = Trace::open(&options.trace)?;
+        let trace = Trace::open_knowing(&options.trace, embedded::is_cached)?;
         let manifest = &trace.manifest;
         machine_version::supported(manifest.machine_version)?;
         cpu_model::check_here(

@@ -322,6 +322,15 @@ pub struct SectionHeader {
     digest: [u8; 32],
 }
 
+impl SectionHeader {
+    /// Whether `other` is the same section: the same kind and length, and
+    /// the same checksum (SHA-256 of them and the payload), so the same
+    /// payload once both are verified.
+    pub fn same_section(&self, other: &SectionHeader) -> bool {
+        (self.kind, self.length, self.digest) == (other.kind, other.length, other.digest)
+    }
+}
+
 /// Reads a trace section by section, verifying each.
 ///
 /// `next_section` reads a payload whole; `next_header` then

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::event_log::{chunk_frame, EventStream};
 use crate::events::EventKind;
-use crate::format::{FormatError, Section, SectionKind, TraceReader};
+use crate::format::{FormatError, Section, SectionHeader, SectionKind, TraceReader};
 use crate::hex;
 use crate::manifest::{Manifest, Outcome};
 
@@ -50,6 +50,17 @@ impl Trace {
     /// initramfs and snapshot against the manifest's digests. The event log
     /// and an embedded image are verified, not kept.
     pub fn open(path: &Path) -> Result<Trace, FormatError> {
+        Self::open_knowing(path, |_, _| false)
+    }
+
+    /// As `open`, less the decompression of an embedded kernel or
+    /// initramfs that `known` recognises, by its header and its manifest
+    /// digest, as a section made from the file of that digest: its
+    /// checksum is still verified.
+    pub fn open_knowing(
+        path: &Path,
+        known: impl Fn(&SectionHeader, &str) -> bool,
+    ) -> Result<Trace, FormatError> {
         let mut reader = TraceReader::open(path)?;
         let format_version = reader.format_version();
         let first = reader
@@ -84,10 +95,10 @@ impl Trace {
             }
             match header.kind {
                 SectionKind::Manifest => return Err(structure(path, "a second manifest")),
-                SectionKind::Kernel => {
+                SectionKind::Kernel if !known(&header, &manifest.kernel_sha256) => {
                     check_digest(&reader.read_payload(header)?, &manifest.kernel_sha256)?
                 }
-                SectionKind::Initramfs => {
+                SectionKind::Initramfs if !known(&header, &manifest.initramfs_sha256) => {
                     check_digest(&reader.read_payload(header)?, &manifest.initramfs_sha256)?
                 }
                 SectionKind::KernelProfile => {
@@ -113,6 +124,9 @@ impl Trace {
                     page_digests = Some(reader.read_payload(header)?.payload)
                 }
                 // Verified, not kept: reading the next header skips it.
+                // Known: its checksum is verified as the next header is
+                // read, which skips its payload.
+                SectionKind::Kernel | SectionKind::Initramfs => {}
                 SectionKind::Image => has_image = true,
                 SectionKind::InputDisk => has_input_disk = true,
             }

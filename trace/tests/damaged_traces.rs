@@ -9,8 +9,8 @@ mod common;
 use std::path::Path;
 
 use proptest::prelude::*;
-use provm_trace::format::SectionKind;
-use provm_trace::reader::Unreadable;
+use provm_trace::format::{SectionHeader, SectionKind};
+use provm_trace::reader::{Trace, Unreadable};
 
 use common::{read_everything, sample_sections, write_trace, EVENTS_PER_CHUNK, EVENT_CHUNKS};
 
@@ -104,4 +104,36 @@ proptest! {
             prop_assert!(read(dir.path(), &bytes).is_err());
         }
     }
+}
+
+/// A kernel its manifest does not name is refused, unless the caller knows
+/// the section (`Trace::open_knowing`, as a replay knows the one it cached
+/// itself); a known section whose bytes were damaged is still refused by
+/// its checksum.
+#[test]
+fn a_known_kernel_is_not_decompressed_but_its_checksum_is_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other-kernel.provm");
+    let mut sections = sample_sections();
+    let other_kernel = common::compress(b"another kernel");
+    let kernel = sections
+        .iter_mut()
+        .find(|(kind, _)| *kind == SectionKind::Kernel)
+        .unwrap();
+    kernel.1 = other_kernel.clone();
+    let bytes = write_trace(&path, &sections);
+
+    let refused = Trace::open(&path).err().unwrap().to_string();
+    assert!(refused.contains("manifest's digest"), "{refused}");
+    let kernel_known = |header: &SectionHeader, _: &str| header.kind == SectionKind::Kernel;
+    assert!(Trace::open_knowing(&path, kernel_known).is_ok());
+
+    let at = bytes
+        .windows(other_kernel.len())
+        .position(|window| window == other_kernel.as_slice())
+        .unwrap();
+    let mut damaged = bytes.clone();
+    damaged[at + other_kernel.len() - 1] ^= 1;
+    std::fs::write(&path, damaged).unwrap();
+    assert!(Trace::open_knowing(&path, kernel_known).is_err());
 }
