@@ -68,7 +68,7 @@ impl MemoryImage {
             memory
                 .read_slice(&mut page, GuestAddress(address))
                 .expect("every page below the end of RAM is mapped");
-            if page.iter().all(|&b| b == 0) {
+            if is_zero(&page) {
                 continue;
             }
             match runs.last_mut() {
@@ -90,6 +90,19 @@ impl MemoryImage {
         }
         Ok(())
     }
+}
+
+/// Whether every byte is zero: an OR over whole words, which compiles to
+/// vector instructions, where a byte loop that stops at the first non-zero
+/// byte does not. Snapshots and state digests test every page of RAM, and
+/// on an emulated host (the test beds) the byte loop took most of a
+/// snapshot's 1.2 to 1.9 s.
+pub fn is_zero(bytes: &[u8]) -> bool {
+    let (words, rest) = bytes.split_at(bytes.len() / 8 * 8);
+    let any = words.chunks_exact(8).fold(0, |any, word| {
+        any | u64::from_ne_bytes(word.try_into().expect("8 bytes"))
+    });
+    any == 0 && rest.iter().all(|&b| b == 0)
 }
 
 /// The size of `memory` in MiB.
@@ -127,6 +140,19 @@ pub(crate) fn register_with_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_set_anywhere_is_not_zero() {
+        for len in [0, 1, 7, 8, 9, 256, 4095, 4096] {
+            let mut bytes = vec![0u8; len];
+            assert!(is_zero(&bytes), "{len} zeros");
+            for at in 0..len {
+                bytes[at] = 0x80;
+                assert!(!is_zero(&bytes), "byte {at} of {len}");
+                bytes[at] = 0;
+            }
+        }
+    }
 
     #[test]
     fn image_keeps_only_non_zero_pages_and_restores_them() {

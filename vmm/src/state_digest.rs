@@ -19,9 +19,9 @@ use serde::Serialize;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
-use xxh3_by_blocks::{is_zero, Xxh3ByBlocks, BLOCK};
+use xxh3_by_blocks::{Xxh3ByBlocks, BLOCK};
 
-use crate::memory::GuestMemory;
+use crate::memory::{is_zero, GuestMemory};
 use crate::msr::IA32_TSC;
 use crate::vcpu::VcpuState;
 

@@ -92,7 +92,7 @@ impl Xxh3ByBlocks {
 
     /// Feeds one block that is not the input's last.
     pub fn block(&mut self, block: &[u8; BLOCK]) {
-        if is_zero(block) {
+        if crate::memory::is_zero(block) {
             for (acc, add) in self.acc.iter_mut().zip(ZERO_BLOCK) {
                 *acc = acc.wrapping_add(add);
             }
@@ -147,13 +147,6 @@ impl Xxh3ByBlocks {
             *acc = value.wrapping_mul(PRIME32_1);
         }
     }
-}
-
-/// Whether every byte is zero (a whole-slice OR, which vectorises).
-pub fn is_zero(bytes: &[u8]) -> bool {
-    bytes.chunks_exact(8).fold(0, |any, word| {
-        any | u64::from_ne_bytes(word.try_into().expect("8 bytes"))
-    }) == 0
 }
 
 /// The 128-bit product folded to 64 bits.
