@@ -40,10 +40,13 @@ JOB
 job+=$(cat <<'JOB'
 
 # seconds COMMAND...: its time; if it fails, that and the last lines it
-# wrote to stderr (why).
+# wrote to stderr other than the late search's debug log (why).
 seconds() {
   start=$(date +%s.%N)
-  "$@" >/dev/null 2>/tmp/stderr || { echo "BENCH failed: $*"; tail -n 3 /tmp/stderr | cut -c1-300 | sed 's/^/BENCH why: /'; }
+  "$@" >/dev/null 2>/tmp/stderr || {
+    echo "BENCH failed: $*"
+    grep -v 'DEBUG' /tmp/stderr | tail -n 3 | cut -c1-300 | sed 's/^/BENCH why: /'
+  }
   end=$(date +%s.%N)
   awk "BEGIN { print $end - $start }"
 }
