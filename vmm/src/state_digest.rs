@@ -76,22 +76,31 @@ pub fn memory(memory: &GuestMemory) -> MemoryDigest {
             unsafe { std::slice::from_raw_parts(region.as_ptr(), len) }
         })
         .collect();
-    let blocks = regions.iter().flat_map(|bytes| bytes.chunks_exact(BLOCK));
-    let count = blocks.clone().count();
+    let len: usize = regions.iter().map(|bytes| bytes.len()).sum();
     let zero_piece = xxh3_64(&[0; PIECE_SIZE]) as u16;
     let mut hash = Xxh3ByBlocks::new();
-    let mut pieces = Vec::with_capacity(count * BLOCK / PIECE_SIZE);
+    let mut pieces = Vec::with_capacity(len / PIECE_SIZE);
+    let mut blocks = regions
+        .iter()
+        .flat_map(|bytes| bytes.chunks_exact(BLOCK))
+        .map(|block| <&[u8; BLOCK]>::try_from(block).expect("a whole block"))
+        .peekable();
     let mut last = None;
-    for (index, block) in blocks.enumerate() {
-        let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
+    while let Some(block) = blocks.next() {
+        let zeros = is_zero(block);
         // Truncated: a piece's digest only says where, not whether.
-        pieces.extend(block.chunks(PIECE_SIZE).map(|piece| match is_zero(piece) {
-            true => zero_piece,
-            false => xxh3_64(piece) as u16,
-        }));
-        match index + 1 == count {
-            true => last = Some(block),
-            false => hash.block(block),
+        pieces.extend(
+            block
+                .chunks(PIECE_SIZE)
+                .map(|piece| match zeros || is_zero(piece) {
+                    true => zero_piece,
+                    false => xxh3_64(piece) as u16,
+                }),
+        );
+        match (blocks.peek(), zeros) {
+            (None, _) => last = Some(block),
+            (Some(_), true) => hash.zeros(),
+            (Some(_), false) => hash.block(block),
         }
     }
     MemoryDigest {
