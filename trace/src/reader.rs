@@ -123,10 +123,10 @@ impl Trace {
                 SectionKind::PageDigests => {
                     page_digests = Some(reader.read_payload(header)?.payload)
                 }
-                // Verified, not kept: reading the next header skips it.
                 // Known: its checksum is verified as the next header is
                 // read, which skips its payload.
                 SectionKind::Kernel | SectionKind::Initramfs => {}
+                // Verified, not kept: reading the next header skips it.
                 SectionKind::Image => has_image = true,
                 SectionKind::InputDisk => has_input_disk = true,
             }
