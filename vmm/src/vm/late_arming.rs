@@ -122,7 +122,14 @@ impl Vm {
             return Ok(());
         };
         match late.arming.phase() {
-            Phase::FreeRun { .. } => Ok(()),
+            Phase::FirstPasses => Ok(()),
+            Phase::FreeRun { .. } => {
+                if self.debug.logged_stop.hold(true) && !self.debug.stepping_over {
+                    tracing::debug!("late arming: not among the first passes; running freely");
+                    self.apply_guest_debug(&self.debug.guest_debug)?;
+                }
+                Ok(())
+            }
             Phase::Search => {
                 if self.debug.logged_stop.hold(false) && !self.debug.stepping_over {
                     tracing::debug!("late arming: the free run is over, the breakpoint armed");
@@ -156,12 +163,16 @@ impl Vm {
             &self.kvm,
             late.start.as_ref().expect("saved at its first entry"),
         )?;
-        let (percent, stops) = (late.arming.free_run_percent(), late.arming.stops());
+        let (percent, stops, reached) = (
+            late.arming.free_run_percent(),
+            late.arming.stops(),
+            late.arming.computed_percent(),
+        );
         late.arming.rolled_back();
         let held = late.holds_breakpoint();
         self.run_loop.late_searches.rollbacks += 1;
         tracing::debug!(
-            "late arming: rolled back ({} so far): after a free run of {percent}% and {stops} breakpoint stops {why}; {pages} pages put back; next, {}%",
+            "late arming: rolled back ({} so far): after a free run of {percent}% and {stops} breakpoint stops, at {reached}%, {why}; {pages} pages put back; next, {}%",
             self.run_loop.late_searches.rollbacks,
             late.arming.free_run_percent()
         );
@@ -184,19 +195,27 @@ impl Vm {
             return;
         };
         let searches = &mut self.run_loop.late_searches;
-        if late.arming.ran_freely() {
+        if late.arming.phase() == Phase::FirstPasses {
+            tracing::debug!(
+                "late arming: preemption found among the first passes from the stretch's start, after {} breakpoint stops, at {}%",
+                late.arming.stops(),
+                late.arming.computed_percent()
+            );
+        } else if late.arming.ran_freely() {
             searches.found_after_free_run += 1;
             tracing::debug!(
-                "late arming: preemption found after a free run of {}% and {} breakpoint stops ({} so far, {} rollbacks)",
+                "late arming: preemption found after a free run of {}% and {} breakpoint stops, at {}% ({} so far, {} rollbacks)",
                 late.arming.free_run_percent(),
                 late.arming.stops(),
+                late.arming.computed_percent(),
                 searches.found_after_free_run,
                 searches.rollbacks
             );
         } else {
             tracing::debug!(
-                "late arming: preemption found by the search from the stretch's start after {} breakpoint stops ({} rollbacks so far)",
+                "late arming: preemption found by the search from the stretch's start after {} breakpoint stops, at {}% ({} rollbacks so far)",
                 late.arming.stops(),
+                late.arming.computed_percent(),
                 searches.rollbacks
             );
         }
