@@ -19,9 +19,10 @@
 #             its state with a hardware breakpoint (after a free run, for
 #             a computation's)
 # and prints a table of medians (min-max) in seconds, the ratios of the
-# medians, the preemptions per trace and, for computations, the
-# breakpoint stops per preemption the replay found after a free run, all
-# from one L1 boot.
+# medians, the preemptions per trace and, for computations, how many the
+# replay found among the first passes from the stretch's start and the
+# breakpoint stops per preemption it found after a free run, all from one
+# L1 boot.
 #
 #   benches/preemption-bed.sh
 set -euo pipefail
@@ -40,12 +41,13 @@ JOB
 job+=$(cat <<'JOB'
 
 # seconds COMMAND...: its time; if it fails, that and the last lines it
-# wrote to stderr other than the late search's debug log (why).
+# wrote other than the late search's debug log (why: a replay's verdict
+# goes to stdout, its errors to stderr).
 seconds() {
   start=$(date +%s.%N)
-  "$@" >/dev/null 2>/tmp/stderr || {
+  "$@" >/tmp/stdout 2>/tmp/stderr || {
     echo "BENCH failed: $*"
-    grep -v 'DEBUG' /tmp/stderr | tail -n 3 | cut -c1-300 | sed 's/^/BENCH why: /'
+    cat /tmp/stdout /tmp/stderr | grep -v 'DEBUG' | tail -n 5 | cut -c1-300 | sed 's/^/BENCH why: /'
   }
   end=$(date +%s.%N)
   awk "BEGIN { print $end - $start }"
@@ -63,6 +65,7 @@ measure() {
   # `preemption N` (loops) and `timed preemption N` (computations).
   echo "BENCH $name preemptions $("$P" inspect /tmp/w.provm |
     awk '$1 == "preemption" { n += $2 } $1 == "timed" && $2 == "preemption" { n += $3 } END { print n + 0 }')"
+  echo "BENCH $name first_passes $(grep -c 'preemption found among the first passes' /tmp/stderr || true)"
   found=$(grep -c 'preemption found after a free run' /tmp/stderr || true)
   if [ "$found" -gt 0 ]; then
     stops=$(sed -n 's/.*preemption found after a free run of [0-9]*% and \([0-9]*\) breakpoint stops.*/\1/p' /tmp/stderr |
@@ -98,12 +101,12 @@ stats() {
 # (timing.sh's median takes numbers; this one a workload's kind.)
 median_of() { stats "$1" "$2" | cut -d' ' -f1; }
 ratio() { awk "BEGIN { printf \"%.2f\", $(median_of "$1" "$2") / $(median_of "$1" "$3") }"; }
-echo "| SVM bed (Linux 6.12), $runs runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions | stops per preemption found after a free run | rollbacks | failed |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| SVM bed (Linux 6.12), $runs runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions | found among the first passes | stops per preemption found after a free run | rollbacks | failed |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for workload in spin alone counters; do
   echo "| $workload | $(stats $workload run) | $(stats $workload record) | $(stats $workload replay) |" \
     "$(ratio $workload record run) | $(ratio $workload replay record) | $(stats $workload preemptions) |" \
-    "$(stats $workload stops_per_found) | $(stats $workload rollbacks) |" \
+    "$(stats $workload first_passes) | $(stats $workload stops_per_found) | $(stats $workload rollbacks) |" \
     "$(grep -c "^BENCH $workload [a-z]* BENCH failed" <<<"$out") |"
 done
 exit "$failed"
