@@ -202,6 +202,13 @@ pub trait Seam: Clock {
     /// interrupted a recording.
     fn stop_reason(&self) -> Option<String>;
 
+    /// A replay put the guest back where its stretch without exits began
+    /// (a late search's rollback, `preemption::late_arming`): what it ran
+    /// since was undone, and is not the guest going without exits. A
+    /// replayer times its exitless limit afresh, so that the search from
+    /// the stretch's start has all of it.
+    fn rolled_back(&self) {}
+
     /// Whether the host has input for the guest agent now, so that the run
     /// stops for it to be sent (`HOST_INPUT_DUE`). Asked right after an
     /// exit only, never at a kick, which a replay does not meet again: a

@@ -163,6 +163,10 @@ impl Seam for Replayer {
         cursor.at_end().then(|| "the end of the log".into())
     }
 
+    fn rolled_back(&self) {
+        self.state.lock().unwrap().cursor.restart_exitless();
+    }
+
     /// A recording's host sends between runs of the VM, after an exit; a
     /// fork's live part may send where the replayed part paused (see
     /// `fork`).

@@ -56,12 +56,13 @@ const OVERRUN_FACTOR: u64 = 2;
 /// and 70 s. A guest that did run past the instance in such a loop is
 /// found out as much later.
 const SEARCH_FACTOR: u64 = 200;
-/// Nor longer than this in all, whatever the recording's stretch: every
-/// attempt of one preemption's search runs within the replay's limit on
-/// a guest running without an exit (at least 60 s: the seams'
-/// `RecordedEnd::exitless_limit`), and the two bounded ones must leave
-/// most of it to the search from the start, the one that always finds
-/// the instance. 200 times a long stretch (a host busy while it
+/// Nor longer than this in all, whatever the recording's stretch: a
+/// bounded attempt must end well within the replay's limit on a guest
+/// running without an exit (at least 60 s: the seams'
+/// `RecordedEnd::exitless_limit`, timed afresh at each rollback,
+/// `Seam::rolled_back`), or the replay stops there as a divergence
+/// before the search from the start, the one that always finds the
+/// instance, has begun. 200 times a long stretch (a host busy while it
 /// recorded) can pass that limit: in a bench run at 200 without this cap
 /// one two_counters replay of five failed, presumably so (no log kept).
 const SEARCH_CAP_NS: u64 = 10_000_000_000;

@@ -169,6 +169,7 @@ impl Vm {
             late.arming.computed_percent(),
         );
         late.arming.rolled_back();
+        self.seam.rolled_back();
         let held = late.holds_breakpoint();
         self.run_loop.late_searches.rollbacks += 1;
         tracing::debug!(
