@@ -140,14 +140,15 @@ impl LateArming {
     }
 
     pub fn phase(&self) -> Phase {
-        if self.attempt == 0 && self.stops() < FIRST_PASSES && self.entered_ns < self.free_run_ns()
-        {
-            return Phase::FirstPasses;
-        }
-        // No stop in a free run: all its time is the guest's, and once
-        // over it stays over.
         let free_run = self.free_run_ns();
         if self.entered_ns < free_run {
+            // The first attempt looks at the first passes before it runs
+            // freely.
+            if self.attempt == 0 && self.stops < FIRST_PASSES {
+                return Phase::FirstPasses;
+            }
+            // No stop in a free run: all its time is the guest's, and once
+            // over it stays over.
             return Phase::FreeRun {
                 left_ns: free_run - self.entered_ns,
             };
