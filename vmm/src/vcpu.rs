@@ -4,15 +4,16 @@
 //! timer tick is due. The VM holds the running one; the others wait in
 //! `vm/cpus.rs`.
 
+use std::cell::Cell;
 use std::sync::Once;
 use std::time::Duration;
 
 use kvm_bindings::{
     kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_interrupt, kvm_mp_state, kvm_msr_entry, kvm_regs,
     kvm_run, kvm_segment, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVMIO,
-    KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS,
+    KVM_MAX_CPUID_ENTRIES, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS,
 };
-use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuExit, VcpuFd, VmFd};
 use provm_cpu_model::{check as cpuid_check, CpuidEntry};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::ioctl::ioctl_with_ref;
@@ -141,9 +142,14 @@ pub struct Vcpu {
     /// The CPUID the guest sees: what KVM_GET_CPUID2 read back after
     /// KVM_SET_CPUID2 (on PVM, the host's own).
     pub cpuid: Vec<CpuidEntry>,
-    /// Whether KVM copies the general registers into kvm_run at every exit
-    /// (KVM_CAP_SYNC_REGS), sparing a KVM_GET_REGS per exit.
-    synced_registers: bool,
+    /// What of the registers KVM can copy into kvm_run at every exit
+    /// (KVM_CAP_SYNC_REGS: KVM_SYNC_X86_* bits), sparing a GET ioctl per
+    /// exit: the general registers always, the system registers while
+    /// asked (`sync_system_registers`).
+    syncable: u64,
+    /// What kvm_run holds of the state as it is now: what was synced at
+    /// the last KVM_RUN, until a restore sets the registers anew.
+    synced_now: Cell<u64>,
 }
 
 /// The CPUID KVM can offer a guest on this host (KVM_GET_SUPPORTED_CPUID).
@@ -214,7 +220,8 @@ impl Vcpu {
         let mut vcpu = Vcpu {
             fd,
             cpuid: entries_read_back(effective.as_slice()),
-            synced_registers: false,
+            syncable: 0,
+            synced_now: Cell::new(0),
         };
         vcpu.sync_registers(kvm);
         Ok(vcpu)
@@ -222,11 +229,38 @@ impl Vcpu {
 
     /// Has KVM copy the general registers out at every exit, if it can.
     fn sync_registers(&mut self, kvm: &Kvm) {
-        let synced = kvm.check_extension_int(Cap::SyncRegs) as u64 & u64::from(KVM_SYNC_X86_REGS);
-        self.synced_registers = synced != 0;
-        if self.synced_registers {
+        self.syncable = kvm.check_extension_int(Cap::SyncRegs) as u64
+            & u64::from(KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS);
+        if self.syncable & u64::from(KVM_SYNC_X86_REGS) != 0 {
             self.fd.set_sync_valid_reg(SyncReg::Register);
         }
+    }
+
+    /// Has KVM copy the system registers out at every exit too, if it can,
+    /// or stop: for a guest that single-steps, where each step reads them
+    /// (an ioctl each, which is the larger part of a step's cost on PVM,
+    /// whose every vCPU ioctl reads an MSR of its own host); not at every
+    /// exit of a run, which would only pay for the copy.
+    pub fn sync_system_registers(&mut self, sync: bool) {
+        if self.syncable & u64::from(KVM_SYNC_X86_SREGS) == 0 {
+            return;
+        }
+        if sync {
+            self.fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        } else {
+            self.fd.clear_sync_valid_reg(SyncReg::SystemRegister);
+        }
+    }
+
+    /// Enters the guest (KVM_RUN) until its next exit. KVM copies what is
+    /// synced into kvm_run as it returns, whatever the result.
+    pub fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.synced_now.set(self.fd.get_kvm_run().kvm_valid_regs);
+        self.fd.run()
+    }
+
+    fn synced(&self, what: u32) -> bool {
+        self.synced_now.get() & u64::from(what) != 0
     }
 
     /// Where the guest is at the exit the last KVM_RUN returned.
@@ -242,12 +276,21 @@ impl Vcpu {
         Ok(place_of(&regs))
     }
 
-    /// The general registers at the last exit.
-    fn exit_registers(&self) -> Result<kvm_regs, VcpuError> {
-        if self.synced_registers {
+    /// The general registers at the last exit (until the guest runs on).
+    pub fn exit_registers(&self) -> Result<kvm_regs, VcpuError> {
+        if self.synced(KVM_SYNC_X86_REGS) {
             Ok(self.fd.sync_regs().regs)
         } else {
             self.fd.get_regs().map_err(getting("registers"))
+        }
+    }
+
+    /// The system registers at the last exit (until the guest runs on).
+    pub fn exit_system_registers(&self) -> Result<kvm_sregs, VcpuError> {
+        if self.synced(KVM_SYNC_X86_SREGS) {
+            Ok(self.fd.sync_regs().sregs)
+        } else {
+            self.system_registers()
         }
     }
 
@@ -328,7 +371,7 @@ impl Vcpu {
     pub fn finish_pending_exit(&mut self) {
         self.fd.set_kvm_immediate_exit(1);
         // Returns EINTR at once, having completed the pending access.
-        let _ = self.fd.run();
+        let _ = self.run();
         self.fd.set_kvm_immediate_exit(0);
     }
 
@@ -425,6 +468,8 @@ impl Vcpu {
         if !differences.is_empty() {
             return Err(VcpuError::CpuidNotPresented(differences));
         }
+        // kvm_run's copies are the state before this one.
+        self.synced_now.set(0);
         let fd = &self.fd;
         fd.set_sregs(&state.sregs)
             .map_err(setting("system registers"))?;

@@ -679,7 +679,7 @@ impl Vm {
         self.kicker.arm(kick_after)?;
         // The exit is this vCPU's, whoever runs after it.
         let vcpu = self.running_vcpu();
-        let result = self.vcpu.fd.run();
+        let result = self.vcpu.run();
         self.kicker.disarm()?;
         if let Some(before) = cpu_before {
             let cpu_ns = preemption::thread_cpu_ns().saturating_sub(before);

@@ -101,7 +101,7 @@ pub fn arm(
     debug: &GuestDebug,
     regs: &kvm_regs,
     sregs: &kvm_sregs,
-    syscall_entry: u64,
+    syscall_entry: &dyn Fn() -> Option<u64>,
     memory: &GuestMemory,
 ) -> Option<GuestDebug> {
     let mut breakpoints = debug.breakpoints.clone();
@@ -132,7 +132,7 @@ pub fn arm_past_user_mode(
     debug: &GuestDebug,
     regs: &kvm_regs,
     sregs: &kvm_sregs,
-    syscall_entry: u64,
+    syscall_entry: &dyn Fn() -> Option<u64>,
     memory: &GuestMemory,
 ) -> Option<GuestDebug> {
     // Where the kernel is entered again: None unless the instruction
@@ -143,7 +143,7 @@ pub fn arm_past_user_mode(
             .then(|| guest.interrupt_handler(PAGE_FAULT))
     })?;
     let mut breakpoints = debug.breakpoints.clone();
-    for entry in [Some(syscall_entry), page_fault].into_iter().flatten() {
+    for entry in [syscall_entry(), page_fault].into_iter().flatten() {
         if breakpoints.len() < HW_BREAKPOINTS && !breakpoints.contains(&entry) {
             breakpoints.push(entry);
         }
@@ -203,8 +203,9 @@ struct Guest<'a> {
 }
 
 impl Guest<'_> {
-    /// Where the instruction at RIP can go next.
-    fn next_places(&self, syscall_entry: u64) -> Option<Vec<u64>> {
+    /// Where the instruction at RIP can go next (`syscall_entry`: LSTAR,
+    /// read only for a SYSCALL).
+    fn next_places(&self, syscall_entry: &dyn Fn() -> Option<u64>) -> Option<Vec<u64>> {
         if self.sregs.cs.l != 1 {
             return None; // 64-bit code only: a replayed guest is past boot.
         }
@@ -221,7 +222,7 @@ impl Guest<'_> {
             FlowControl::UnconditionalBranch => self.near_target(&instruction).map(|t| vec![t]),
             FlowControl::ConditionalBranch => Some(vec![self.near_target(&instruction)?, next]),
             FlowControl::Call => match instruction.code() {
-                Code::Syscall => Some(vec![syscall_entry]),
+                Code::Syscall => Some(vec![syscall_entry()?]),
                 Code::Vmcall | Code::Vmmcall => Some(vec![next]),
                 _ => self.near_target(&instruction).map(|t| vec![t]),
             },
@@ -368,10 +369,19 @@ mod tests {
         armed_by(arm, code, theirs, rax, rcx)
     }
 
+    /// `arm` or `arm_past_user_mode`.
+    type Arming = fn(
+        &GuestDebug,
+        &kvm_regs,
+        &kvm_sregs,
+        &dyn Fn() -> Option<u64>,
+        &GuestMemory,
+    ) -> Option<GuestDebug>;
+
     /// What `arm_with` makes of `code` at RIP (see `step_over`); the stack
     /// is on RIP's page, 0x100 past it.
     fn armed_by(
-        arm_with: fn(&GuestDebug, &kvm_regs, &kvm_sregs, u64, &GuestMemory) -> Option<GuestDebug>,
+        arm_with: Arming,
         code: &[u8],
         theirs: &[u64],
         rax: u64,
@@ -402,7 +412,7 @@ mod tests {
             breakpoints: theirs.to_vec(),
             single_step: true,
         };
-        let armed = arm_with(&debug, &regs, &sregs, LSTAR, &memory)?;
+        let armed = arm_with(&debug, &regs, &sregs, &|| Some(LSTAR), &memory)?;
         assert!(!armed.single_step);
         Some(armed.breakpoints)
     }

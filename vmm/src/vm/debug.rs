@@ -4,6 +4,8 @@
 //! flag), and the logged interrupt window a replay runs to; and the state
 //! they keep from one entry into the guest to the next (`DebugState`).
 
+use std::cell::Cell;
+
 use kvm_bindings::{kvm_debug_exit_arch, kvm_debugregs};
 use kvm_ioctls::Kvm;
 
@@ -178,7 +180,7 @@ impl Vm {
             (DebugStop::Step { rip, .. }, _)
                 if self.debug.step_method == StepMethod::Breakpoints =>
             {
-                let rflags = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?.rflags;
+                let rflags = self.vcpu.exit_registers()?.rflags;
                 DebugStop::Step {
                     rip,
                     resumed: rflags & RESUME_FLAG != 0,
@@ -234,6 +236,7 @@ impl Vm {
         // the guest is stepping.
         let stepping = self.debug.stepping_over || self.debug.guest_debug.single_step;
         if !stepping {
+            self.vcpu.sync_system_registers(false);
             return Ok(());
         }
         let in_force = if self.debug.stepping_over {
@@ -241,14 +244,27 @@ impl Vm {
         } else {
             self.debug.guest_debug.clone()
         };
-        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
-        let sregs = self.vcpu.fd.get_sregs().map_err(VmError::Kvm)?;
-        let syscall_entry = self.vcpu.msr(MSR_LSTAR)?;
+        // Where the last exit left the guest (a step's stop, mostly): as
+        // KVM copied it out then, the system registers with the rest from
+        // that step on; LSTAR only for a SYSCALL or a return to user mode.
+        self.vcpu.sync_system_registers(true);
+        let regs = self.vcpu.exit_registers()?;
+        let sregs = self.vcpu.exit_system_registers()?;
+        let unread_lstar = Cell::new(None);
+        let syscall_entry = || {
+            self.vcpu
+                .msr(MSR_LSTAR)
+                .map_err(|error| unread_lstar.set(Some(error)))
+                .ok()
+        };
         let arm = match self.debug.step_method {
             StepMethod::Breakpoints => breakpoint_step::arm,
             StepMethod::TrapFlag => breakpoint_step::arm_past_user_mode,
         };
-        let armed = arm(&in_force, &regs, &sregs, syscall_entry, &self.memory);
+        let armed = arm(&in_force, &regs, &sregs, &syscall_entry, &self.memory);
+        if let Some(error) = unread_lstar.take() {
+            return Err(error.into());
+        }
         // A step is one instruction: a logged window it lands on is seen
         // at its stop, and needs no breakpoint of its own.
         match armed {

@@ -170,7 +170,7 @@ fn enter(vcpu: &VcpuAddress) -> Result<Option<ExitKind>, VmError> {
     // used by its own thread alone, here outside the lock and through the
     // VM (installed) under it.
     let vcpu = unsafe { &mut *vcpu.0 };
-    match vcpu.fd.run() {
+    match vcpu.run() {
         Ok(VcpuExit::Intr) => Ok(None),
         Ok(exit) => Ok(Some(ExitKind::of(&exit))),
         Err(error) if error.errno() == libc::EINTR => Ok(None),
