@@ -281,6 +281,25 @@ pub fn log_events(trace: &Path) -> u64 {
         .unwrap_or_else(|| panic!("no event count in: {}", inspect.stdout))
 }
 
+/// The log positions of `trace`'s "agent output" events, in order: where
+/// the command's output reached the host (the agent forwards it as it
+/// comes), which marks where a workload's steps lie in the log.
+pub fn agent_outputs(trace: &Path) -> Vec<u64> {
+    let outputs = provm(&[
+        "query",
+        "--format",
+        "csv",
+        path(trace),
+        "SELECT idx FROM events WHERE kind = 'agent output' ORDER BY idx",
+    ]);
+    assert_eq!(outputs.status, 0, "{}", outputs.stderr);
+    outputs
+        .stdout
+        .lines()
+        .filter_map(|line| line.parse().ok())
+        .collect()
+}
+
 /// Writes a copy of the trace `from` at `to`, each section's payload as
 /// `change` returns it, given the section's kind and recorded payload.
 pub fn rewrite_trace(

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::{
-    free_port, gdb_batch, images, log_events, one_guest_at_a_time, path, provm, record_shell,
-    serve_gdb, PROVM_FAILED,
+    agent_outputs, free_port, gdb_batch, images, log_events, one_guest_at_a_time, path, provm,
+    record_shell, serve_gdb, PROVM_FAILED,
 };
 
 /// A time-travel snapshot every this many events (`--snapshot-every`): a
@@ -53,19 +53,7 @@ fn recording() -> &'static Recording {
         assert_eq!(recorded.status, 0, "{}", recorded.stderr);
         let events = log_events(&trace);
         // The marker's output and the last file's: the opens lie between.
-        let outputs = provm(&[
-            "query",
-            "--format",
-            "csv",
-            path(&trace),
-            "SELECT idx FROM events WHERE kind = 'agent output' ORDER BY idx",
-        ]);
-        assert_eq!(outputs.status, 0, "{}", outputs.stderr);
-        let at: Vec<u64> = outputs
-            .stdout
-            .lines()
-            .filter_map(|line| line.parse().ok())
-            .collect();
+        let at = agent_outputs(&trace);
         assert!(at.len() >= 2, "the opens are not marked in the log: {at:?}");
         let (first, middle) = (at[0].max(SNAPSHOT_EVERY + 1), (at[0] + at[1]) / 2);
         let shortest = provm(&[
