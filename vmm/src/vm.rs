@@ -879,7 +879,7 @@ impl Vm {
             return Ok(());
         }
         let now = Instant::now();
-        let regs = self.vcpu.fd.get_regs().map_err(VmError::Kvm)?;
+        let regs = self.vcpu.exit_registers()?;
         self.run_loop
             .spin_watch
             .sampled(vcpu::register_digest(&regs), now);
@@ -959,7 +959,7 @@ impl Vm {
 
     /// The guest's instruction pointer (0 if KVM cannot say).
     pub fn rip(&self) -> u64 {
-        self.vcpu.fd.get_regs().map_or(0, |regs| regs.rip)
+        self.vcpu.exit_registers().map_or(0, |regs| regs.rip)
     }
 
     fn internal_error(&mut self) -> VmError {

@@ -55,17 +55,17 @@ impl Vm {
     /// The guest as vCPU `vcpu` sees it, running or parked: its registers
     /// and page tables.
     pub fn view_of(&self, vcpu: usize) -> Result<GuestView<'_>, VmError> {
-        let fd = match &self.cpus {
+        let seen = match &self.cpus {
             Some(cpus) if vcpu != cpus.scheduler.current() => {
-                &cpus.parked(vcpu).ok_or(VmError::NoVcpu(vcpu))?.fd
+                cpus.parked(vcpu).ok_or(VmError::NoVcpu(vcpu))?
             }
             None if vcpu != 0 => return Err(VmError::NoVcpu(vcpu)),
-            _ => &self.vcpu.fd,
+            _ => &self.vcpu,
         };
         Ok(GuestView {
             vcpu,
-            regs: fd.get_regs().map_err(VmError::Kvm)?,
-            sregs: fd.get_sregs().map_err(VmError::Kvm)?,
+            regs: seen.exit_registers()?,
+            sregs: seen.exit_system_registers()?,
             memory: &self.memory,
         })
     }
