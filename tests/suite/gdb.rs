@@ -16,9 +16,9 @@ use common::{
 };
 
 /// A time-travel snapshot every this many events (`--snapshot-every`): a
-/// quarter of the default, so that the way to the middle of the opens
-/// passes one on every host (it was at event 1,075 on the SVM test bed,
-/// 1,811 on PVM).
+/// quarter of the default, so that the way to the opens passes one on
+/// every host (their middle was at event 1,075 on the SVM test bed, 1,811
+/// on PVM); the exit the replay goes to is chosen past it.
 const SNAPSHOT_EVERY: u64 = 500;
 
 /// Opens files, several times, after a line to stdout that marks where the
@@ -75,7 +75,13 @@ fn recording() -> &'static Recording {
             .lines()
             .nth(1)
             .and_then(|line| line.parse().ok())
-            .unwrap_or_else(|| panic!("no exit with a clock among the opens: {}", shortest.stdout));
+            .unwrap_or_else(|| {
+                panic!(
+                    "no exit with a clock between events {first} and {middle} (the first half \
+                     of the opens, past the first snapshot): {}",
+                    shortest.stdout
+                )
+            });
         Recording {
             among_the_opens,
             trace,
