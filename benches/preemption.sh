@@ -2,6 +2,9 @@
 # What `record --preempt 5 --preempt-computations` costs on this host's
 # own KVM, against `provm run` (the peer: a live run preempts anywhere and
 # replays nothing), ROUNDS runs (default 5) of each workload:
+#   spin    a thread spinning on a flag that another sets after computing
+#           (tests/data/spin_flag.c): a loop that never ends by itself,
+#           preempted in user mode on every host
 #   alone   one process computing without system calls (busybox sh
 #           counting to 20,000, on the tests' busybox image)
 #   python  two CPU-bound threads of pure Python, each counting to
@@ -9,10 +12,11 @@
 #           kind of program), on scripts/debian-image's image
 # each as run, record and the replay of that trace. Prints medians
 # (min-max) in seconds, record / run and replay / record, and the
-# preemptions each trace logged. On PVM a recording preempts only the
-# guest kernel (docs/recording.md), so there the Python threads run one
-# after the other when recorded and interleave when run. The SVM test
-# bed's table, where user code is preempted: benches/preemption-bed.sh.
+# preemptions each trace logged. On PVM a recording preempts loops that
+# never end but no computation that ends (docs/recording.md), so there
+# the Python threads run one after the other when recorded and interleave
+# when run. The SVM test bed's table, where computations in user code are
+# preempted too: benches/preemption-bed.sh.
 #
 #   benches/preemption.sh [ROUNDS]
 set -euo pipefail
@@ -39,8 +43,8 @@ measure() {
   rm -f "$work/trace.provm"
   times["$name record"]+="$(seconds "$provm" record -o "$work/trace.provm" "${preempting[@]}" "$image" -- "$@") "
   times["$name replay"]+="$(seconds "$provm" replay "$work/trace.provm") "
-  times["$name preemptions"]+="$("$provm" inspect "$work/trace.provm" |
-    awk '$1 == "preemption" { n += $2 } $1 == "timed" && $2 == "preemption" { n += $3 } END { print n + 0 }') "
+  times["$name preemptions"]+="$("$provm" query "$work/trace.provm" \
+    "SELECT count(*) FROM events WHERE kind LIKE '%preemption%'" | tail -1 | tr -d ' ') "
 }
 
 # The first run and recording of each boots its machine: not timed.
@@ -50,6 +54,7 @@ measure() {
 "$provm" record -o "$work/warm2.provm" "$debian" -- true >/dev/null 2>&1
 for round in $(seq "$rounds"); do
   echo "bench: round $round of $rounds" >&2
+  measure spin "$busybox" /bin/spin_flag
   measure alone "$busybox" /bin/sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done'
   measure python "$debian" python3 -c "$(cat "$repo/tests/data/python_threads.py")" 3000000
 done
@@ -63,7 +68,7 @@ ratio() {
 }
 echo "| $(uname -r), $rounds runs, median (min-max) | run (s) | record (s) | replay (s) | record / run | replay / record | preemptions |"
 echo "|---|---|---|---|---|---|---|"
-for workload in alone python; do
+for workload in spin alone python; do
   echo "| $workload | $(stats "$workload run") | $(stats "$workload record") | $(stats "$workload replay") |" \
     "$(ratio "$workload record" "$workload run") | $(ratio "$workload replay" "$workload record") |" \
     "$(stats "$workload preemptions") |"

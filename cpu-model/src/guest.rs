@@ -7,7 +7,7 @@
 use crate::baseline::{guest_model, Baseline, BaselineError};
 use crate::entry::CpuidEntry;
 use crate::hidden::{self, HiddenFeature, Platform};
-use crate::vector_state::{self, UnsavedVectorState};
+use crate::vector_state;
 
 /// CPUID leaf 1, EDX: the local APIC.
 const APIC: u32 = 1 << 9;
@@ -69,13 +69,13 @@ impl GuestCpu {
 
 /// The kernel arguments this host's KVM makes necessary, given the hidden
 /// features the kernel must ignore (`GuestCpu::ignored_by_kernel`): those
-/// features, and how vector state is kept safe where the kernel cannot
-/// manage it (as `keeping` says).
-pub fn kernel_args(ignored: &[&HiddenFeature], keeping: UnsavedVectorState) -> String {
+/// features, and the VMM's keeping of vector state where the kernel cannot
+/// (`vector_state`).
+pub fn kernel_args(ignored: &[&HiddenFeature]) -> String {
     format!(
         "{} {}",
         hidden::kernel_args_hiding(ignored),
-        vector_state::kernel_args(ignored, keeping)
+        vector_state::kernel_args(ignored)
     )
 }
 

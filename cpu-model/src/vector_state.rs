@@ -6,63 +6,48 @@
 //! `hidden::unenforced`) lets user code use every register the host's XCR0
 //! enables, AVX and AVX-512 included, while the guest kernel, told there is
 //! no XSAVE, saves only the FXSAVE area (x87, SSE) at a context switch.
-//! There either the kernel is asked (patch 0008) to switch tasks only at
-//! system calls, where the C ABI leaves no vector register live, never at
-//! an interrupt's return; or the VMM saves and loads each task's whole
-//! vector state for the kernel (patch 0011), which then preempts user
-//! mode anywhere. Where CPUID is enforced (VMX, SVM), the guest cannot
-//! turn on AVX without XSAVE and nothing is needed.
+//! There the VMM saves and loads each task's whole vector state for the
+//! kernel (patch 0011), which then preempts user mode anywhere. Where
+//! CPUID is enforced (VMX, SVM), the guest cannot turn on AVX without
+//! XSAVE and nothing is needed.
 
 use crate::hidden::HiddenFeature;
 
 /// Kernel patch 0008's argument: no preemption at an interrupt's or
-/// exception's return to user mode.
+/// exception's return to user mode, so that tasks switch only at system
+/// calls, where no vector register is live. What recordings before trace
+/// format 14 booted with on PVM, which could not find a preemption in
+/// user code again; their replays boot with it still.
 pub const NO_USER_PREEMPTION: &str = "provm.user_preempt=0";
 
 /// Kernel patch 0011's argument: the VMM saves and loads each task's
 /// vector state (`provm_vmm::devices::vector_state`).
 pub const VMM_KEEPS_VECTOR_STATE: &str = "provm.vector_state=vmm";
 
-/// How a guest keeps the vector state its kernel cannot save.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum UnsavedVectorState {
-    /// The kernel switches tasks only at system calls
-    /// ([`NO_USER_PREEMPTION`]): a recording's guest, which is preempted
-    /// in user mode nowhere else on such a host anyway (PVM stops guest
-    /// user mode at no breakpoint, so its replay could not find the
-    /// instruction a preemption came at).
-    #[default]
-    SwitchedAtSystemCalls,
-    /// The VMM saves and loads it ([`VMM_KEEPS_VECTOR_STATE`]), and the
-    /// kernel preempts user mode anywhere: a run's guest.
-    KeptByVmm,
-}
-
 /// The kernel argument the guest needs, given the hidden features KVM left
-/// visible: when user space can reach vector state beyond SSE that the
-/// kernel cannot save, the one that keeps it as `keeping` says; else
-/// nothing.
-pub fn kernel_args(unenforced: &[&HiddenFeature], keeping: UnsavedVectorState) -> &'static str {
+/// visible: [`VMM_KEEPS_VECTOR_STATE`] when user space can reach vector
+/// state beyond SSE that the kernel cannot save; else nothing.
+pub fn kernel_args(unenforced: &[&HiddenFeature]) -> &'static str {
     // std's AVX detection reads XCR0: the host's OS enables the YMM state
     // (AVX-512 needs it too).
-    args_for(
-        unenforced,
-        std::arch::is_x86_feature_detected!("avx"),
-        keeping,
-    )
+    args_for(unenforced, std::arch::is_x86_feature_detected!("avx"))
 }
 
-fn args_for(
-    unenforced: &[&HiddenFeature],
-    host_enables_avx: bool,
-    keeping: UnsavedVectorState,
-) -> &'static str {
+fn args_for(unenforced: &[&HiddenFeature], host_enables_avx: bool) -> &'static str {
     let user_sees_xsave = unenforced.iter().any(|feature| feature.name == "xsave");
-    match keeping {
-        _ if !(user_sees_xsave && host_enables_avx) => "",
-        UnsavedVectorState::SwitchedAtSystemCalls => NO_USER_PREEMPTION,
-        UnsavedVectorState::KeptByVmm => VMM_KEEPS_VECTOR_STATE,
+    if user_sees_xsave && host_enables_avx {
+        VMM_KEEPS_VECTOR_STATE
+    } else {
+        ""
     }
+}
+
+/// Whether a guest booted with `kernel_args` leaves user mode's vector
+/// state beyond SSE to something other than its kernel (either argument).
+pub fn kept_outside_the_kernel(kernel_args: &str) -> bool {
+    kernel_args
+        .split_whitespace()
+        .any(|arg| arg == NO_USER_PREEMPTION || arg == VMM_KEEPS_VECTOR_STATE)
 }
 
 #[cfg(test)]
@@ -76,30 +61,24 @@ mod tests {
     }
 
     #[test]
-    fn preemption_stays_where_the_kernel_owns_the_vector_state() {
-        for keeping in [
-            UnsavedVectorState::SwitchedAtSystemCalls,
-            UnsavedVectorState::KeptByVmm,
-        ] {
-            // VMX/SVM: CPUID is enforced, XSAVE really hidden.
-            assert_eq!(args_for(&[], true, keeping), "");
-            assert_eq!(args_for(&[named("rdrand")], true, keeping), "");
-            // Visible XSAVE, but the host's XCR0 has only x87 and SSE.
-            assert_eq!(args_for(&[named("xsave")], false, keeping), "");
-        }
+    fn the_vmm_keeps_vector_state_only_where_the_kernel_cannot() {
+        // VMX/SVM: CPUID is enforced, XSAVE really hidden.
+        assert_eq!(args_for(&[], true), "");
+        assert_eq!(args_for(&[named("rdrand")], true), "");
+        // Visible XSAVE, but the host's XCR0 has only x87 and SSE.
+        assert_eq!(args_for(&[named("xsave")], false), "");
+        let pvm = [named("rdrand"), named("xsave"), named("avx")];
+        assert_eq!(args_for(&pvm, true), VMM_KEEPS_VECTOR_STATE);
     }
 
     #[test]
-    fn user_mode_is_not_preempted_where_ymm_state_would_leak() {
-        let pvm = [named("rdrand"), named("xsave"), named("avx")];
-        let keeping = UnsavedVectorState::SwitchedAtSystemCalls;
-        assert_eq!(args_for(&pvm, true, keeping), NO_USER_PREEMPTION);
-    }
-
-    #[test]
-    fn or_the_vmm_keeps_the_vector_state_where_asked_to() {
-        let pvm = [named("rdrand"), named("xsave"), named("avx")];
-        let keeping = UnsavedVectorState::KeptByVmm;
-        assert_eq!(args_for(&pvm, true, keeping), VMM_KEEPS_VECTOR_STATE);
+    fn either_argument_leaves_vector_state_outside_the_kernel() {
+        assert!(kept_outside_the_kernel(
+            "console=ttyS0 provm.user_preempt=0"
+        ));
+        assert!(kept_outside_the_kernel("provm.vector_state=vmm quiet"));
+        assert!(!kept_outside_the_kernel(
+            "console=ttyS0 provm.user_preempt=1"
+        ));
     }
 }

@@ -15,9 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use provm_cpu_model::check as cpuid_check;
-use provm_cpu_model::vector_state::{
-    UnsavedVectorState, NO_USER_PREEMPTION, VMM_KEEPS_VECTOR_STATE,
-};
 use provm_cpu_model::CpuProbe;
 use provm_trace::format::{FormatError, SectionKind};
 use provm_trace::manifest::ImageFile;
@@ -109,11 +106,12 @@ pub fn booted(
     deadline: Instant,
 ) -> Result<BootedSnapshot, FastStartError> {
     let mut key = format!(
-        "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
+        "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {} {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
         machine_version::for_machine(prepared.cpus, prepared.input_disk.is_some()),
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,
+        identity.cpu.kernel_args.trim(),
         prepared.memory_mib,
         cpuid_check::model_only(&identity.cpu.guest),
         identity.cpu.ignored_by_kernel,
@@ -130,14 +128,6 @@ pub fn booted(
     }
     if prepared.input_disk.is_some() {
         key.push_str("\ninput disk");
-    }
-    // A run's guest where the VMM keeps vector state for its kernel boots
-    // with other arguments than a recording's (`UnsavedVectorState`).
-    let mut recording_args = identity.cpu.kernel_args.split_whitespace();
-    if prepared.boot.vector_state == UnsavedVectorState::KeptByVmm
-        && recording_args.any(|arg| arg == NO_USER_PREEMPTION)
-    {
-        key.push_str(&format!("\n{VMM_KEEPS_VECTOR_STATE}"));
     }
     let path = cache_dir()
         .join("snapshots")

@@ -2,7 +2,7 @@
 //! replay cannot check what was never logged, so its verdict says which
 //! of these the recording could have taken (README, "Known holes").
 
-use provm_cpu_model::vector_state::NO_USER_PREEMPTION;
+use provm_cpu_model::vector_state;
 use provm_cpu_model::Platform;
 
 /// One input the guest could take without the VMM seeing it.
@@ -68,9 +68,7 @@ impl Hole {
 /// this CPU has RDRAND or RDSEED.
 pub fn open_here(platform: Platform, kernel_args: &str, host_rdrand: bool) -> Vec<Hole> {
     let pvm = platform == Platform::Pvm;
-    let vector_hazard = kernel_args
-        .split_whitespace()
-        .any(|arg| arg == NO_USER_PREEMPTION);
+    let vector_hazard = vector_state::kept_outside_the_kernel(kernel_args);
     [
         (Hole::UserRdtsc, pvm),
         (Hole::UserCpuid, pvm),

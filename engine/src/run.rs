@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::time::Instant;
 
-use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_guest_agent::Outcome;
 
 use crate::machine::Prepared;
@@ -50,13 +49,6 @@ pub fn run_prepared(
     observers: &mut [&mut dyn Observer],
     streams: (&mut dyn Write, &mut dyn Write),
 ) -> Result<Ran, RunError> {
-    // Nothing is replayed: where the guest kernel cannot save user mode's
-    // vector state (PVM), the VMM keeps it, and the kernel preempts user
-    // code anywhere, as on SVM and VMX. A pinned run is a recording's
-    // machine, its ticks delivered at exits alone, and logs what it does.
-    if options.pinned.is_none() {
-        prepared.boot.vector_state = UnsavedVectorState::KeptByVmm;
-    }
     let (job, mut data) = start::job_with_data(options, prepared)?;
     let booted = Booted::of(prepared, deadline)?;
     let started = start::start(

@@ -31,6 +31,7 @@ pub fn exit_event(exit: Exit<'_>, at: Place) -> Event {
             pages: instance.pages.clone(),
             instance: instance.digest,
             ran_ns: instance.ran_ns,
+            user_code: instance.user_code,
         },
     }
 }

@@ -120,12 +120,28 @@ fn sample_events() -> Vec<Event> {
             pages: vec![(0x1234, 2), (0x2000, 1)],
             instance: 0x0f1e_2d3c_4b5a_6978,
             ran_ns: None,
+            user_code: None,
         },
         Event::Preempted {
             at: place(0x40_2010),
             pages: vec![(0x1234, 1)],
             instance: 0x0f1e_2d3c_4b5a_6979,
             ran_ns: Some(7_654_321),
+            user_code: None,
+        },
+        Event::Preempted {
+            at: place(0x40_2020),
+            pages: vec![(0x1234, 1), (0x2000, 3)],
+            instance: 0x0f1e_2d3c_4b5a_697a,
+            ran_ns: None,
+            user_code: Some(0x0123_4578),
+        },
+        Event::Preempted {
+            at: place(0x40_2030),
+            pages: vec![(0x2000, 1)],
+            instance: 0x0f1e_2d3c_4b5a_697b,
+            ran_ns: Some(1_234_567),
+            user_code: Some(0x0345_6010),
         },
     ]
 }
@@ -199,18 +215,21 @@ fn the_event_logs_of_format_6_still_decode() {
     );
 }
 
-/// The event logs of formats 7 to 12 still decode, as today's events
+/// The event logs of formats 7 to 13 still decode, as today's events
 /// without the kinds each lacked: vCPU switches (to 8), preemptions (to
-/// 11) and timed preemptions (to 12).
+/// 11), timed preemptions (to 12) and preemptions in user mode (to 13).
 #[test]
-fn the_event_logs_of_formats_7_to_12_still_decode() {
-    for version in 7..=12 {
+fn the_event_logs_of_formats_7_to_13_still_decode() {
+    for version in 7..=13 {
         let events = sample_events_of_an_older_format(|event| match event {
             Event::Switch(_) => version <= 8,
+            Event::Preempted {
+                user_code: Some(_), ..
+            } => true,
             Event::Preempted { ran_ns: None, .. } => version <= 11,
             Event::Preempted {
                 ran_ns: Some(_), ..
-            } => true,
+            } => version <= 12,
             _ => false,
         });
         assert_eq!(

@@ -3,10 +3,13 @@
 //! the same instruction instance by its state (`provm_vmm::preemption`):
 //! a loop it never leaves by itself searched from the last exit, a
 //! computation that ends after a free run (`preemption::late_arming`).
-//! On SVM and VMX hosts (the test beds) user code is preempted; PVM stops
-//! guest user mode at no breakpoint, so there only the guest kernel is,
-//! and these tests check that it says so and that its traces still replay.
-//! `provm run`, which nothing replays, preempts user code on every host.
+//! Loops that never end by themselves are preempted on every host, in
+//! user code too: on PVM, which stops guest user mode at no breakpoint,
+//! the replay finds them with `int3`s (`provm_vmm::user_trap`).
+//! Computations that end are preempted where a breakpoint stops user mode
+//! (SVM and VMX hosts, the test beds); on PVM these tests check that the
+//! recording says so. `provm run`, which nothing replays, preempts user
+//! code on every host.
 
 use crate::common;
 
@@ -27,7 +30,10 @@ fn trace_path(name: &str) -> PathBuf {
     common::trace_path(&common::scratch(module_path!()), name)
 }
 
-fn preempts_user_code() -> bool {
+/// Whether the recorder preempts computations in user code that end by
+/// themselves (`--preempt-computations`): where a breakpoint stops user
+/// mode, not on PVM. Loops that never end are preempted everywhere.
+fn preempts_computations() -> bool {
     Platform::detect() == Platform::Hardware
 }
 
@@ -67,19 +73,19 @@ fn preemptions(trace: &Path) -> (usize, usize) {
 }
 
 /// Records `command` with `--preempt` and `options` where this host
-/// preempts guest user code. On PVM, which preempts only the guest
-/// kernel, the program that waits for another to run waits for ever:
-/// records until the warning that names the host, asserts it came, and
-/// returns None.
-fn record_preempting_user_code(
+/// preempts computations in user code. On PVM, which preempts only loops
+/// that never end there, the program that waits for another to run
+/// waits for ever: records until the warning that names the host,
+/// asserts it came, and returns None.
+fn record_preempting_computations(
     trace: &Path,
     options: &[&str],
     command: &[&str],
 ) -> Option<Finished> {
-    if preempts_user_code() {
+    if preempts_computations() {
         return Some(record_preempting(trace, options, command));
     }
-    let warning = "preempts only the guest kernel here";
+    let warning = "preempts here only loops that never end by themselves";
     let waited = common::record_until_warned(
         trace,
         &[options, &["--preempt", QUANTUM_MS]].concat(),
@@ -91,13 +97,11 @@ fn record_preempting_user_code(
 }
 
 /// spin_flag recorded as `name` with `options`: the recording preempts
-/// the spinner, the setter runs, and the trace replays, each preemption
-/// found at its pass through the loop.
+/// the spinner, in user mode, the setter runs, and the trace replays, each
+/// preemption found at its pass through the loop (on PVM with `int3`s).
 fn spin_flag_ends_and_replays(name: &str, options: &[&str]) {
     let trace = trace_path(name);
-    let Some(recorded) = record_preempting_user_code(&trace, options, &["/bin/spin_flag"]) else {
-        return;
-    };
+    let recorded = record_preempting(&trace, options, &["/bin/spin_flag"]);
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     assert!(
         recorded.stdout.contains("flag set after the work"),
@@ -106,13 +110,29 @@ fn spin_flag_ends_and_replays(name: &str, options: &[&str]) {
     );
     let (loops, timed) = preemptions(&trace);
     assert!(loops + timed > 0);
+    assert!(in_user_mode(&trace) > 0, "no preemption in user mode");
     assert_replay_matches(&trace);
+}
+
+/// How many of the trace's preemptions came in user mode.
+fn in_user_mode(trace: &Path) -> usize {
+    let opened = Trace::open(trace).unwrap();
+    let mut events = opened.events().unwrap();
+    let mut count = 0;
+    while let Some(event) = events.next_event().unwrap() {
+        if let Event::Preempted {
+            user_code: Some(_), ..
+        } = event
+        {
+            count += 1;
+        }
+    }
+    count
 }
 
 /// A thread spinning on a flag that another sets, on one vCPU: the
 /// recording preempts the spinner, the setter runs, and the trace
-/// replays. On PVM the spinner is not preempted: the recording warns,
-/// naming the host, and is stopped.
+/// replays.
 #[test]
 fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
     let _guest = one_guest_at_a_time();
@@ -123,8 +143,7 @@ fn a_thread_spinning_on_a_flag_another_sets_finishes_when_recorded() {
 /// a recording runs one at a time: the spinning vCPU is preempted and
 /// gives way to the other, whose thread then sets the flag, and the trace
 /// replays. With a chaos seed, which draws the quanta of preemption as
-/// well as the vCPU schedule. On PVM the spinning vCPU holds the other, as
-/// on one vCPU: the recording warns, naming the host.
+/// well as the vCPU schedule.
 #[test]
 fn a_vcpu_spinning_in_user_space_gives_way_to_the_other_when_recorded() {
     let _guest = one_guest_at_a_time();
@@ -181,16 +200,17 @@ fn found_after_a_free_run(trace: &Path) -> u64 {
 /// `--preempt-computations` preempts their computations, which end, so
 /// the guest's ticks come, the two interleave (the first to end saw the
 /// other begun) and the recording ends; the replay matches, finding
-/// preemptions after a free run. On PVM only loops of the guest kernel
-/// are preempted: the first counter waits for ever, and the recording
-/// warns, naming the host.
+/// preemptions after a free run. On PVM only loops that never end are
+/// preempted: the first counter waits for ever, and the recording warns,
+/// naming the host.
 #[test]
 fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run() {
     let _guest = one_guest_at_a_time();
     let trace = trace_path("two-counters");
     let count = COUNT.to_string();
     let command = ["/bin/two_counters", &count, "long"];
-    let Some(recorded) = record_preempting_user_code(&trace, &["--preempt-computations"], &command)
+    let Some(recorded) =
+        record_preempting_computations(&trace, &["--preempt-computations"], &command)
     else {
         return;
     };
@@ -267,7 +287,7 @@ fn two_python_threads_interleave_when_run_and_their_recording_replays() {
 
     let trace = trace_path("python-threads");
     let preempting = ["--preempt", QUANTUM_MS, "--preempt-computations"];
-    let options: &[&str] = if preempts_user_code() {
+    let options: &[&str] = if preempts_computations() {
         &preempting
     } else {
         &[]
@@ -283,7 +303,7 @@ fn two_python_threads_interleave_when_run_and_their_recording_replays() {
     );
     assert_eq!(recorded.status, 0, "{}", recorded.stderr);
     let seen = python_thread_saw(&recorded.stdout);
-    if preempts_user_code() {
+    if preempts_computations() {
         assert!(0 < seen && seen < PYTHON_COUNT, "{}", recorded.stdout);
     }
     assert_replay_matches(&trace);

@@ -110,12 +110,17 @@ pub enum Event {
     /// vCPU computed in the guest since its last exit (its thread's CPU
     /// time), which a replay runs freely for in part before it looks
     /// (`EventKind::PreemptedAfter`, format 13); `None` for a loop that
-    /// never ends, whose search starts at the last exit.
+    /// never ends, whose search starts at the last exit. `user_code`:
+    /// where the guest stood in user mode, the guest physical address of
+    /// the instruction at `at`; `instance` then leaves out the frame of the
+    /// kernel's last entry from user mode (`EventKind::PreemptedInUserMode`,
+    /// format 14; before, every instance digested it).
     Preempted {
         at: Place,
         pages: Vec<(u64, u64)>,
         instance: u64,
         ran_ns: Option<u64>,
+        user_code: Option<u64>,
     },
 }
 
@@ -177,6 +182,9 @@ impl Event {
             Event::NetReceived(_) => EventKind::NetReceived,
             Event::NetSent { .. } => EventKind::NetSent,
             Event::Switch(_) => EventKind::Switch,
+            Event::Preempted {
+                user_code: Some(_), ..
+            } => EventKind::PreemptedInUserMode,
             Event::Preempted { ran_ns: None, .. } => EventKind::Preempted,
             Event::Preempted {
                 ran_ns: Some(_), ..
@@ -232,10 +240,16 @@ impl fmt::Display for Event {
                 pages,
                 instance,
                 ran_ns,
+                user_code,
             } => {
                 write!(
                     f,
-                    "preempted {at}, state {instance:016x} over {} written pages",
+                    "preempted {at}{}, state {instance:016x} over {} written pages",
+                    if user_code.is_some() {
+                        " in user mode"
+                    } else {
+                        ""
+                    },
                     pages.iter().map(|(_, count)| count).sum::<u64>()
                 )?;
                 match ran_ns {
@@ -271,10 +285,12 @@ pub enum EventKind {
     Preempted,
     /// A preemption with the time computed before it (format 13).
     PreemptedAfter,
+    /// A preemption in user mode, timed or not (format 14).
+    PreemptedInUserMode,
 }
 
 impl EventKind {
-    const ALL: [EventKind; 20] = [
+    const ALL: [EventKind; 21] = [
         EventKind::PioRead,
         EventKind::PioWrite,
         EventKind::MmioRead,
@@ -295,6 +311,7 @@ impl EventKind {
         EventKind::Switch,
         EventKind::Preempted,
         EventKind::PreemptedAfter,
+        EventKind::PreemptedInUserMode,
     ];
 
     pub fn is_exit(self) -> bool {
@@ -302,6 +319,7 @@ impl EventKind {
             || self == EventKind::MsrRead
             || self == EventKind::Preempted
             || self == EventKind::PreemptedAfter
+            || self == EventKind::PreemptedInUserMode
     }
 
     pub fn name(self) -> &'static str {
@@ -326,6 +344,7 @@ impl EventKind {
             EventKind::Switch => "vCPU switch",
             EventKind::Preempted => "preemption",
             EventKind::PreemptedAfter => "timed preemption",
+            EventKind::PreemptedInUserMode => "preemption in user mode",
         }
     }
 
@@ -399,6 +418,7 @@ impl Encoder {
                 pages,
                 instance,
                 ran_ns,
+                user_code,
                 ..
             } => {
                 // Runs ascend: each as its gap from the last one's end.
@@ -410,8 +430,15 @@ impl Encoder {
                     end = first.wrapping_add(count);
                 }
                 out.extend_from_slice(&instance.to_le_bytes());
-                if let Some(ns) = ran_ns {
-                    put_varint(out, *ns);
+                match (user_code, ran_ns) {
+                    // In user mode: 0 for a loop, else 1 + the time; then
+                    // the instruction's address.
+                    (Some(physical), _) => {
+                        put_varint(out, ran_ns.map_or(0, |ns| ns + 1));
+                        put_varint(out, *physical);
+                    }
+                    (None, Some(ns)) => put_varint(out, *ns),
+                    (None, None) => {}
                 }
             }
         }
@@ -545,12 +572,21 @@ impl Decoder {
                 pages: input.page_runs()?,
                 instance: u64::from_le_bytes(input.array()?),
                 ran_ns: None,
+                user_code: None,
             },
             EventKind::PreemptedAfter => Event::Preempted {
                 at: self.place(input)?,
                 pages: input.page_runs()?,
                 instance: u64::from_le_bytes(input.array()?),
                 ran_ns: Some(input.varint()?),
+                user_code: None,
+            },
+            EventKind::PreemptedInUserMode => Event::Preempted {
+                at: self.place(input)?,
+                pages: input.page_runs()?,
+                instance: u64::from_le_bytes(input.array()?),
+                ran_ns: input.varint()?.checked_sub(1),
+                user_code: Some(input.varint()?),
             },
         })
     }
@@ -712,12 +748,28 @@ mod tests {
                 pages: vec![(0x100, 3), (0x104, 1), (0x7_ffff, 1)],
                 instance: 0xfeed_f00d,
                 ran_ns: None,
+                user_code: None,
             },
             Event::Preempted {
                 at: at(0x40_1234),
                 pages: vec![(0x100, 2)],
                 instance: 0xfeed_f00e,
                 ran_ns: Some(12_345_678),
+                user_code: None,
+            },
+            Event::Preempted {
+                at: at(0x40_1234),
+                pages: vec![(0x100, 2)],
+                instance: 0xfeed_f00f,
+                ran_ns: None,
+                user_code: Some(0x1_2345_6789),
+            },
+            Event::Preempted {
+                at: at(0x40_1234),
+                pages: vec![(0x100, 2)],
+                instance: 0xfeed_f010,
+                ran_ns: Some(0),
+                user_code: Some(0),
             },
         ]
     }
@@ -734,7 +786,7 @@ mod tests {
         let mut decoded = decoder.decode_all(&first).unwrap();
         decoded.extend(decoder.decode_all(&second).unwrap());
         assert_eq!(decoded, events);
-        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 9);
+        assert_eq!(events.iter().filter(|e| e.is_exit()).count(), 11);
     }
 
     /// An exit at the same place as the last costs its tag, one byte of

@@ -55,11 +55,15 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// a `Preempted` event, which an older provm cannot replay. Version 13:
 /// it may preempt a computation that ends by itself too, logged with how
 /// long the guest computed before (`EventKind::PreemptedAfter`); a
-/// format-12 trace preempted only loops that never end.
+/// format-12 trace preempted only loops that never end. Version 14: a
+/// preemption in user mode digests the guest's memory without the frame
+/// of the kernel's last entry from user mode, which a replay on a host
+/// that stops user mode at no breakpoint writes as it finds the place
+/// (`EventKind::PreemptedInUserMode`); a format-13 trace digested it.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 13;
+pub const FORMAT_VERSION: u16 = 14;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;

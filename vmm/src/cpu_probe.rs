@@ -5,7 +5,6 @@
 //! opening of /dev/kvm. The model itself, and every decision about it, is
 //! `provm-cpu-model`'s (`GuestCpu`, which `Vm::new` boots with too).
 
-use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_cpu_model::{self as cpu_model, Baseline, CpuProbe, GuestCpu, Platform};
 
 use crate::vcpu::{self, Vcpu};
@@ -26,7 +25,7 @@ pub fn probe_cpu(baseline: Baseline) -> Result<CpuProbe, VmError> {
     let ignored = guest_cpu.ignored_by_kernel(&vcpu.cpuid);
     Ok(CpuProbe {
         supported,
-        kernel_args: cpu_model::kernel_args(&ignored, UnsavedVectorState::SwitchedAtSystemCalls),
+        kernel_args: cpu_model::kernel_args(&ignored),
         ignored_by_kernel: ignored.iter().map(|f| f.name).collect(),
         guest: vcpu.cpuid,
     })

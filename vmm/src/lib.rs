@@ -34,5 +34,6 @@ pub mod scheduler;
 pub mod seam;
 mod spin_watch;
 pub mod state_digest;
+pub mod user_trap;
 pub mod vcpu;
 pub mod vm;

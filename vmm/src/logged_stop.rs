@@ -49,6 +49,10 @@ pub struct StopBreakpoint {
     /// The breakpoint waits: the guest runs freely first
     /// (`preemption::late_arming`).
     held: bool,
+    /// Where the breakpoint goes instead of the logged place: the guest
+    /// kernel's `#BP` handler, while the place is found with `int3`s
+    /// (`user_trap`).
+    trap_handler: Option<u64>,
     slot: Cell<Option<usize>>,
 }
 
@@ -63,6 +67,9 @@ pub enum StopKind {
     Passing,
     /// Not the logged stop's business (the debugger's stop).
     Other,
+    /// A stop of the search for a place in user code (`user_trap`): the
+    /// guest goes on, unseen.
+    Searching,
 }
 
 impl StopBreakpoint {
@@ -81,9 +88,17 @@ impl StopBreakpoint {
         std::mem::replace(&mut self.held, held) != held
     }
 
+    /// Puts the breakpoint on `handler` instead of the logged place
+    /// (`None`: back on the place). Returns whether that changed, so the
+    /// breakpoints must be applied again.
+    pub fn trap_at(&mut self, handler: Option<u64>) -> bool {
+        std::mem::replace(&mut self.trap_handler, handler) != handler
+    }
+
     /// The logged stop the guest ran to, now reached: it runs to none.
     pub fn take(&mut self) -> Option<LoggedStop> {
         self.held = false;
+        self.trap_handler = None;
         self.target.take()
     }
 
@@ -100,7 +115,8 @@ impl StopBreakpoint {
         }
     }
 
-    fn place(&self) -> Option<Place> {
+    /// The logged place the guest runs to.
+    pub fn place(&self) -> Option<Place> {
         self.target.as_ref().map(LoggedStop::place)
     }
 
@@ -116,7 +132,9 @@ impl StopBreakpoint {
         }
         let mut debug = debug.clone();
         self.slot.set(Some(debug.breakpoints.len()));
-        debug.breakpoints.push(place.rip);
+        debug
+            .breakpoints
+            .push(self.trap_handler.unwrap_or(place.rip));
         Ok(debug)
     }
 

@@ -60,31 +60,42 @@ pub fn read(memory: &GuestMemory, cr3: u64, virt: u64, buf: &mut [u8]) -> Result
     Ok(())
 }
 
+/// Page tables for unit tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_tables {
     use super::*;
     use crate::memory;
 
-    const PML4: u64 = 0x1000;
+    /// The tables' root.
+    pub(crate) const CR3: u64 = 0x1000;
     const PDPT: u64 = 0x2000;
     const PD: u64 = 0x3000;
     const PT: u64 = 0x4000;
+    /// Where the kernel half begins, mapped 4 KiB a page.
+    pub(crate) const KERNEL: u64 = 0xffff_8000_0000_0000;
 
-    /// Maps 0xffff_8000_0000_0000 + 4 KiB pages through a full walk, and
-    /// 2 MiB at 0x4020_0000 through a large PDE.
-    fn guest() -> GuestMemory {
+    /// 64 MiB of RAM whose tables at `CR3` map `KERNEL` to 0x10_0000 and
+    /// the page after it to 0x20_0000 through a full walk, and 2 MiB at
+    /// 0x4020_0000 to 0x40_0000 through a large PDE.
+    pub(crate) fn guest() -> GuestMemory {
         let memory = memory::create(64).unwrap();
         let write = |at: u64, entry: u64| memory.write_obj(entry, GuestAddress(at)).unwrap();
-        write(PML4 + 256 * 8, PDPT | PRESENT);
+        write(CR3 + 256 * 8, PDPT | PRESENT);
         write(PDPT, PD | PRESENT);
         write(PD, PT | PRESENT);
         write(PT, 0x10_0000 | PRESENT);
         write(PT + 8, 0x20_0000 | PRESENT);
-        write(PML4, PDPT | PRESENT);
+        write(CR3, PDPT | PRESENT);
         write(PDPT + 8, PD | PRESENT);
         write(PD + 8, 0x40_0000 | PRESENT | LARGE_PAGE);
         memory
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_tables::{guest, CR3 as PML4};
+    use super::*;
 
     #[test]
     fn a_four_level_walk_and_a_large_page_translate() {

@@ -54,12 +54,13 @@
 use std::collections::HashSet;
 
 use iced_x86::{Decoder, DecoderOptions};
-use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
+use kvm_bindings::{kvm_sregs, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::memory::GuestMemory;
+use crate::paging;
 use crate::seam::Place;
 use crate::vcpu::{self, Vcpu, VcpuError};
 
@@ -209,10 +210,22 @@ pub fn in_repeated_instruction(
 
 /// The digest of the vCPU's state beyond its place, with the bytes of
 /// `pages` (runs as `WrittenPages::runs` gives them): what tells one pass
-/// through a place from another.
-pub fn digest(vcpu: &Vcpu, memory: &GuestMemory, pages: &[(u64, u64)]) -> Result<u64, VcpuError> {
+/// through a place from another. A place in user mode (`user_mode`) is
+/// digested without the kernel's entry frame (`entry_frame`), which a
+/// replay that finds it with an `int3` has just written (`user_trap`).
+pub fn digest(
+    vcpu: &Vcpu,
+    memory: &GuestMemory,
+    pages: &[(u64, u64)],
+    user_mode: bool,
+) -> Result<u64, VcpuError> {
     let mut hash = Xxh3::new();
     let (sregs, xsave) = vcpu.system_and_vector_registers()?;
+    let left_out = if user_mode {
+        entry_frame(memory, &sregs)
+    } else {
+        Vec::new()
+    };
     for word in [sregs.cr3, sregs.fs.base, sregs.gs.base] {
         hash.update(&word.to_le_bytes());
     }
@@ -230,11 +243,42 @@ pub fn digest(vcpu: &Vcpu, memory: &GuestMemory, pages: &[(u64, u64)]) -> Result
                 .read_slice(&mut page, GuestAddress(number * PAGE))
                 .is_ok()
             {
+                for &(at, len) in &left_out {
+                    if at / PAGE == number {
+                        let offset = (at % PAGE) as usize;
+                        page[offset..offset + len].fill(0);
+                    }
+                }
                 hash.update(&page);
             }
         }
     }
     Ok(hash.digest())
+}
+
+/// Where the CPU pushes its frame (SS, RSP, RFLAGS, CS, RIP: 40 bytes)
+/// entering the kernel from user mode: below the ring-0 stack pointer of
+/// the TSS (RSP0, at byte 4), aligned down to 16 bytes. Linux's entry
+/// stack, one per CPU, whose top the last such entry wrote. As guest
+/// physical pieces (address, length), one per page it spans; none where
+/// the tables do not map it.
+fn entry_frame(memory: &GuestMemory, sregs: &kvm_sregs) -> Vec<(u64, usize)> {
+    const FRAME: u64 = 40;
+    let mut rsp0 = [0u8; 8];
+    if paging::read(memory, sregs.cr3, sregs.tr.base + 4, &mut rsp0).is_err() {
+        return Vec::new();
+    }
+    let top = u64::from_le_bytes(rsp0) & !0xf;
+    let start = top.wrapping_sub(FRAME);
+    let first = (PAGE - start % PAGE).min(FRAME);
+    [(start, first), (start + first, FRAME - first)]
+        .into_iter()
+        .filter(|&(_, len)| len > 0)
+        .map(|(virt, len)| {
+            paging::translate(memory, sregs.cr3, virt).map(|physical| (physical, len as usize))
+        })
+        .collect::<Result<_, _>>()
+        .unwrap_or_default()
 }
 
 /// The parts of the XSAVE area digested: the x87 control, status and tag
@@ -268,6 +312,33 @@ mod tests {
         assert_eq!(written.runs(), [(1, 3), (127, 1), (0x13f, 2)]);
         written.clear();
         assert_eq!(written.runs(), []);
+    }
+
+    #[test]
+    fn the_entry_frame_is_the_40_bytes_below_rsp0_aligned_in_each_page() {
+        use crate::paging::test_tables::{guest, CR3, KERNEL};
+        let memory = guest();
+        let tss = KERNEL + 0x100;
+        let mut sregs = kvm_sregs::default();
+        (sregs.cr3, sregs.tr.base) = (CR3, tss);
+        // RSP0 at byte 4 of the TSS: the frame ends at it, aligned down,
+        // and here spans the kernel's two pages, apart in RAM.
+        memory
+            .write_obj(KERNEL + 0x1018, GuestAddress(0x10_0104))
+            .unwrap();
+        assert_eq!(
+            entry_frame(&memory, &sregs),
+            [(0x10_0fe8, 24), (0x20_0000, 16)]
+        );
+        memory
+            .write_obj(KERNEL + 0x1000, GuestAddress(0x10_0104))
+            .unwrap();
+        assert_eq!(entry_frame(&memory, &sregs), [(0x10_0fd8, 40)]);
+        // Unmapped: nothing is left out.
+        memory
+            .write_obj(0x1_0000u64, GuestAddress(0x10_0104))
+            .unwrap();
+        assert_eq!(entry_frame(&memory, &sregs), []);
     }
 
     #[test]

@@ -70,6 +70,13 @@ pub struct Instance {
     /// which a replay runs freely for in part before it looks
     /// (`preemption::late_arming`). `None` for a loop that never ends.
     pub ran_ns: Option<u64>,
+    /// Where the guest stood in user mode: the guest physical address of
+    /// the instruction at the place, where a replay on a host that stops
+    /// user mode at no breakpoint writes its `int3` (`user_trap`). Its
+    /// state is then digested without the frame of the kernel's last entry
+    /// from user mode (`preemption::digest`). `None` in the kernel, and in
+    /// traces of format 13 and before, which digested that frame.
+    pub user_code: Option<u64>,
 }
 
 /// Where a replay must run the guest to, for an exit that KVM does not

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
-use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_cpu_model::{self as cpu_model, Baseline, CpuidEntry, GuestCpu, Platform};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -55,6 +54,7 @@ mod layout;
 mod parallel;
 mod run_state;
 mod state;
+mod user_trap;
 mod vector_state;
 mod view;
 
@@ -77,9 +77,6 @@ pub struct BootSource {
     pub cmdline: String,
     /// The CPU model the guest boots with.
     pub cpu: Baseline,
-    /// How the guest keeps the vector state its kernel cannot save, where
-    /// the host lets user mode have such state (PVM).
-    pub vector_state: UnsavedVectorState,
 }
 
 /// The machine: everything needed to build a VM, booted or restored.
@@ -239,7 +236,7 @@ impl Vm {
         let mut cmdline = format!(
             "{} {} virtio_mmio.device=4K@{BLOCK_MMIO:#x}:{BLOCK_IRQ} virtio_mmio.device=4K@{CONSOLE_MMIO:#x}:{CONSOLE_IRQ} provm_clock={CLOCK_MMIO:#x}",
             boot.cmdline,
-            cpu_model::kernel_args(&ignored, boot.vector_state),
+            cpu_model::kernel_args(&ignored),
         );
         if net {
             cmdline.push_str(&format!(" virtio_mmio.device=4K@{NET_MMIO:#x}:{NET_IRQ}"));
@@ -579,11 +576,22 @@ impl Vm {
             }
         }
         let logged = self.seam.logged_stop();
-        if let Some(LoggedStop::Preemption(at, _)) = &logged {
-            if !self.run_loop.user_mode_stops && at.rip < KERNEL_SPACE {
-                return Err(VmError::UserPreemptionUnreachable { rip: at.rip });
+        // Where a breakpoint cannot stop user mode, `int3`s find a loop's
+        // preemption there; not yet a computation's, which a late search
+        // finds (`vm::user_trap`).
+        let trapped = match &logged {
+            Some(LoggedStop::Preemption(at, instance))
+                if !self.run_loop.user_mode_stops && at.rip < KERNEL_SPACE =>
+            {
+                let unreachable = |why| VmError::UserPreemptionUnreachable { rip: at.rip, why };
+                if instance.ran_ns.is_some() {
+                    return Err(unreachable("a computation's, which a replay searches for late, and this host's search in user code with `int3`s stops at every pass"));
+                }
+                let code = instance.user_code.ok_or_else(|| unreachable("in a trace of format 13 or before, which does not say where the instruction is in guest memory for an `int3`"))?;
+                Some((at.rip, code))
             }
-        }
+            _ => None,
+        };
         match self.seam.delivery() {
             Delivery::Anywhere | Delivery::WindowExit => {
                 self.vcpu.request_interrupt_window(waiting);
@@ -599,7 +607,14 @@ impl Vm {
         }
         let held = self.begin_late_search(&logged)?;
         let aimed = logged.is_some();
-        let changed = self.debug.logged_stop.aim(logged) | self.debug.logged_stop.hold(held);
+        let aim_changed = self.debug.logged_stop.aim(logged);
+        if aim_changed {
+            self.disarm_user_trap();
+            if let Some((rip, code)) = trapped {
+                self.arm_user_trap(rip, code)?;
+            }
+        }
+        let changed = aim_changed | self.debug.logged_stop.hold(held);
         if changed && !self.debug.stepping_over {
             tracing::debug!("logged stop: running to it: {aimed}");
             self.keep_guest_debugregs(aimed)?;
@@ -679,7 +694,15 @@ impl Vm {
         self.kicker.arm(kick_after)?;
         // The exit is this vCPU's, whoever runs after it.
         let vcpu = self.running_vcpu();
+        let returning_from_trap = self.returning_from_user_trap();
+        // The search's patches are in guest memory only while it runs.
+        if let Some(trap) = &mut self.debug.user_trap {
+            trap.patches.lay(&self.memory);
+        }
         let result = self.vcpu.run();
+        if let Some(trap) = &mut self.debug.user_trap {
+            trap.patches.lift(&self.memory);
+        }
         self.kicker.disarm()?;
         if let Some(before) = cpu_before {
             let cpu_ns = preemption::thread_cpu_ns().saturating_sub(before);
@@ -713,21 +736,21 @@ impl Vm {
             Ok(VcpuExit::Intr) => None,
             // Not an exit: the guest is where it would have been. But the
             // logged interrupt window a replay runs to stands for that exit.
+            // The search for a preemption in user code came back to it
+            // (`vm::user_trap`).
+            Ok(VcpuExit::IrqWindowOpen) if returning_from_trap => {
+                if self.user_trap_returned()? {
+                    Some(self.reach_logged_stop()?)
+                } else {
+                    self.run_loop.at_exit = false;
+                    return Ok(Entry::Kicked);
+                }
+            }
             Ok(VcpuExit::Debug(debug)) => match self.logged_stop(&debug)? {
-                StopKind::Reached => {
-                    self.logged_stop_made(true)?;
-                    // A debugger's step that lands here is not shown as a
-                    // stop of its own: the exit comes first.
-                    self.debug.stepping_over = false;
-                    self.end_late_search();
-                    let reached = self.debug.logged_stop.take();
-                    self.apply_guest_debug(&self.debug.guest_debug)?;
-                    match reached {
-                        Some(LoggedStop::Preemption(_, instance)) => {
-                            Some(ExitKind::Preempted(instance))
-                        }
-                        _ => Some(ExitKind::InterruptWindow),
-                    }
+                StopKind::Reached => Some(self.reach_logged_stop()?),
+                StopKind::Searching => {
+                    self.run_loop.at_exit = false;
+                    return Ok(Entry::Kicked);
                 }
                 StopKind::Passing => {
                     self.logged_stop_made(false)?;
@@ -751,6 +774,22 @@ impl Vm {
                 Ok(Entry::Kicked)
             }
         }
+    }
+
+    /// The guest reached the logged stop it ran to: the exit it stands
+    /// for.
+    fn reach_logged_stop(&mut self) -> Result<ExitKind, VmError> {
+        self.logged_stop_made(true)?;
+        // A debugger's step that lands here is not shown as a stop of its
+        // own: the exit comes first.
+        self.debug.stepping_over = false;
+        self.end_late_search();
+        let reached = self.debug.logged_stop.take();
+        self.apply_guest_debug(&self.debug.guest_debug)?;
+        Ok(match reached {
+            Some(LoggedStop::Preemption(_, instance)) => ExitKind::Preempted(instance),
+            _ => ExitKind::InterruptWindow,
+        })
     }
 
     /// Handles the running vCPU's VM exit, whose data KVM left in its
@@ -803,7 +842,9 @@ impl Vm {
     /// state seen at an earlier kick of this stretch), or, where the seam
     /// asks for it and this host stops guest user mode at breakpoints,
     /// anywhere else too, logged with the time it computed for (the
-    /// replay's late search). Returns whether it did.
+    /// replay's late search). In user mode it logs where the instruction
+    /// is in guest memory, for a replay that finds it with an `int3`.
+    /// Returns whether it did.
     fn preempt_if_due(&mut self) -> Result<bool, VmError> {
         let Some(quantum) = self.preemption_quantum() else {
             return Ok(false);
@@ -815,7 +856,6 @@ impl Vm {
             || !waiting
             || !self.vcpu.ready_for_interrupt()
             || self.vcpu.delivering_an_event()?
-            || (!self.run_loop.user_mode_stops && self.vcpu.in_user_mode()?)
         {
             return Ok(false);
         }
@@ -824,7 +864,9 @@ impl Vm {
         };
         let place_seen_before = self.run_loop.repeats.place_seen_before(place);
         // PVM preempts only loops: it stops guest user mode at no
-        // breakpoint, so its replays could not find user code.
+        // breakpoint, so its replays find a place in user code with
+        // `int3`s, which stop at every pass and would make a computation's
+        // late search crawl (`vm::user_trap`).
         let may_end_here = self.run_loop.user_mode_stops && self.seam.preempts_computations();
         if !(place_seen_before || may_end_here)
             || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
@@ -836,7 +878,8 @@ impl Vm {
             .gather(&self.vm_fd, &self.memory)
             .map_err(VmError::Kvm)?;
         let pages = self.run_loop.written.runs();
-        let digest = preemption::digest(&self.vcpu, &self.memory, &pages)?;
+        let user_code = self.user_code_at(place.rip)?;
+        let digest = preemption::digest(&self.vcpu, &self.memory, &pages, user_code.is_some())?;
         let in_a_loop = place_seen_before && self.run_loop.repeats.state_seen_before(place, digest);
         if !in_a_loop && !may_end_here {
             return Ok(false);
@@ -859,6 +902,7 @@ impl Vm {
             pages,
             digest,
             ran_ns,
+            user_code,
         }))?;
         Ok(true)
     }
@@ -908,7 +952,8 @@ impl Vm {
                 "record with --preempt MS, which preempts it on SVM and VMX hosts, or use `provm run`"
             } else {
                 "this host's KVM (PVM) stops guest user mode at no breakpoint, so --preempt \
-                 preempts only the guest kernel here: record on an SVM or VMX host"
+                 preempts here only loops that never end by themselves (a spin-wait), not \
+                 a computation: record on an SVM or VMX host with --preempt-computations"
             };
             tracing::warn!(
                 "guest user code has computed for {} s without a VM exit (RIP {:#x}); while recording, \

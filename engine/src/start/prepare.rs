@@ -1,7 +1,6 @@
 //! A run's machine, checked and assembled from its options: the image's
 //! root, the kernel and its command line, the agent's initramfs.
 
-use provm_cpu_model::vector_state::UnsavedVectorState;
 use provm_cpu_model::Platform;
 use provm_vmm::disk::image::BaseImage;
 use provm_vmm::vm::BootSource;
@@ -64,9 +63,6 @@ pub fn prepare(options: &RunOptions) -> Result<Prepared, RunError> {
             initramfs: initramfs::agent_initramfs(),
             cmdline: machine_args(options, &root.device()),
             cpu: options.cpu,
-            // A recording's guest; a run's lets the VMM keep it
-            // (`run::run_prepared`).
-            vector_state: UnsavedVectorState::SwitchedAtSystemCalls,
         },
         memory_mib: options.memory_mib,
         root_device: root.device(),

@@ -51,12 +51,14 @@ impl Seam for Replayer {
                 pages,
                 instance,
                 ran_ns,
+                user_code,
             }) => Some(LoggedStop::Preemption(
                 place(at),
                 Instance {
                     pages: pages.clone(),
                     digest: *instance,
                     ran_ns: *ran_ns,
+                    user_code: *user_code,
                 },
             )),
             Some(Event::InterruptWindow { at }) if self.delivery == Delivery::LoggedWindow => {

@@ -157,6 +157,36 @@ pub fn arm_past_user_mode(
 /// The page-fault exception's vector.
 const PAGE_FAULT: u8 = 14;
 
+/// Where the user-mode instruction at RIP can go next in user mode: the
+/// places a step made with `int3`s covers (`vm::user_trap`). A SYSCALL
+/// goes on past itself, where the kernel returns. `None` where that
+/// cannot be worked out.
+pub(crate) fn user_successors(
+    regs: &kvm_regs,
+    sregs: &kvm_sregs,
+    memory: &GuestMemory,
+) -> Option<Vec<u64>> {
+    at_rip(regs, sregs, memory, |guest| {
+        let instruction = guest.instruction()?;
+        match instruction.code() {
+            Code::Syscall => Some(vec![instruction.next_ip()]),
+            _ => guest.next_places(&|| None),
+        }
+    })
+}
+
+/// The handler of interrupt `vector`, from the guest's IDT.
+pub(crate) fn interrupt_handler(
+    sregs: &kvm_sregs,
+    memory: &GuestMemory,
+    vector: u8,
+) -> Option<u64> {
+    let regs = kvm_regs::default();
+    at_rip(&regs, sregs, memory, |guest| {
+        guest.interrupt_handler(vector)
+    })
+}
+
 /// What `look` makes of the guest as it stands, its instruction at RIP
 /// read.
 fn at_rip<T>(
@@ -206,14 +236,7 @@ impl Guest<'_> {
     /// Where the instruction at RIP can go next (`syscall_entry`: LSTAR,
     /// read only for a SYSCALL).
     fn next_places(&self, syscall_entry: &dyn Fn() -> Option<u64>) -> Option<Vec<u64>> {
-        if self.sregs.cs.l != 1 {
-            return None; // 64-bit code only: a replayed guest is past boot.
-        }
-        let instruction =
-            Decoder::with_ip(64, self.code, self.regs.rip, DecoderOptions::NONE).decode();
-        if instruction.is_invalid() {
-            return None;
-        }
+        let instruction = self.instruction()?;
         let next = instruction.next_ip();
         match instruction.flow_control() {
             FlowControl::Next | FlowControl::Exception | FlowControl::XbeginXabortXend => {
@@ -253,6 +276,17 @@ impl Guest<'_> {
                 _ => None,
             },
         }
+    }
+
+    /// The instruction at RIP, in 64-bit code (a replayed guest is past
+    /// boot).
+    fn instruction(&self) -> Option<Instruction> {
+        if self.sregs.cs.l != 1 {
+            return None;
+        }
+        let instruction =
+            Decoder::with_ip(64, self.code, self.regs.rip, DecoderOptions::NONE).decode();
+        (!instruction.is_invalid()).then_some(instruction)
     }
 
     /// Whether the instruction at RIP is SYSRET, or IRET to a frame whose

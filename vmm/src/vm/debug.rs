@@ -16,6 +16,7 @@ use crate::probes::breakpoint_step::{self, StepMethod};
 use crate::vcpu::RESUME_FLAG;
 
 use super::layout::MSR_LSTAR;
+use super::user_trap::UserTrap;
 use super::{Entry, Vm, VmError};
 
 /// What stops the guest and the steps on the way there: the debugger's
@@ -45,6 +46,9 @@ pub(super) struct DebugState {
     /// The guest's debug registers before the logged stop's breakpoint
     /// was armed, for the stops it makes (see `Vm::logged_stop_made`).
     pub(super) logged_stop_debugregs: Option<kvm_debugregs>,
+    /// The search for a logged preemption in user code, on a host that
+    /// stops user mode at no breakpoint (`vm::user_trap`).
+    pub(super) user_trap: Option<UserTrap>,
 }
 
 impl DebugState {
@@ -60,17 +64,21 @@ impl DebugState {
             step_kicked: false,
             logged_stop: StopBreakpoint::default(),
             logged_stop_debugregs: None,
+            user_trap: None,
         })
     }
 }
 
 impl Vm {
     /// What a debug stop was for the logged stop a replay runs to.
-    pub(super) fn logged_stop(&self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
+    pub(super) fn logged_stop(&mut self, debug: &kvm_debug_exit_arch) -> Result<StopKind, VmError> {
         if !self.debug.logged_stop.aimed() {
             return Ok(StopKind::Other);
         }
         let now = self.vcpu.place()?;
+        if self.on_user_trap(now) {
+            return self.user_trap_stop();
+        }
         let mut stop = self.debug.logged_stop.stop(debug.dr6, now);
         if stop != StopKind::Other && self.debug.logged_stop.preemption().is_some() {
             stop = self.preemption_stop(stop == StopKind::Reached)?;
@@ -89,23 +97,34 @@ impl Vm {
     /// where the registers (`registers_match`) and the rest of the state
     /// are the logged instance's (`preemption`).
     fn preemption_stop(&self, registers_match: bool) -> Result<StopKind, VmError> {
+        if registers_match && self.in_logged_instance()? {
+            Ok(StopKind::Reached)
+        } else {
+            Ok(StopKind::Passing)
+        }
+    }
+
+    /// Whether the guest's state beyond its place (its registers
+    /// matched) is the instance of the preemption it runs to.
+    pub(super) fn in_logged_instance(&self) -> Result<bool, VmError> {
         let instance = self
             .debug
             .logged_stop
             .preemption()
             .expect("running to a preemption");
-        if !registers_match {
-            return Ok(StopKind::Passing);
-        }
-        let digest = preemption::digest(&self.vcpu, &self.memory, &instance.pages)?;
+        let digest = preemption::digest(
+            &self.vcpu,
+            &self.memory,
+            &instance.pages,
+            instance.user_code.is_some(),
+        )?;
         if digest != instance.digest {
             tracing::trace!(
                 "preemption: the registers match, the state does not ({digest:016x}, logged {:016x})",
                 instance.digest
             );
-            return Ok(StopKind::Passing);
         }
-        Ok(StopKind::Reached)
+        Ok(digest == instance.digest)
     }
 
     /// Reads the guest's DR6 before the logged stop's breakpoint is armed

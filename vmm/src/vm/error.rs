@@ -84,8 +84,12 @@ pub enum VmError {
     },
     #[error("stopped: {0}")]
     Stopped(String),
-    #[error("the recording preempted guest user code at RIP {rip:#x} (an SVM or VMX host, `record --preempt`), which a replay finds again with a hardware breakpoint, and this host's KVM (PVM) stops guest user mode at no breakpoint: replay the trace on an SVM or VMX host")]
-    UserPreemptionUnreachable { rip: u64 },
+    #[error("the recording preempted guest user code at RIP {rip:#x}, {why}: this host's KVM (PVM) stops guest user mode at no hardware breakpoint, which finds it; replay the trace on an SVM or VMX host")]
+    UserPreemptionUnreachable { rip: u64, why: &'static str },
+    #[error(
+        "the replay's search for the preemption at RIP {rip:#x}, in guest user code, failed: {why}"
+    )]
+    UserTrap { rip: u64, why: String },
 
     #[error("cannot route the guest's reads of host-dependent MSRs to the VMM (KVM_CAP_X86_USER_SPACE_MSR / KVM_X86_SET_MSR_FILTER; Linux 5.10 or later): {0}")]
     MsrFilter(kvm_ioctls::Error),
