@@ -949,11 +949,18 @@ impl Vm {
         }
         if !self.run_loop.exitless_warned {
             let remedy = if self.seam.preemption_quantum().is_none() {
-                "record with --preempt MS, which preempts it on SVM and VMX hosts, or use `provm run`"
-            } else {
+                "record with --preempt MS, which preempts a loop that waits (and with \
+                 --preempt-computations a computation, on SVM and VMX hosts), or use `provm run`"
+            } else if !self.run_loop.user_mode_stops {
                 "this host's KVM (PVM) stops guest user mode at no breakpoint, so --preempt \
                  preempts here only loops that never end by themselves (a spin-wait), not \
                  a computation: record on an SVM or VMX host with --preempt-computations"
+            } else if !self.seam.preempts_computations() {
+                "--preempt preempts only a loop that never ends by itself (a spin-wait): \
+                 record with --preempt-computations too, which preempts a computation"
+            } else {
+                "the kicks found it where it cannot be preempted (interrupts off, or in a \
+                 repeated string instruction)"
             };
             tracing::warn!(
                 "guest user code has computed for {} s without a VM exit (RIP {:#x}); while recording, \
