@@ -200,7 +200,8 @@ fn found_after_a_free_run(trace: &Path) -> u64 {
 /// `--preempt-computations` preempts their computations, which end, so
 /// the guest's ticks come, the two interleave (the first to end saw the
 /// other begun) and the recording ends; the replay matches, finding
-/// preemptions after a free run. On PVM only loops that never end are
+/// preemptions after a free run, and a replay that takes them a pass
+/// late, the registers the same and a counter one more, diverges. On PVM only loops that never end are
 /// preempted: the first counter waits for ever, and the recording warns,
 /// naming the host.
 #[test]
@@ -226,6 +227,19 @@ fn two_counting_processes_interleave_when_recorded_and_replay_after_a_free_run()
     );
     assert!(timed > 0);
     assert!(found_after_a_free_run(&trace) > 0);
+    // The preemptions taken one pass late, where only the counter in
+    // memory differs: the replay must say it diverged.
+    let late = provm_with_env(
+        &["replay", path(&trace)],
+        &[("PROVM_REPLAY_PREEMPTION_ONE_PASS_LATE", Path::new("1"))],
+    );
+    assert!(late.stderr.contains("one pass late"), "{}", late.stderr);
+    assert_eq!(late.status, 1, "{}{}", late.stdout, late.stderr);
+    assert!(
+        late.stdout.starts_with("replay diverged"),
+        "{}",
+        late.stdout
+    );
 }
 
 /// `provm run` preempts guest user code anywhere, on every host: on PVM,
