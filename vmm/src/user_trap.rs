@@ -129,28 +129,29 @@ impl Patches {
     }
 
     /// Adds `bytes` at guest virtual `at`, under the tables at `cr3`.
+    /// Returns the guest physical address they go to.
     pub fn add(
         &mut self,
         memory: &GuestMemory,
         cr3: u64,
         at: u64,
         bytes: &[u8],
-    ) -> Result<(), Unmapped> {
+    ) -> Result<u64, Unmapped> {
         let physical = paging::translate(memory, cr3, at)?;
         if (physical % 4096) as usize + bytes.len() > 4096 {
             return Err(Unmapped(at));
         }
         self.add_physical(physical, bytes);
-        Ok(())
+        Ok(physical)
     }
 
-    /// An `int3` at `at`.
-    pub fn add_int3(&mut self, memory: &GuestMemory, cr3: u64, at: u64) -> Result<(), Unmapped> {
+    /// An `int3` at `at` (`add`).
+    pub fn add_int3(&mut self, memory: &GuestMemory, cr3: u64, at: u64) -> Result<u64, Unmapped> {
         self.add(memory, cr3, at, &[INT3])
     }
 
-    /// An `iretq` at `at`.
-    pub fn add_iretq(&mut self, memory: &GuestMemory, cr3: u64, at: u64) -> Result<(), Unmapped> {
+    /// An `iretq` at `at` (`add`).
+    pub fn add_iretq(&mut self, memory: &GuestMemory, cr3: u64, at: u64) -> Result<u64, Unmapped> {
         self.add(memory, cr3, at, &IRETQ)
     }
 
@@ -253,8 +254,8 @@ mod tests {
             now
         };
         let mut patches = Patches::default();
-        patches.add_iretq(&memory, CR3, 0x4020_0100).unwrap();
-        patches.add_int3(&memory, CR3, 0x4020_0102).unwrap();
+        assert_eq!(patches.add_iretq(&memory, CR3, 0x4020_0100), Ok(0x40_0100));
+        assert_eq!(patches.add_int3(&memory, CR3, 0x4020_0102), Ok(0x40_0102));
         // One patch a place: a second at the same address is not stacked.
         patches.add_int3(&memory, CR3, 0x4020_0102).unwrap();
         assert_eq!(read(), [0x90, 0x41, 0x42]);

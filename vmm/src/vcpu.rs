@@ -96,7 +96,12 @@ pub struct VcpuState {
 /// (CPL 3); a failed read is an error, never a mode.
 fn user_mode(read: Result<kvm_sregs, kvm_ioctls::Error>) -> Result<bool, VcpuError> {
     let sregs = read.map_err(getting("system registers"))?;
-    Ok(sregs.cs.dpl == 3)
+    Ok(is_user_mode(&sregs))
+}
+
+/// Whether `sregs` are user mode's (CPL 3).
+pub fn is_user_mode(sregs: &kvm_sregs) -> bool {
+    sregs.cs.dpl == 3
 }
 
 /// The bytes of KVM's XSAVE area (`kvm_xsave::region`).

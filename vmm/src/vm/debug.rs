@@ -49,7 +49,7 @@ pub(super) struct DebugState {
     /// The search for a logged preemption in user code, on a host that
     /// stops user mode at no breakpoint (`vm::user_trap`).
     pub(super) user_trap: Option<UserTrap>,
-    /// Whether a replay takes its first preemption one pass late
+    /// Whether a replay takes its preemptions in user mode one pass late
     /// (`ONE_PASS_LATE`).
     one_pass_late: OnePassLate,
 }
@@ -123,33 +123,30 @@ impl Vm {
     /// are the logged instance's (`preemption`).
     fn preemption_stop(&mut self, registers_match: bool) -> Result<StopKind, VmError> {
         let reached = registers_match && self.in_logged_instance()?;
+        // The guest kernel's passes may differ only in what it overwrites
+        // before it is read: user code's are the test.
         let in_user_mode = self
             .debug
             .logged_stop
             .preemption()
             .is_some_and(|instance| instance.user_code.is_some());
         let late = &mut self.debug.one_pass_late;
-        Ok(match (*late, reached) {
-            // The guest kernel's passes may differ only in what it
-            // overwrites before it is read: user code's are the test.
-            _ if !in_user_mode => {
-                if reached {
-                    StopKind::Reached
-                } else {
-                    StopKind::Passing
-                }
-            }
-            (OnePassLate::Armed, true) => {
+        match *late {
+            OnePassLate::Armed if in_user_mode && reached => {
                 *late = OnePassLate::Passed;
-                StopKind::Passing
+                return Ok(StopKind::Passing);
             }
-            (OnePassLate::Passed, _) if registers_match => {
+            OnePassLate::Passed if in_user_mode && registers_match => {
                 *late = OnePassLate::Armed;
                 tracing::warn!("a preemption taken one pass late, as {ONE_PASS_LATE} asks");
-                StopKind::Reached
+                return Ok(StopKind::Reached);
             }
-            (_, true) => StopKind::Reached,
-            (_, false) => StopKind::Passing,
+            _ => {}
+        }
+        Ok(if reached {
+            StopKind::Reached
+        } else {
+            StopKind::Passing
         })
     }
 

@@ -53,11 +53,11 @@ impl Vm {
     /// `rip`: the guest physical address of the instruction there
     /// (`Instance::user_code`); `None` in the kernel.
     pub(super) fn user_code_at(&self, rip: u64) -> Result<Option<u64>, VmError> {
-        if !self.vcpu.in_user_mode()? {
+        let sregs = self.vcpu.exit_system_registers()?;
+        if !vcpu::is_user_mode(&sregs) {
             return Ok(None);
         }
-        let cr3 = self.vcpu.exit_system_registers()?.cr3;
-        paging::translate(&self.memory, cr3, rip)
+        paging::translate(&self.memory, sregs.cr3, rip)
             .map(Some)
             .map_err(|error| VmError::UserTrap {
                 rip,
@@ -171,11 +171,12 @@ impl Vm {
             trap.stepping = true;
         }
         EntryFrame::write_rip(&self.memory, sregs.cr3, regs.rsp, at).map_err(unmapped)?;
-        trap.patches
+        let iretq = trap
+            .patches
             .add_iretq(&self.memory, sregs.cr3, trap.handler)
             .map_err(unmapped)?;
         trap.returning = Some(Return {
-            iretq: paging::translate(&self.memory, sregs.cr3, trap.handler).map_err(unmapped)?,
+            iretq,
             rip: at,
             instance,
         });
