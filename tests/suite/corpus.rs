@@ -13,7 +13,7 @@ use common::{
     assert_replay_matches, one_guest_at_a_time, path, provm, rewrite_trace, PROVM_FAILED,
 };
 use provm_cpu_model::{self as cpu_model, Baseline, Platform};
-use provm_trace::format::{SectionKind, FORMAT_VERSION, OLDEST_FORMAT};
+use provm_trace::format::{self, SectionKind, FORMAT_VERSION, HEADER_LEN, OLDEST_FORMAT};
 use provm_trace::manifest::Manifest;
 use provm_trace::reader::Trace;
 
@@ -92,7 +92,7 @@ fn every_corpus_trace_replays_exactly() {
 /// to `version`.
 fn with_format(dir: &Path, version: u16) -> PathBuf {
     let mut bytes = fs::read(&corpus()[0]).unwrap();
-    bytes[8..10].copy_from_slice(&version.to_le_bytes());
+    bytes[..HEADER_LEN].copy_from_slice(&format::header(version));
     let copy = dir.join(format!("format-{version}.provm"));
     fs::write(&copy, bytes).unwrap();
     copy

@@ -215,17 +215,17 @@ fn the_event_logs_of_format_6_still_decode() {
     );
 }
 
-/// The event logs of formats 7 to 13 still decode, as today's events
+/// The event logs of formats 7 to 14 still decode, as today's events
 /// without the kinds each lacked: vCPU switches (to 8), preemptions (to
 /// 11), timed preemptions (to 12) and preemptions in user mode (to 13).
 #[test]
-fn the_event_logs_of_formats_7_to_13_still_decode() {
-    for version in 7..=13 {
+fn the_event_logs_of_formats_7_to_14_still_decode() {
+    for version in 7..=14 {
         let events = sample_events_of_an_older_format(|event| match event {
             Event::Switch(_) => version <= 8,
             Event::Preempted {
                 user_code: Some(_), ..
-            } => true,
+            } => version <= 13,
             Event::Preempted { ran_ns: None, .. } => version <= 11,
             Event::Preempted {
                 ran_ns: Some(_), ..

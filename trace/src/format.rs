@@ -2,9 +2,13 @@
 //! a SHA-256 over kind, length and payload, and the payload.
 //!
 //! ```text
-//! "PROVMTRC" | version u16 LE | 6 reserved bytes
+//! "PROVMTRC" | version u16 LE | check [u8; 4] | 2 reserved bytes
 //! section*:  kind [u8; 4] | length u64 LE | sha256 [u8; 32] | payload
 //! ```
+//!
+//! The check is the first bytes of a SHA-256 over magic and version (zero
+//! before format 15), so a damaged version is not read as another format.
+//! Every format keeps this header.
 //!
 //! Sections are written in order as the run goes (the event log in many
 //! chunks), so a trace is streamed to disk with bounded memory and read back
@@ -60,10 +64,12 @@ pub fn starts_as_trace(path: &Path) -> bool {
 /// of the kernel's last entry from user mode, which a replay on a host
 /// that stops user mode at no breakpoint writes as it finds the place
 /// (`EventKind::PreemptedInUserMode`); a format-13 trace digested it.
+/// Version 15: the header checks its version (`header`); a damaged
+/// version byte of a format-14 trace could read as another format.
 ///
 /// Changing what any section holds, or how: bump it, keep reading the old
 /// format, and add a golden sample (tests/data/golden/).
-pub const FORMAT_VERSION: u16 = 14;
+pub const FORMAT_VERSION: u16 = 15;
 /// The oldest format this provm reads: it reads and replays every format
 /// from this one to `FORMAT_VERSION`.
 pub const OLDEST_FORMAT: u16 = 4;
@@ -74,7 +80,21 @@ pub const RETIRED_FORMATS: &[(u16, &str)] = &[
     (2, "0.1.0 (commit 4aaad63)"),
     (3, "0.1.0 (commit 96474bd)"),
 ];
-const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = 16;
+/// The first format whose header checks its version.
+const CHECKED_HEADER: u16 = 15;
+
+/// The file header of a trace of format `version`.
+pub fn header(version: u16) -> [u8; HEADER_LEN] {
+    let mut header = [0u8; HEADER_LEN];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..10].copy_from_slice(&version.to_le_bytes());
+    if version >= CHECKED_HEADER {
+        let check = Sha256::digest(&header[..10]);
+        header[10..14].copy_from_slice(&check[..4]);
+    }
+    header
+}
 /// No section may claim more than this (the largest is an embedded image).
 const MAX_SECTION: u64 = 1 << 40;
 /// Payloads are verified and copied in pieces of this size: large, as
@@ -241,10 +261,8 @@ impl SectionWriter {
             .and_then(|dir| dir.sync_all())
             .map_err(FormatError::Write)?;
         let mut out = BufWriter::new(file);
-        let mut header = [0u8; HEADER_LEN];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.write_all(&header).map_err(FormatError::Write)?;
+        out.write_all(&header(FORMAT_VERSION))
+            .map_err(FormatError::Write)?;
         Ok(SectionWriter {
             out,
             path: path.to_owned(),
@@ -386,12 +404,14 @@ impl<R: Read> TraceReader<R> {
         {
             return Err(FormatError::NotATrace(path.to_owned()));
         }
-        if header[10..].iter().any(|&b| b != 0) {
+        let format_version = u16::from_le_bytes([header[8], header[9]]);
+        // A newer format keeps this header, so its check is verified too.
+        if header[..] != self::header(format_version) {
             return Err(FormatError::CorruptHeader(path.to_owned()));
         }
         Ok(TraceReader {
             input,
-            format_version: u16::from_le_bytes([header[8], header[9]]),
+            format_version,
             next_index: 0,
             unread: None,
         })
@@ -636,12 +656,27 @@ mod tests {
         let bytes = written(&[(SectionKind::Manifest, b"{}")]);
         for version in OLDEST_FORMAT..=FORMAT_VERSION {
             let mut old = bytes.clone();
-            old[8..10].copy_from_slice(&version.to_le_bytes());
+            old[..HEADER_LEN].copy_from_slice(&header(version));
             let reader = TraceReader::new(&old[..], Path::new("t.provm")).unwrap();
             assert_eq!(reader.format_version(), version);
         }
         for (version, _) in RETIRED_FORMATS {
             assert!(*version < OLDEST_FORMAT);
+        }
+    }
+
+    #[test]
+    fn every_damaged_header_is_refused() {
+        let bytes = written(&[(SectionKind::Manifest, b"{}")]);
+        for at in 0..HEADER_LEN {
+            for bits in 1..=u8::MAX {
+                let mut flipped = bytes.clone();
+                flipped[at] ^= bits;
+                assert!(
+                    TraceReader::new(&flipped[..], Path::new("t.provm")).is_err(),
+                    "{bits:#x} at {at}"
+                );
+            }
         }
     }
 
@@ -659,14 +694,14 @@ mod tests {
             Err(FormatError::Truncated { index: 0, .. })
         ));
         let mut future = bytes.clone();
-        future[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        future[..HEADER_LEN].copy_from_slice(&header(FORMAT_VERSION + 1));
         let newer = read_all(&future).unwrap_err();
         assert!(
             matches!(newer, FormatError::NewerFormat { found, .. } if found == FORMAT_VERSION + 1)
         );
         assert!(newer.to_string().ends_with("use a newer provm"), "{newer}");
         let mut older = bytes.clone();
-        older[8] = 3;
+        older[..HEADER_LEN].copy_from_slice(&header(3));
         let retired = read_all(&older).unwrap_err();
         assert!(
             retired.to_string().contains(&format!(
