@@ -194,8 +194,8 @@ pub struct RecordArgs {
     /// run MS milliseconds without a VM exit while a timer or another vCPU
     /// waits: a thread spinning on a flag another thread sets then ends.
     /// The replay finds each preemption by its state, with a hardware
-    /// breakpoint. SVM and VMX hosts; on PVM only the guest kernel is
-    /// preempted (its user mode stops at no breakpoint).
+    /// breakpoint (on PVM, whose user mode stops at none, with an `int3`
+    /// there).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub preempt: Option<u64>,
     /// With --preempt: preempt computations that end by themselves too, so
