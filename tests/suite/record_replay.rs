@@ -15,6 +15,7 @@ use common::{
 };
 use provm_cpu_model::Platform;
 use provm_trace::events::Event;
+use provm_trace::format;
 use provm_trace::manifest::InterruptDelivery;
 use provm_trace::reader::Trace;
 
@@ -94,7 +95,7 @@ fn damaged_traces_and_other_images_are_refused() {
     damaged("truncated", &bytes[..bytes.len() * 2 / 3], "truncated");
     // Not damage: replay refuses a newer format, inspect shows what it can.
     let mut future = bytes.clone();
-    future[8] = 99;
+    future[..format::HEADER_LEN].copy_from_slice(&format::header(99));
     let future_trace = trace_path("future");
     fs::write(&future_trace, &future).unwrap();
     let refused = provm(&["replay", path(&future_trace)]);
