@@ -7,6 +7,7 @@ venv under provm's cache ($PROVM_CACHE, else $XDG_CACHE_HOME/provm, else
 later ones nothing.
 """
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -28,14 +29,19 @@ def ensure(name: str, packages: list) -> Path:
     directory = cache_dir() / (f"{name}-venv-" + "-".join(p.replace("==", "_") for p in packages))
     python = directory / "bin" / "python"
     installed = directory / "installed"
-    if not installed.exists():
-        print(f"{name}: installing {' '.join(packages)} into {directory}", file=sys.stderr)
-        venv.create(directory, with_pip=True, clear=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages],
-            check=True,
-        )
-        installed.write_text("\n".join(packages) + "\n")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs at once (tests side by side) must not make it over each
+    # other: the second's clear=True broke the first's pip mid-install.
+    with open(directory.parent / f"{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed.exists():
+            print(f"{name}: installing {' '.join(packages)} into {directory}", file=sys.stderr)
+            venv.create(directory, with_pip=True, clear=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages],
+                check=True,
+            )
+            installed.write_text("\n".join(packages) + "\n")
     return python
 
 
