@@ -131,22 +131,18 @@ impl Vm {
             .preemption()
             .is_some_and(|instance| instance.user_code.is_some());
         let late = &mut self.debug.one_pass_late;
-        match *late {
+        Ok(match *late {
             OnePassLate::Armed if in_user_mode && reached => {
                 *late = OnePassLate::Passed;
-                return Ok(StopKind::Passing);
+                StopKind::Passing
             }
             OnePassLate::Passed if in_user_mode && registers_match => {
                 *late = OnePassLate::Armed;
                 tracing::warn!("a preemption taken one pass late, as {ONE_PASS_LATE} asks");
-                return Ok(StopKind::Reached);
+                StopKind::Reached
             }
-            _ => {}
-        }
-        Ok(if reached {
-            StopKind::Reached
-        } else {
-            StopKind::Passing
+            _ if reached => StopKind::Reached,
+            _ => StopKind::Passing,
         })
     }
 
