@@ -5,7 +5,7 @@
 //! end of a replay is checked against the end of the recording.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use provm_guest_agent::{GuestMessage, Outcome};
 use provm_seams::{
@@ -506,6 +506,45 @@ fn a_guest_spinning_where_the_recording_exited_diverges() {
     assert_eq!(divergence.expected, logged(&path, divergence.event));
     assert!(
         divergence.actual.starts_with("no VM exit for"),
+        "{divergence}"
+    );
+}
+
+/// A search for a logged preemption whose stops at its place are slow
+/// (an emulated CPU) is not taken for a spin while it keeps stopping
+/// there, but it is bounded in all: a guest that diverged before the
+/// place passes it in other states for ever.
+#[test]
+fn a_search_stopping_at_the_logged_place_is_timed_afresh_but_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.provm");
+    let calls = script();
+    let (_, end) = record(&path, &calls);
+    let limit = Duration::from_millis(200);
+    let replayer = replayer_of(
+        &path,
+        &RecordedEnd {
+            exitless_limit: limit,
+            ..end
+        },
+    );
+    // Next: the interrupt window exit.
+    run(&replayer, &calls[..4]);
+    let exited = Instant::now();
+    // A stop every 20 ms, far within the limit; five limits in all.
+    let stopped = loop {
+        std::thread::sleep(Duration::from_millis(20));
+        replayer.passed_logged_stop();
+        if replayer.stop_reason().is_some() {
+            break exited.elapsed();
+        }
+        assert!(exited.elapsed() < 3 * 5 * limit, "the search is unbounded");
+    };
+    assert!(stopped >= 4 * limit, "stopped as a spin after {stopped:?}");
+    let divergence = replayer.divergence().unwrap();
+    assert_eq!(divergence.event, first_event_of(&calls, 4));
+    assert!(
+        divergence.actual.ends_with("in other states only"),
         "{divergence}"
     );
 }

@@ -216,6 +216,13 @@ pub trait Seam: Clock {
     /// the stretch's start has all of it.
     fn rolled_back(&self) {}
 
+    /// A replay's guest stopped at the place of the logged stop it runs to
+    /// (`logged_stop`) in another state: a search under way, not a guest
+    /// going without exits. A replayer times its exitless limit afresh,
+    /// within a bound for the whole search, so that a search whose stops
+    /// are slow (an emulated CPU) is not taken for a spin.
+    fn passed_logged_stop(&self) {}
+
     /// Whether the host has input for the guest agent now, so that the run
     /// stops for it to be sent (`HOST_INPUT_DUE`). Asked right after an
     /// exit only, never at a kick, which a replay does not meet again: a

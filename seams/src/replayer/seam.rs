@@ -169,6 +169,10 @@ impl Seam for Replayer {
         self.state.lock().unwrap().cursor.restart_exitless();
     }
 
+    fn passed_logged_stop(&self) {
+        self.state.lock().unwrap().cursor.passed_logged_stop();
+    }
+
     /// A recording's host sends between runs of the VM, after an exit; a
     /// fork's live part may send where the replayed part paused (see
     /// `fork`).

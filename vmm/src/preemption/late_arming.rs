@@ -10,7 +10,9 @@
 //! the recording did without finding it: the replay rolls back to the
 //! stretch's start (`rollback`, and the vCPU's saved state) and tries
 //! again with a smaller share, the last time none: the search from the
-//! stretch's start, which always finds it.
+//! stretch's start, which always finds it. Its stops at the place tell the
+//! replay that the guest is searched, not spinning without exits
+//! (`Seam::passed_logged_stop`), however slow they are.
 //!
 //! What this keeps is one search's schedule and the guest's computing
 //! time in the current attempt; the run loop does the rest

@@ -131,7 +131,7 @@ impl Vm {
             .preemption()
             .is_some_and(|instance| instance.user_code.is_some());
         let late = &mut self.debug.one_pass_late;
-        Ok(match *late {
+        let stop = match *late {
             OnePassLate::Armed if in_user_mode && reached => {
                 *late = OnePassLate::Passed;
                 StopKind::Passing
@@ -143,7 +143,11 @@ impl Vm {
             }
             _ if reached => StopKind::Reached,
             _ => StopKind::Passing,
-        })
+        };
+        if stop == StopKind::Passing {
+            self.seam.passed_logged_stop();
+        }
+        Ok(stop)
     }
 
     /// Whether the guest's state beyond its place (its registers

@@ -160,6 +160,9 @@ impl Vm {
             trap.stepping = false;
             trap.patches.add_physical(trap.target_code, &[INT3]);
         } else if !instance {
+            if at_target {
+                self.seam.passed_logged_stop();
+            }
             let next = breakpoint_step::user_successors(&user, &sregs, &self.memory)
                 .filter(|places| places.iter().all(|&place| place < KERNEL_SPACE))
                 .ok_or_else(|| failed(format!("cannot step over the instruction at {at:#x}")))?;
