@@ -69,6 +69,8 @@ pub mod late_arming;
 pub mod rollback;
 
 const PAGE: u64 = 4096;
+/// EFER's long mode active bit.
+const EFER_LMA: u64 = 1 << 10;
 
 /// The calling thread's CPU time, in ns: on the vCPU thread, around
 /// KVM_RUN, the time the guest computed (which a host's load does not
@@ -191,21 +193,30 @@ impl Repeats {
     }
 }
 
-/// Whether the instruction the vCPU stands at has a REP prefix: a string
-/// instruction stopped part-way there is resumed without a breakpoint
-/// stop, so no replay would find the place (nor one that cannot be read).
-pub fn in_repeated_instruction(
+/// Whether a replay's breakpoint finds the instruction the vCPU stands at
+/// as the recording saw it: not a string instruction with a REP prefix,
+/// which a stop part-way leaves at the same RIP and which then resumes
+/// without a breakpoint stop, and not one that cannot be read (outside
+/// long mode, an AP starting up, or unmapped) or decoded, which may be
+/// one. Read through the guest's page tables (`paging`): KVM_TRANSLATE
+/// refuses user pages under SMAP, and so a `rep movsb` in user code was
+/// once preempted part-way on the SVM test bed, a place its replay never
+/// found.
+pub fn findable_instruction(
     vcpu: &Vcpu,
     memory: &GuestMemory,
     rip: u64,
 ) -> Result<bool, VcpuError> {
     let sregs = vcpu.system_registers()?;
-    let Some(code) = vcpu.instruction_bytes(memory, &sregs, rip) else {
-        return Ok(true);
-    };
+    if sregs.efer & EFER_LMA == 0 {
+        return Ok(false);
+    }
+    let code = paging::instruction_bytes(memory, sregs.cr3, rip);
     let bitness = if sregs.cs.l == 1 { 64 } else { 32 };
     let instruction = Decoder::new(bitness, &code, DecoderOptions::NONE).decode();
-    Ok(instruction.has_rep_prefix() || instruction.has_repne_prefix())
+    Ok(!instruction.is_invalid()
+        && !instruction.has_rep_prefix()
+        && !instruction.has_repne_prefix())
 }
 
 /// The digest of the vCPU's state beyond its place, with the bytes of

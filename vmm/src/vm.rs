@@ -869,7 +869,7 @@ impl Vm {
         // late search crawl (`vm::user_trap`).
         let may_end_here = self.run_loop.user_mode_stops && self.seam.preempts_computations();
         if !(place_seen_before || may_end_here)
-            || preemption::in_repeated_instruction(&self.vcpu, &self.memory, place.rip)?
+            || !preemption::findable_instruction(&self.vcpu, &self.memory, place.rip)?
         {
             return Ok(false);
         }

@@ -195,32 +195,13 @@ fn at_rip<T>(
     memory: &GuestMemory,
     look: impl FnOnce(&Guest) -> Option<T>,
 ) -> Option<T> {
-    let code = code_at(memory, sregs.cr3, regs.rip);
+    let code = paging::instruction_bytes(memory, sregs.cr3, regs.rip);
     look(&Guest {
         code: &code,
         regs,
         sregs,
         memory,
     })
-}
-
-/// The bytes an instruction at `rip` can span (15), or as many of them as
-/// are mapped, read through the guest's page tables (`paging`), not
-/// KVM_TRANSLATE: that walks them as a supervisor read, which SMAP refuses
-/// for user pages (measured on the SVM test bed).
-fn code_at(memory: &GuestMemory, cr3: u64, rip: u64) -> Vec<u8> {
-    const LONGEST: usize = 15;
-    let on_page = ((4096 - rip % 4096) as usize).min(LONGEST);
-    let mut code = vec![0; LONGEST];
-    if paging::read(memory, cr3, rip, &mut code[..on_page]).is_err() {
-        return Vec::new();
-    }
-    if on_page < LONGEST
-        && paging::read(memory, cr3, rip + on_page as u64, &mut code[on_page..]).is_err()
-    {
-        code.truncate(on_page);
-    }
-    code
 }
 
 /// The guest as a step sees it: 64-bit code under its own page tables.
