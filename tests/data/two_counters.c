@@ -2,9 +2,7 @@
  * default 4000000) in memory they share, without a system call, and go on
  * counting until the other has begun; with "long" (argument 2), each pass
  * rotates a register 1000 times and back first, so that a pass is some
- * 400 times the tight loop's, and copies 256 bytes with REP MOVSB, which a
- * recorder must not preempt part-way (no breakpoint stops there; under an
- * emulated CPU a good share of the kicks land in it). Each prints, when done, how far the other
+ * 400 times the tight loop's. Each prints, when done, how far the other
  * had come: "counter A done, B at <n>". On one CPU they interleave only
  * where the kernel preempts one for the other, at a timer tick: a
  * recording that delivers ticks at VM exits alone never ends (the first
@@ -38,11 +36,10 @@ static void count_to(volatile uint64_t *count, const volatile uint64_t *other,
 }
 
 /* The same, each pass rotating a register 1000 times one way and 1000
- * times back, then copying the same 256 bytes again: its registers at
- * each instruction are the same at every pass. */
+ * times back: its registers at each instruction are the same at every
+ * pass. */
 static void count_long_to(volatile uint64_t *count, const volatile uint64_t *other,
                           uint64_t goal) {
-    static char from[256], to[256];
     uint64_t scratch = 0x0123456789abcdefULL;
     __asm__ volatile("1: incq (%1)\n\t"
                      ".rept 1000\n\t"
@@ -51,10 +48,6 @@ static void count_long_to(volatile uint64_t *count, const volatile uint64_t *oth
                      ".rept 1000\n\t"
                      "rolq $1, %0\n\t"
                      ".endr\n\t"
-                     "movq %4, %%rsi\n\t"
-                     "movq %5, %%rdi\n\t"
-                     "movl $256, %%ecx\n\t"
-                     "rep movsb\n\t"
                      "cmpq %3, (%1)\n\t"
                      "jb 3f\n\t"
                      "cmpq $0, (%2)\n\t"
@@ -63,8 +56,8 @@ static void count_long_to(volatile uint64_t *count, const volatile uint64_t *oth
                      "jmp 1b\n"
                      "2:"
                      : "+r"(scratch)
-                     : "r"(count), "r"(other), "r"(goal), "r"(from), "r"(to)
-                     : "cc", "memory", "rsi", "rdi", "rcx");
+                     : "r"(count), "r"(other), "r"(goal)
+                     : "cc", "memory");
 }
 
 int main(int argc, char **argv) {

@@ -212,11 +212,15 @@ pub fn findable_instruction(
         return Ok(false);
     }
     let code = paging::instruction_bytes(memory, sregs.cr3, rip);
-    let bitness = if sregs.cs.l == 1 { 64 } else { 32 };
-    let instruction = Decoder::new(bitness, &code, DecoderOptions::NONE).decode();
-    Ok(!instruction.is_invalid()
-        && !instruction.has_rep_prefix()
-        && !instruction.has_repne_prefix())
+    Ok(findable_code(&code, sregs.cs.l == 1))
+}
+
+/// Whether `code` (64-bit code, or 32-bit) begins with an instruction a
+/// breakpoint finds as `findable_instruction` asks.
+fn findable_code(code: &[u8], in_64_bit_code: bool) -> bool {
+    let bitness = if in_64_bit_code { 64 } else { 32 };
+    let instruction = Decoder::new(bitness, code, DecoderOptions::NONE).decode();
+    !instruction.is_invalid() && !instruction.has_rep_prefix() && !instruction.has_repne_prefix()
 }
 
 /// The digest of the vCPU's state beyond its place, with the bytes of
@@ -302,6 +306,23 @@ const VECTOR_STATE: [std::ops::Range<usize>; 4] = [0..6, 24..28, 32..416, 576..8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An instruction with a REP prefix, and bytes that are no
+    /// instruction (none could be read, or too few), are no place to
+    /// preempt; an ordinary instruction is. Reading nothing once passed
+    /// for "no REP prefix" (KVM_TRANSLATE under SMAP).
+    #[test]
+    fn only_a_whole_instruction_without_a_rep_prefix_is_findable() {
+        let rep_movsb = [0xf3, 0xa4];
+        let repne_scasb = [0xf2, 0xae];
+        let incq_r8 = [0x49, 0xff, 0x00];
+        assert!(!findable_code(&rep_movsb, true));
+        assert!(!findable_code(&repne_scasb, true));
+        assert!(!findable_code(&[], true));
+        assert!(!findable_code(&incq_r8[..2], true));
+        assert!(findable_code(&incq_r8, true));
+        assert!(findable_code(&[0x90], false));
+    }
 
     #[test]
     fn a_bitmaps_pages_come_out_ascending_across_words() {
