@@ -738,6 +738,7 @@ fn the_final_state_check_names_what_differs() {
         memory: digest(1),
         registers: 2,
         register_parts: Vec::new(),
+        registers_with_stale_events: 2,
         registers_at_tsc_rate: Default::default(),
         devices: vec![("pic", 3), ("pit", pit)],
     };

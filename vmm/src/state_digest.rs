@@ -37,6 +37,9 @@ pub struct StateDigest {
     /// The compared registers by part, so that a difference is named
     /// (`register_parts`).
     pub register_parts: Vec<(String, u64)>,
+    /// The vCPU's state as traces recorded before 2026-12-02 digested it,
+    /// with what KVM keeps of past events (`registers_with_stale_events`).
+    pub registers_with_stale_events: u64,
     /// The vCPU's state as older traces digested it, with KVM's TSC
     /// frequency, for any frequency (`RegistersAtTscRate`).
     pub registers_at_tsc_rate: RegistersAtTscRate,
@@ -116,7 +119,7 @@ struct ComparedRegisters<'a> {
     regs: &'a kvm_regs,
     sregs: &'a kvm_sregs,
     xsave: &'a kvm_xsave,
-    events: &'a kvm_vcpu_events,
+    events: kvm_vcpu_events,
     debug: &'a kvm_debugregs,
     msrs: Vec<&'a kvm_msr_entry>,
     xcrs: &'a kvm_xcrs,
@@ -146,14 +149,51 @@ const HOST_MSRS: [u32; 4] = [IA32_TSC, 0x4000_0010, 0x4000_0020, HV_TSC_FREQUENC
 /// What older traces left out of the register digest.
 const HOST_MSRS_BEFORE_TSC_RATE: [u32; 3] = [IA32_TSC, 0x4000_0010, 0x4000_0020];
 
+/// Which of KVM's pending-event fields a digest takes.
+#[derive(Clone, Copy)]
+enum Events {
+    /// Only those that hold an event (`pending_only`).
+    Pending,
+    /// All, as traces recorded before 2026-12-02 digested them.
+    WithStaleFields,
+}
+
+/// `events` without what KVM keeps of an event it has delivered: an
+/// exception's vector, error code and payload where none is injected or
+/// pending, an interrupt's vector where none is injected. The guest cannot
+/// see them; KVM overwrites them with its next event. They differ between
+/// a recording and its replay where KVM alone handled something: on the
+/// SVM test bed a replay ended with the vector and error code of a page
+/// fault (14, 3) that its recording lacked, the rest of its state the
+/// same (2026-12-01).
+fn pending_only(events: &kvm_vcpu_events) -> kvm_vcpu_events {
+    let mut events = *events;
+    let exception = &mut events.exception;
+    if exception.injected == 0 && exception.pending == 0 {
+        exception.nr = 0;
+        exception.has_error_code = 0;
+        exception.error_code = 0;
+        events.exception_has_payload = 0;
+        events.exception_payload = 0;
+    }
+    if events.interrupt.injected == 0 {
+        events.interrupt.nr = 0;
+        events.interrupt.soft = 0;
+    }
+    events
+}
+
 impl<'a> ComparedRegisters<'a> {
-    fn of(vcpu: &'a VcpuState, left_out: &[u32]) -> Self {
+    fn of(vcpu: &'a VcpuState, left_out: &[u32], events: Events) -> Self {
         ComparedRegisters {
             cpuid: &vcpu.cpuid,
             regs: &vcpu.regs,
             sregs: &vcpu.sregs,
             xsave: &vcpu.xsave,
-            events: &vcpu.events,
+            events: match events {
+                Events::Pending => pending_only(&vcpu.events),
+                Events::WithStaleFields => vcpu.events,
+            },
             debug: &vcpu.debug,
             msrs: vcpu
                 .msrs
@@ -168,9 +208,10 @@ impl<'a> ComparedRegisters<'a> {
 
 /// The digest of the vCPU's state: general, special, debug, FPU and XSAVE
 /// (vector) registers, XCRs, pending events, MP state and MSRs, less the
-/// host's MSRs (`HOST_MSRS`).
+/// host's MSRs (`HOST_MSRS`) and what KVM keeps of past events
+/// (`pending_only`).
 pub(crate) fn registers(vcpu: &VcpuState) -> u64 {
-    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS);
+    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS, Events::Pending);
     tracing::trace!(
         target: "provm_vmm::state_digest",
         "compared registers: {}",
@@ -179,17 +220,27 @@ pub(crate) fn registers(vcpu: &VcpuState) -> u64 {
     digest(&compared)
 }
 
+/// `registers` as traces recorded before 2026-12-02 digested them, with
+/// what KVM keeps of past events.
+pub(crate) fn registers_with_stale_events(vcpu: &VcpuState) -> u64 {
+    digest(&ComparedRegisters::of(
+        vcpu,
+        &HOST_MSRS,
+        Events::WithStaleFields,
+    ))
+}
+
 /// The registers `registers` compares, by part: the digest of each group
 /// KVM saves and each MSR's value, by a name starting "MSR ".
 pub(crate) fn register_parts(vcpu: &VcpuState) -> Vec<(String, u64)> {
-    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS);
+    let compared = ComparedRegisters::of(vcpu, &HOST_MSRS, Events::Pending);
     let groups = [
         ("CPUID", digest(&compared.cpuid)),
         ("general", digest(compared.regs)),
         ("special", digest(compared.sregs)),
         ("debug", digest(compared.debug)),
         ("vector (XSAVE)", digest(compared.xsave)),
-        ("events", digest(compared.events)),
+        ("events", digest(&compared.events)),
         ("XCRs", digest(compared.xcrs)),
         ("MP state", digest(compared.mp_state)),
     ];
@@ -227,8 +278,9 @@ impl RegistersAtTscRate {
         let Some(rate) = vcpu.msrs.iter().find(|msr| msr.index == HV_TSC_FREQUENCY) else {
             return RegistersAtTscRate { split: None };
         };
-        let state = serde_json::to_vec(&ComparedRegisters::of(vcpu, &HOST_MSRS_BEFORE_TSC_RATE))
-            .expect("a saved state serialises");
+        let older =
+            ComparedRegisters::of(vcpu, &HOST_MSRS_BEFORE_TSC_RATE, Events::WithStaleFields);
+        let state = serde_json::to_vec(&older).expect("a saved state serialises");
         let entry = serde_json::to_vec(rate).expect("an MSR serialises");
         // The MSR list comes after every other array that could hold the
         // same numbers, and an MSR's index appears once in it.
@@ -381,7 +433,11 @@ mod tests {
 
     /// The register digest as traces before format 11 took it.
     fn older_digest(vcpu: &VcpuState) -> u64 {
-        digest(&ComparedRegisters::of(vcpu, &HOST_MSRS_BEFORE_TSC_RATE))
+        digest(&ComparedRegisters::of(
+            vcpu,
+            &HOST_MSRS_BEFORE_TSC_RATE,
+            Events::WithStaleFields,
+        ))
     }
 
     #[test]
@@ -397,6 +453,41 @@ mod tests {
         // Another machine's rate, far from this one's.
         let elsewhere = vcpu_at_tsc_rate(3_493_442_000);
         assert_eq!(older.find(older_digest(&elsewhere)), Some(3_493_442_000));
+    }
+
+    /// Measured on the SVM test bed: a replay's KVM had last injected a
+    /// page fault that its recording's had not.
+    #[test]
+    fn what_kvm_keeps_of_a_delivered_event_is_left_out_but_a_pending_one_counts() {
+        let recording = vcpu_at_tsc_rate(2_600_000_000);
+        let mut replaying = vcpu_at_tsc_rate(2_600_000_000);
+        replaying.events.exception.nr = 14;
+        replaying.events.exception.has_error_code = 1;
+        replaying.events.exception.error_code = 3;
+        replaying.events.interrupt.nr = 48;
+        assert_eq!(registers(&recording), registers(&replaying));
+        assert_eq!(register_parts(&recording), register_parts(&replaying));
+        assert_ne!(
+            registers_with_stale_events(&recording),
+            registers_with_stale_events(&replaying)
+        );
+        for pending in [
+            |events: &mut kvm_vcpu_events| events.exception.pending = 1,
+            |events: &mut kvm_vcpu_events| events.exception.injected = 1,
+            |events: &mut kvm_vcpu_events| events.interrupt.injected = 1,
+        ] {
+            let delivering = |exception, interrupt| {
+                let mut vcpu = vcpu_at_tsc_rate(2_600_000_000);
+                vcpu.events.exception.nr = exception;
+                vcpu.events.interrupt.nr = interrupt;
+                pending(&mut vcpu.events);
+                vcpu
+            };
+            assert_ne!(
+                registers(&delivering(14, 48)),
+                registers(&delivering(6, 32))
+            );
+        }
     }
 
     #[test]

@@ -134,6 +134,7 @@ impl Vm {
             memory: state_digest::memory(&self.memory),
             registers: state_digest::registers(&state.vcpu),
             register_parts: state_digest::register_parts(&state.vcpu),
+            registers_with_stale_events: state_digest::registers_with_stale_events(&state.vcpu),
             registers_at_tsc_rate: RegistersAtTscRate::of(&state.vcpu),
             devices: state.device_digests(),
         })
