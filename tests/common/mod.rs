@@ -402,9 +402,11 @@ pub fn path(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// Guests run one at a time: where guest ring 0 is emulated (PVM), two
-/// guests on two cores slow each other more than twofold (a workload took
-/// 84 s alone, 199 s each side by side).
+/// Guests run one at a time in a test process: on PVM each guest's vCPU
+/// is kept on the first core the process may use (vmm/src/host_core.rs),
+/// and two guests on one core slow each other more than twofold (a
+/// workload took 84 s alone, 199 s each side by side). A second test
+/// process on another core does not (scripts/test runs one there).
 pub fn one_guest_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
