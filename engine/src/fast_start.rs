@@ -107,7 +107,7 @@ pub fn booted(
 ) -> Result<BootedSnapshot, FastStartError> {
     let mut key = format!(
         "provm snapshot {SNAPSHOT_VERSION} machine {}\nkernel {}\ninitramfs {}\ncmdline {} {}\nmemory {}\ncpu {:?} {:?}\nimage {:?}",
-        machine_version::for_machine(prepared.cpus, prepared.input_disk.is_some()),
+        machine_version::CURRENT,
         identity.kernel_sha256,
         identity.initramfs_sha256,
         prepared.boot.cmdline,
@@ -121,8 +121,8 @@ pub fn booted(
             .map(|file| &file.sha256)
             .collect::<Vec<_>>(),
     );
-    // One vCPU keeps the key (and the snapshot) it always had, and so
-    // does a machine without an input disk.
+    // More than one vCPU and the input disk are named where the machine has
+    // them (the key's form since machine version 4).
     if prepared.cpus > 1 {
         key.push_str(&format!("\ncpus {}", prepared.cpus));
     }

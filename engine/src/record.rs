@@ -267,7 +267,7 @@ fn manifest(
     Manifest {
         provm_version: env!("CARGO_PKG_VERSION").into(),
         provm_commit: option_env!("PROVM_COMMIT").map(Into::into),
-        machine_version: machine_version::for_machine(prepared.cpus, data.input_disk.is_some()),
+        machine_version: machine_version::CURRENT,
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

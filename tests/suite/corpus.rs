@@ -159,7 +159,7 @@ fn a_newer_machine_version_is_refused_before_the_replay_starts() {
         &copy,
         &format!(
             "machine version 99; this provm emulates machine versions 1 to {}: use a newer provm",
-            provm_vmm::machine_version::INPUT_DISK
+            provm_vmm::machine_version::CURRENT
         ),
         &["machine    version 99, 64 MiB", "status     complete"],
     );

@@ -372,7 +372,8 @@ fn a_large_folder_goes_by_disk_and_the_trace_replays_from_its_copy_alone() {
         recorded.stderr
     );
     let inspected = provm(&["inspect", path(&work.join("run.provm"))]);
-    for shown in ["input disk ", "(embedded)", "machine version 5"] {
+    let machine = format!("machine version {}", provm_vmm::machine_version::CURRENT);
+    for shown in ["input disk ", "(embedded)", &machine] {
         let stdout = &inspected.stdout;
         assert!(stdout.contains(shown), "{shown}: {stdout}");
     }

@@ -343,7 +343,6 @@ fn blame_splits_the_time_by_vcpu() {
 /// that vCPU, the one the log had running (`provm query`'s `cpu`), and
 /// reads the process from that vCPU's per-CPU `current_task`.
 #[test]
-#[ignore = "on PVM with Linux 6.18 the saved XSAVE header differs: docs/holes.md"]
 fn a_divergence_is_explained_from_the_vcpu_that_ran() {
     let _guest = one_guest_at_a_time();
     let trace = trace_path(&common::scratch(module_path!()), "tsc-kept-on-cpu-1");

@@ -100,7 +100,6 @@ fn user_rdtsc_kept_in_tmpfs_is_caught_by_the_state_check() {
 /// from read_clock to main, in its file) and its stack's page as the page
 /// that differs.
 #[test]
-#[ignore = "on PVM with Linux 6.18 the saved XSAVE header differs: docs/holes.md"]
 fn a_periodic_check_names_the_first_event_and_the_process_running() {
     let _guest = one_guest_at_a_time();
     let (trace, _) = record("tsc-on-stack-periodic", Some("50"), "tsc_kept 300");

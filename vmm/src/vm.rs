@@ -193,6 +193,10 @@ pub struct Vm {
     debug: debug::DebugState,
     /// Exit timing, when asked for (`time_exits`).
     exit_clock: Option<ExitClock>,
+    /// Whether tasks' vector state is saved into guest RAM in the canonical
+    /// form (`vector_state`): in a booted VM, and in one restored from a
+    /// snapshot whose VM did (machine version 6 on).
+    canonical_vector_areas: bool,
     /// The vCPU's signal timer targets the thread that created the VM.
     _not_send: PhantomData<*const ()>,
 }
@@ -219,6 +223,7 @@ impl Vm {
         }
         let net = config.net;
         let mut vm = Self::build(kvm, config, &guest_cpu.vcpu_table(0), net)?;
+        vm.canonical_vector_areas = true;
         if count > 1 {
             vm.cpus = Some(cpus::Cpus::create(
                 &vm.kvm, &vm.vm_fd, &guest_cpu, count, &vm.vcpu,
@@ -277,6 +282,7 @@ impl Vm {
             vm.cpus = Some(cpus);
         }
         vm.devices.restore(&state)?;
+        vm.canonical_vector_areas = state.canonical_vector_areas;
         Ok(vm)
     }
 
@@ -317,6 +323,7 @@ impl Vm {
             parallel: false,
             debug,
             exit_clock: None,
+            canonical_vector_areas: false,
             _not_send: PhantomData,
         })
     }

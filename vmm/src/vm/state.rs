@@ -54,6 +54,11 @@ pub struct VmState {
     /// than one vCPU (machine version 3); absent, the machine has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) cpus: Option<cpus::CpusState>,
+    /// Whether the VM saves tasks' vector state in the canonical form
+    /// (`Vm::canonical_vector_areas`): from machine version 6 on; absent,
+    /// as KVM gives it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) canonical_vector_areas: bool,
 }
 
 impl VmState {
@@ -174,6 +179,7 @@ impl Vm {
                 .input_disk
                 .as_ref()
                 .map(|disk| disk.lock().unwrap().save()),
+            canonical_vector_areas: self.canonical_vector_areas,
         })
     }
 }
