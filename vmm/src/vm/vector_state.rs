@@ -76,8 +76,17 @@ impl Vm {
 /// in their initial state. Loaded as it is, such an area would put them
 /// in their initial state instead of the kernel's.
 fn with_legacy_components(area: &mut [u8]) {
-    let held = u64::from_le_bytes(area[XSTATE_BV].try_into().unwrap());
-    area[XSTATE_BV].copy_from_slice(&(held | LEGACY_COMPONENTS).to_le_bytes());
+    hold(area, held(area) | LEGACY_COMPONENTS);
+}
+
+/// The components `area`'s header says it holds (XSTATE_BV).
+fn held(area: &[u8]) -> u64 {
+    u64::from_le_bytes(area[XSTATE_BV].try_into().unwrap())
+}
+
+/// Sets `area`'s header to hold `components`.
+fn hold(area: &mut [u8], components: u64) {
+    area[XSTATE_BV].copy_from_slice(&components.to_le_bytes());
 }
 
 /// Makes `area`, as KVM_GET_XSAVE gave it, the same bytes for the same
@@ -89,8 +98,7 @@ fn with_legacy_components(area: &mut [u8]) {
 /// software bytes tell the host's tracking apart.
 fn canonical_area(area: &mut [u8]) {
     area[SOFTWARE_BYTES].fill(0);
-    let held = u64::from_le_bytes(area[XSTATE_BV].try_into().unwrap());
-    let mut canonical = held | LEGACY_COMPONENTS;
+    let mut canonical = held(area) | LEGACY_COMPONENTS;
     for (component, place) in standard_places() {
         let in_initial_state = area
             .get(place.clone())
@@ -99,7 +107,7 @@ fn canonical_area(area: &mut [u8]) {
             canonical &= !(1 << component);
         }
     }
-    area[XSTATE_BV].copy_from_slice(&canonical.to_le_bytes());
+    hold(area, canonical);
 }
 
 /// Where each user component from AVX (2) on lies in XSAVE's standard
@@ -148,14 +156,13 @@ mod tests {
             .cloned()
             .expect("this host's CPU has AVX");
         let mut area = vec![0u8; 4096];
-        area[XSTATE_BV].copy_from_slice(&(1u64 << component).to_le_bytes());
+        hold(&mut area, 1 << component);
         canonical_area(&mut area);
-        assert_eq!(area[XSTATE_BV.start], 0b11);
-        area[XSTATE_BV].copy_from_slice(&(1u64 << component).to_le_bytes());
+        assert_eq!(held(&area), LEGACY_COMPONENTS);
+        hold(&mut area, 1 << component);
         area[place.start] = 1;
         canonical_area(&mut area);
-        let held = u64::from_le_bytes(area[XSTATE_BV].try_into().unwrap());
-        assert_eq!(held, LEGACY_COMPONENTS | 1 << component);
+        assert_eq!(held(&area), LEGACY_COMPONENTS | 1 << component);
     }
 
     #[test]
