@@ -549,11 +549,10 @@ fn export_timeline_writes_the_trace_event_format() {
                 && e["args"]["status"].is_i64()
         })
         .unwrap_or_else(|| panic!("no process on thread {}", write["tid"]));
-    let (start, end) = (
-        shell["ts"].as_f64().unwrap(),
-        shell["ts"].as_f64().unwrap() + shell["dur"].as_f64().unwrap(),
-    );
-    let at = write["ts"].as_f64().unwrap();
+    // Compared in whole nanoseconds, as the exporter counted them: the sum
+    // of two microsecond floats can fall a rounding short of a third.
+    let (start, end) = (nanos(shell, "ts"), nanos(shell, "ts") + nanos(shell, "dur"));
+    let at = nanos(write, "ts");
     assert!(start <= at && at <= end, "{write} outside {shell}");
 
     let refused = provm(&["export", "timeline", path(plain), "-o", path(&json)]);
@@ -563,6 +562,12 @@ fn export_timeline_writes_the_trace_event_format() {
         "{}",
         refused.stderr
     );
+}
+
+/// An event's time or duration, in microseconds in the file, as the whole
+/// nanoseconds the exporter wrote.
+fn nanos(event: &Value, key: &str) -> i64 {
+    (event[key].as_f64().unwrap() * 1000.0).round() as i64
 }
 
 /// The Trace Event Format's documented shape: every event has a phase, a
