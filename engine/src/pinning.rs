@@ -45,6 +45,24 @@ impl Pinning {
         hash.finalize().to_vec()
     }
 
+    /// This pinning with its exit step drawn from chaos seed `seed` (`record
+    /// --chaos`, `repro --chaos-runs`): from a quarter of the step to twice
+    /// it, in eighths. The VMM's vCPU schedule alone cannot move where the
+    /// guest's own scheduler switches threads: that follows the guest's
+    /// ticks, which a pinned clock places by exits counted, so with some
+    /// booted snapshots every seed ran the threads in the same order. A
+    /// seed's step moves the ticks and so the timeslices, counted in
+    /// exits, as rr's chaos mode varies its timeslices. The seed times the
+    /// golden ratio picks the step, so that consecutive seeds, as `repro`
+    /// runs them, spread over the range rather than repeat a step.
+    pub fn with_chaos_step(mut self, seed: u64) -> Pinning {
+        const GOLDEN_RATIO_FRACTION: u64 = 0x9e37_79b9_7f4a_7c15;
+        let fraction = seed.wrapping_mul(GOLDEN_RATIO_FRACTION);
+        let eighths = 2 + ((u128::from(fraction) * 15) >> 64) as u64;
+        self.exit_step_ns = self.exit_step_ns * eighths / 8;
+        self
+    }
+
     /// The seed as `--seed` takes it (shortest hex).
     pub fn seed_hex(&self) -> String {
         let hex = provm_trace::hex(&self.seed);
@@ -208,6 +226,16 @@ mod tests {
         assert_eq!(Pinning::default().seed_hex(), "0");
         assert_ne!(pinning.entropy(), Pinning::default().entropy());
         assert_eq!(parse_seed(&"f".repeat(64)).unwrap(), [0xff; 32]);
+    }
+
+    #[test]
+    fn chaos_seeds_draw_exit_steps_from_a_quarter_to_twice_the_pinned_one() {
+        let step = |seed| Pinning::default().with_chaos_step(seed).exit_step_ns;
+        let steps: Vec<u64> = (1..=3).map(step).collect();
+        assert_eq!(steps, [13_750, 6_250, 17_500]);
+        let all: Vec<u64> = (0..1000).map(step).collect();
+        assert_eq!(all.iter().min(), Some(&2_500));
+        assert_eq!(all.iter().max(), Some(&20_000));
     }
 
     #[test]

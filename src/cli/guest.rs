@@ -71,6 +71,9 @@ pub fn record(args: RecordArgs, verbose: bool) -> Result<ExitCode, Box<dyn std::
     let tty = args.run.tty;
     let mut run = run_options(args.run, verbose)?;
     run.cpu = args.cpu;
+    if let Some(seed) = args.chaos {
+        run.pinned = run.pinned.map(|pinning| pinning.with_chaos_step(seed));
+    }
     if args.keep_host_paths {
         run.host_paths = HostPaths::Kept;
     }

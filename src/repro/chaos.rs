@@ -166,9 +166,15 @@ fn make_empty_folder(path: &Path) -> Result<(), ReproError> {
     Ok(())
 }
 
-/// Records the command with chaos seed `seed`, every input pinned.
+/// Records the command with chaos seed `seed`, every input pinned (the
+/// clock's step per exit drawn from the seed too).
 fn record_seed(options: &ChaosOptions, seed: u64) -> Result<Ran, ReproError> {
-    let pinned = options.run.pinned.clone().unwrap_or_default();
+    let pinned = options
+        .run
+        .pinned
+        .clone()
+        .unwrap_or_default()
+        .with_chaos_step(seed);
     let record = RecordOptions {
         run: RunOptions {
             pinned: Some(pinned.clone()),

@@ -150,7 +150,10 @@ fn a_fork_and_exec_storm_replays_exactly() {
 /// keeps a trace per count that replays. 1,000 rounds a thread: with 300,
 /// whether the threads overlap at all depended on where the booted guest's
 /// snapshot left the guest, which differs from machine to machine; on one,
-/// seeds 1 to 3 all counted 900 (with 1,000 there: 1861, 2176, 1949).
+/// seeds 1 to 3 all counted 900 (with 1,000 there: 1861, 2176, 1949). On
+/// two more, 1,000 rounds gave "race 1000" for every seed, until a seed
+/// drew the guest time of an exit too, which moves the guest's own ticks
+/// (docs/smp.md).
 #[test]
 fn repro_chaos_runs_names_the_seeds_of_each_race_count() {
     let _guest = one_guest_at_a_time();

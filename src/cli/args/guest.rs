@@ -212,8 +212,10 @@ pub struct RecordArgs {
     /// Draw the vCPU schedule (with --cpus N > 1: when each vCPU runs, for
     /// how many exits) and, with --preempt, how long each stretch without
     /// exits may compute before it is preempted (an eighth of MS to twice
-    /// it) from SEED, so that different seeds interleave the guest's
-    /// threads differently. The trace replays exactly, whatever the seed.
+    /// it) and, with --pinned, the guest time each exit takes (2.5 to 20
+    /// µs instead of 10, which moves the guest's own ticks) from
+    /// SEED, so that different seeds interleave the guest's threads
+    /// differently. The trace replays exactly, whatever the seed.
     #[arg(long, value_name = "SEED")]
     pub chaos: Option<u64>,
     /// Name the host's files (the image and its backing files, the kernel)
