@@ -4,16 +4,22 @@
 # CPython hands its lock over only when a waiting thread, woken by a tick,
 # asks for it: where the kernel preempts user code they interleave (the
 # first to end saw the other part-way), where it does not they run one
-# after the other (it saw 0).
+# after the other (it saw 0). Both start counting at a barrier, so that
+# what the first saw depends on preemption alone, not on how long the
+# second took to start (slow where the guest kernel is emulated, PVM:
+# once, under `provm run` there, the first saw 0, which a late start
+# explains as well as a missing preemption; now only the latter can).
 import sys
 import threading
 
 goal = int(sys.argv[1])
 count = [0, 0]
 done = []
+both_started = threading.Barrier(2)
 
 
 def work(me):
+    both_started.wait()
     for i in range(1, goal + 1):
         count[me] = i
     done.append(count[1 - me])
