@@ -78,6 +78,46 @@ fn a_pinned_recording_is_the_pinned_run_and_replays() {
     );
 }
 
+/// A chaos seed draws the pinned clock's step per VM exit (rr's chaos mode
+/// varies its timeslices so): seeds 1 and 2 give 13.75 and 6.25 µs for the
+/// default 10. The step is the least time between two clock reads in the
+/// log, where some reads are one exit apart. Without it a seed varied only
+/// the vCPU schedule, and on some booted snapshots every seed gave the
+/// same race count (docs/smp.md).
+#[test]
+fn a_chaos_seed_draws_the_pinned_clock_step_and_replays() {
+    let _guest = one_guest_at_a_time();
+    let dir = common::scratch(module_path!());
+    for (seed, step_ns) in [(None, 10_000), (Some("1"), 13_750), (Some("2"), 6_250)] {
+        let trace = dir.join(format!("chaos-step-{}.provm", seed.unwrap_or("none")));
+        let mut args = vec!["record", "-o", path(&trace), "--pinned"];
+        if let Some(seed) = seed {
+            args.extend(["--chaos", seed]);
+        }
+        args.extend([path(&images().tiny_qcow2), "--", "cat", "/proc/uptime"]);
+        let recorded = provm(&args);
+        assert_eq!(recorded.status, 0, "seed {seed:?}: {}", recorded.stderr);
+        let least = provm(&[
+            "query",
+            "--format",
+            "csv",
+            path(&trace),
+            "SELECT MIN(apart) FROM (SELECT guest_ns - LAG(guest_ns) OVER (ORDER BY idx) AS apart \
+             FROM events WHERE kind = 'clock') WHERE apart > 0",
+        ]);
+        assert_eq!(least.status, 0, "{}", least.stderr);
+        assert_eq!(
+            least.stdout.lines().nth(1),
+            Some(step_ns.to_string().as_str()),
+            "seed {seed:?}: {}",
+            least.stdout
+        );
+        if seed.is_some() {
+            assert_replay_matches(&trace);
+        }
+    }
+}
+
 #[test]
 fn a_bad_seed_epoch_or_run_count_is_refused_naming_the_fix() {
     let image = path(&images().tiny_qcow2);
