@@ -33,10 +33,11 @@ use provm_engine::snapshot;
 const POLL_EVENTS: u64 = 200;
 
 /// How many times a reverse step re-executes to the instruction before
-/// this one before it gives up, where a re-execution lands elsewhere than the one
-/// that counted the steps to it. Seen once in many runs on the SVM test
-/// bed (QEMU's TCG under Linux 6.12): the step back from a breakpoint hit
-/// landed on the hit; a host that steps the same way every time needs one.
+/// this one before it gives up, where a re-execution lands elsewhere than
+/// the one that counted the steps to it. Seen once in many runs on the SVM
+/// test bed (QEMU's TCG under Linux 6.12): the step back from a breakpoint
+/// hit landed on the hit; a host that steps the same way every time needs
+/// one.
 const REEXECUTIONS: u32 = 3;
 
 /// Where the replay stands, finer than a log event. Between two VM exits
@@ -399,27 +400,27 @@ impl Debuggee {
                 ControlFlow::Break(halt) => return Ok(halt),
             };
             tracing::debug!(?here, ?target, attempt, "reverse step");
-            let landed = match self.go_to(target, interrupted)? {
+            match self.go_to(target, interrupted)? {
                 ControlFlow::Continue(()) if self.vm.rip() == rip => return Ok(Halt::Step),
                 // Elsewhere: at the point, not at the instruction; past
                 // it, within its stretch; at the exit after it (a step ran
                 // on past its breakpoints).
                 ControlFlow::Continue(())
-                | ControlFlow::Break(Halt::Step | Halt::Breakpoint | Halt::Event) => self.here,
+                | ControlFlow::Break(Halt::Step | Halt::Breakpoint | Halt::Event) => {}
                 ControlFlow::Break(halt) => return Ok(halt),
-            };
+            }
+            let (landed, landed_rip) = (self.here, self.vm.rip());
             tracing::warn!(
                 "going back one instruction: re-executing to {target:?} (rip {rip:#x}) landed at \
-                 {landed:?}, rip {:#x}; this host stepped differently from one re-execution to \
-                 the next (attempt {attempt} of {REEXECUTIONS})",
-                self.vm.rip()
+                 {landed:?}, rip {landed_rip:#x}; this host stepped differently from one \
+                 re-execution to the next (attempt {attempt} of {REEXECUTIONS})"
             );
             if attempt == REEXECUTIONS {
                 return Err(DebugError::NotReachedAgain {
                     target,
                     rip,
                     landed,
-                    landed_rip: self.vm.rip(),
+                    landed_rip,
                 });
             }
             attempt += 1;
